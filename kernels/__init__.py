@@ -1,0 +1,1 @@
+"""Fused Triton kernels, installed as ``tpzoo.kernels`` (sources in the top-level ``kernels/``)."""
