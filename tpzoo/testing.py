@@ -1,0 +1,93 @@
+"""Run a function on N local gloo ranks, the way torchrun would, and never hang.
+
+    results = spawn(check_layers, 4, tp=2)   # fn(*args, **kwargs) on ranks 0..3
+
+Each rank is a fresh process (multiprocessing "spawn") with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so ``init_mesh`` takes its real
+torchrun path. ``fn`` must be importable by name (a module-level function). The first rank
+that raises fails the whole call with its rank and traceback; a rank that dies without a word,
+or a run that outlasts ``timeout`` seconds, fails it too, and every rank still running is killed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+
+class DistributedTestError(RuntimeError):
+    """A rank failed, died or timed out."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, kwargs: dict, results: Any) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        results.put((rank, "ok", fn(*args, **kwargs)))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the per-rank results in rank order."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(fn, r, world_size, port, args, kwargs, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size:
+            try:
+                rank, status, value = results.get(timeout=0.5)
+            except queue.Empty:
+                silent = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
+                if silent:
+                    r = silent[0]
+                    raise DistributedTestError(f"rank {r} exited with code {procs[r].exitcode} without reporting")
+                if time.monotonic() > deadline:
+                    waiting = [r for r in range(world_size) if r not in out]
+                    raise DistributedTestError(f"timed out after {timeout:.0f}s; ranks {waiting} never finished")
+                continue
+            if status == "error":
+                raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(out) == world_size else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+    return [out[r] for r in range(world_size)]
