@@ -1,0 +1,77 @@
+"""Random streams for dropout under tensor parallelism.
+
+Activations that every tp rank holds in full (the residual stream, LayerNorm outputs) must see
+the *same* dropout mask on every tp rank, or the replicas drift apart; activations that are split
+across tp ranks (attention heads, the MLP's hidden features) must see *different* masks, or each
+shard repeats the others' pattern. So there are two streams:
+
+    default stream   seed + 100 * pp_rank                      same on every tp (and dp) rank
+    "tp" stream      seed + 2718 + 100 * pp_rank + tp_rank      different on every tp rank
+
+Dropout inside a tensor-parallel region runs under ``mesh.rng.fork("tp")``. Weights are not drawn
+from these streams: layers build their full weight from the default generator under a seed the
+caller sets (models seed each layer from (seed, layer index)), so tp and pp never change them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+if TYPE_CHECKING:
+    from tpzoo.parallel.mesh import ParallelMesh
+
+TP_STREAM = "tp"
+TP_SEED_OFFSET = 2718
+
+
+def _get_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class RNGStatesTracker:
+    """Named generator states that code can fork into; Megatron's CudaRNGStatesTracker for any device."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, tuple[torch.device, torch.Tensor]] = {}
+
+    def add(self, name: str, seed: int, device: torch.device | str = "cpu") -> None:
+        """Register stream ``name`` seeded with ``seed`` for the default generator of ``device``."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.states[name] = (device, torch.Generator(device).manual_seed(seed).get_state())
+
+    @contextmanager
+    def fork(self, name: str = TP_STREAM) -> Iterator[None]:
+        """Run the block with the default generator swapped for stream ``name``; resume it after."""
+        if name not in self.states:
+            raise KeyError(f"RNG stream {name!r} was never added; known: {sorted(self.states)}. "
+                           f"Call tpzoo.parallel.manual_seed(seed) after init_mesh")
+        device, state = self.states[name]
+        outer = _get_state(device)
+        _set_state(device, state)
+        try:
+            yield
+        finally:
+            self.states[name] = (device, _get_state(device))
+            _set_state(device, outer)
+
+
+def manual_seed(seed: int, mesh: ParallelMesh | None = None) -> None:
+    """Seed the default stream and the mesh's "tp" stream (see the module docstring)."""
+    from tpzoo.parallel.mesh import get_mesh
+
+    mesh = mesh or get_mesh()
+    base = seed + 100 * mesh.pp_rank
+    torch.manual_seed(base)
+    mesh.rng.add(TP_STREAM, base + TP_SEED_OFFSET + mesh.tp_rank, mesh.device)
