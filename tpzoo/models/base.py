@@ -1,0 +1,111 @@
+"""What GPT and BERT share: a model is ``embedding`` + ``layers`` + ``head``, each piece built
+under its own seed, and any consecutive run of it can be built alone (a pipeline stage).
+
+    model = GPTModel(config)                                   # the whole model
+    stage = GPTModel(config, pre_process=False, layers=range(4, 8), post_process=False)
+
+``stage.layers`` then holds layers 4..7 with exactly the weights those layers have in the whole
+model, at any tp: piece "embedding", "layer.i" and "head" is each built from the default CPU
+generator seeded with ``piece_seed(config.seed, piece)`` (the caller's RNG state is left alone),
+and every parallel layer draws its full weight before keeping its shard. ``layers`` is a
+ModuleDict keyed by the global layer number, so a stage's state-dict names are the whole model's.
+
+A stage without ``pre_process`` takes the previous stage's hidden states [b, s(/tp), h] where
+the first stage takes token ids; a stage without ``post_process`` returns hidden states. Extra
+inputs (BERT's attention mask) go to every stage as the same keyword arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from tpzoo.models.config import TransformerConfig, check_tensor_parallel
+from tpzoo.models.transformer import TransformerLayer
+from tpzoo.parallel import ParallelMesh, get_mesh
+
+
+def piece_seed(seed: int, piece: str) -> int:
+    """A 63-bit seed for model piece ``piece`` ("embedding", "layer.3", "head") of weights seed ``seed``."""
+    digest = hashlib.sha256(f"tpzoo:{seed}:{piece}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@contextmanager
+def building(seed: int, piece: str) -> Iterator[None]:
+    """Run the block with the default CPU generator seeded for ``piece``; restore it afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(piece_seed(seed, piece))
+        yield
+
+
+def _layer_range(layers: Iterable[int] | None, num_layers: int) -> list[int]:
+    indices = list(range(num_layers)) if layers is None else list(layers)
+    if indices and (indices != list(range(indices[0], indices[0] + len(indices)))
+                    or indices[0] < 0 or indices[-1] >= num_layers):
+        raise ValueError(f"layers must be consecutive layer numbers within 0..{num_layers - 1} "
+                         f"(num_layers={num_layers}), got {indices}")
+    return indices
+
+
+class StagedModel(nn.Module):
+    """Base of GPTModel, BertModel, BertForSequenceClassification: ``embedding``, ``layers``, ``head``.
+
+    Subclasses define ``model_type``, ``build_embedding()``, ``build_head()`` and ``forward``.
+    ``mesh=None`` means ``get_mesh()``. Parameters live on ``mesh.device``.
+    """
+
+    model_type = ""
+
+    def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, pre_process: bool = True,
+                 post_process: bool = True, layers: Iterable[int] | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"{type(self).__name__} takes a TransformerConfig, got {type(config).__name__}")
+        if config.model_type != self.model_type:
+            raise ValueError(f"{type(self).__name__} needs a config with model_type={self.model_type!r}, "
+                             f"got model_type={config.model_type!r}")
+        mesh = mesh if mesh is not None else get_mesh()
+        check_tensor_parallel(config, mesh.tp_size)
+        self.config, self.mesh = config, mesh
+        self.pre_process, self.post_process = pre_process, post_process
+        self.layer_numbers = _layer_range(layers, config.num_layers)
+        self.embedding: nn.Module | None = None
+        self.head: nn.Module | None = None
+        if pre_process:
+            with building(config.seed, "embedding"):
+                self.embedding = self.build_embedding()
+        self.layers = nn.ModuleDict()
+        for i in self.layer_numbers:
+            with building(config.seed, f"layer.{i}"):
+                self.layers[str(i)] = TransformerLayer(config, mesh, i)
+        if post_process:
+            with building(config.seed, "head"):
+                self.head = self.build_head()
+        self.to(mesh.device)
+
+    def build_embedding(self) -> nn.Module:
+        raise NotImplementedError
+
+    def build_head(self) -> nn.Module:
+        raise NotImplementedError
+
+    @property
+    def is_whole(self) -> bool:
+        """True when this is the whole model (not a pipeline stage)."""
+        return self.pre_process and self.post_process and len(self.layers) == self.config.num_layers
+
+    def run_layers(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]."""
+        for layer in self.layers.values():
+            hidden = layer(hidden, mask)
+        return hidden
+
+    def extra_repr(self) -> str:
+        layers = f"{self.layer_numbers[0]}..{self.layer_numbers[-1]}" if self.layer_numbers else "none"
+        return (f"tp={self.mesh.tp_size}, pre_process={self.pre_process}, post_process={self.post_process}, "
+                f"layers={layers} of {self.config.num_layers}")

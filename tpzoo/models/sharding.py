@@ -1,0 +1,102 @@
+"""Full (unsharded) state dicts: the same tensors whatever tp built the model.
+
+A tensor-parallel model holds shards; the *full* state dict holds what tp=1 would hold, with the
+vocabulary cut back to its real size V (no padding rows), so it does not depend on tp:
+
+    parameter of                 shard on rank r               full
+    ColumnParallelLinear weight  rows r out/tp ... [out/tp, in]  [out, in]   (bias likewise [out])
+    RowParallelLinear weight     cols r in/tp ...  [out, in/tp]  [out, in]   (bias replicated)
+    VocabParallelEmbedding       rows r V'/tp ...  [V'/tp, h]    [V, h]
+    VocabParallelBias            r V'/tp ...       [V'/tp]       [V]
+    anything else                replicated                      as is
+
+``full_state_dict`` gathers (every tp rank must call it, and gets the result);
+``load_full_state_dict`` keeps this rank's slice (no communication). Checkpoints and the Hugging
+Face converter go through these two.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from tpzoo.models.embedding import VocabParallelBias
+from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, VocabParallelEmbedding
+from tpzoo.parallel.collectives import all_gather
+
+
+def tp_partitions(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """name -> (partition dim, full size along it) for every tensor-parallel parameter of ``model``."""
+    out: dict[str, tuple[int, int]] = {}
+    for prefix, module in model.named_modules():
+        p = f"{prefix}." if prefix else ""
+        if isinstance(module, ColumnParallelLinear):
+            out[p + "weight"] = (0, module.out_features)
+            if module.bias is not None:
+                out[p + "bias"] = (0, module.out_features)
+        elif isinstance(module, RowParallelLinear):
+            out[p + "weight"] = (1, module.in_features)
+        elif isinstance(module, VocabParallelEmbedding):
+            out[p + "weight"] = (0, module.num_embeddings)
+        elif isinstance(module, VocabParallelBias):
+            out[p + "bias"] = (0, module.num_embeddings)
+    return out
+
+
+def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int]], mesh: ParallelMesh
+                ) -> dict[str, Tensor]:
+    """Shards -> full tensors (collective over tp, in ``tensors``' order; every tp rank gets them)."""
+    out = {}
+    for name, t in tensors.items():
+        if name in partitions:
+            dim, size = partitions[name]
+            t = all_gather(t.detach(), dim, mesh.tp_group).narrow(dim, 0, size)
+        out[name] = t.detach().clone()
+    return out
+
+
+def full_state_dict(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
+    """The model's state dict with every shard gathered and padding dropped (see module docstring)."""
+    return gather_full(model.state_dict(), tp_partitions(model), mesh or model.mesh)
+
+
+def full_grads(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
+    """Each parameter's gradient gathered like ``full_state_dict`` (parameters without one are left out)."""
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return gather_full(grads, tp_partitions(model), mesh or model.mesh)
+
+
+def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor:
+    """This tp rank's ``local_size`` slice along ``dim`` of ``full``, zero-padded to tp x local_size."""
+    padded = local_size * mesh.tp_size
+    if full.shape[dim] > padded:
+        raise ValueError(f"a tensor of size {full.shape[dim]} along dim {dim} does not fit {mesh.tp_size} "
+                         f"shards of {local_size}")
+    if full.shape[dim] < padded:
+        pad = list(full.shape)
+        pad[dim] = padded - full.shape[dim]
+        full = torch.cat([full, full.new_zeros(pad)], dim)
+    return full.narrow(dim, mesh.tp_rank * local_size, local_size)
+
+
+@torch.no_grad()
+def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: ParallelMesh | None = None) -> None:
+    """Copy a full state dict (any tp wrote it) into this rank's shards; keys must match exactly."""
+    mesh = mesh or model.mesh
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise KeyError(f"state dict does not fit {type(model).__name__}: missing {missing[:8]}"
+                       f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                       f"{' ...' if len(unexpected) > 8 else ''}")
+    partitions = tp_partitions(model)
+    for name, target in own.items():
+        value = state[name]
+        if name in partitions:
+            dim, size = partitions[name]
+            if value.shape[dim] != size:
+                raise ValueError(f"{name}: full size {size} along dim {dim} expected, got shape {tuple(value.shape)}")
+            value = shard(value, dim, target.shape[dim], mesh)
+        if value.shape != target.shape:
+            raise ValueError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(target.shape)}")
+        target.copy_(value)
