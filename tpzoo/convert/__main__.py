@@ -1,0 +1,71 @@
+"""python -m tpzoo.convert: Hugging Face folders <-> tpzoo model folders, in one process, no GPU.
+
+    python -m tpzoo.convert from-hf HF_DIR OUT_DIR     # GPT-2 / BERT (safetensors) -> tpzoo
+    python -m tpzoo.convert to-hf TPZOO_DIR OUT_DIR    # tpzoo -> a folder from_pretrained opens
+
+A tpzoo model folder holds the full weights, so it loads at any tensor-parallel size
+(``tpzoo.models.pretrained.from_pretrained``). Misuse exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
+from tpzoo.convert.mapping import ARCHITECTURES, ConversionError
+from tpzoo.models.pretrained import read_pretrained, write_pretrained
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m tpzoo.convert", description=__doc__.split("\n\n")[0],
+                     epilog=f"Hugging Face architectures: {', '.join(ARCHITECTURES)}.")
+    sub = parser.add_subparsers(dest="direction", required=True, metavar="{from-hf,to-hf}", parser_class=_Parser)
+    for name, src, what in (("from-hf", "HF_DIR", "Hugging Face folder (config.json + model.safetensors) -> "
+                             "tpzoo model folder"),
+                            ("to-hf", "TPZOO_DIR", "tpzoo model folder -> Hugging Face folder")):
+        p = sub.add_parser(name, help=what, description=what)
+        p.add_argument("source", metavar=src, type=Path, help="folder to read")
+        p.add_argument("out", metavar="OUT_DIR", type=Path, help="folder to write (new or empty)")
+        p.add_argument("--overwrite", action="store_true", help="write into OUT_DIR even if it holds files")
+    return parser
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"python -m tpzoo.convert: error: {message}\n")
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.source.is_dir():
+        _fail(f"{args.source} is not a folder; pass the folder that holds config.json and the weights")
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())) and not args.overwrite:
+        _fail(f"{args.out} already exists and is not empty; choose a new folder or pass --overwrite")
+    try:
+        if args.direction == "from-hf":
+            class_name, options, config, state = hf_to_tpzoo(*read_hf(args.source))
+            write_pretrained(args.out, class_name, options, config, state)
+            what = f"tpzoo {class_name}"
+        else:
+            class_name, options, config, state = read_pretrained(args.source)
+            hf_config, hf_state, tied = tpzoo_to_hf(class_name, options, config, state)
+            write_hf(args.out, hf_config, hf_state, tied)
+            what = f"Hugging Face {hf_config.architectures[0]}"
+    except (ConversionError, FileNotFoundError, ValueError, KeyError) as e:
+        _fail(str(e).strip("'\""))
+    params = sum(t.numel() for t in state.values())
+    print(f"wrote {what} ({params:,} parameters, {config.num_layers} layers, "
+          f"hidden {config.hidden_size}) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""``from_hf`` / ``to_hf``: Hugging Face GPT-2 and BERT <-> tpzoo models, at any tp, bit for bit.
+
+    model = from_hf(GPT2LMHeadModel.from_pretrained("gpt2"))   # a transformers model ...
+    model = from_hf("path/to/hf-folder")                        # ... or a folder from save_pretrained
+    to_hf(model, "out")            # out/config.json + out/model.safetensors; from_pretrained opens it
+
+Both work on full state dicts (``tpzoo.models.sharding``), so a model converted at tp=1 loads at
+tp=4 and back. The layout changes are in ``mapping``. Needs the transformers package (the
+``test`` extra) only for configs; weights go through safetensors directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from tpzoo.convert.mapping import (
+    ARCHITECTURES,
+    ConversionError,
+    architecture_of,
+    config_from_hf,
+    config_to_hf,
+    state_dict_from_hf,
+    state_dict_to_hf,
+    tied_repeats,
+)
+from tpzoo.models.base import StagedModel
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.pretrained import FORMAT, build_model, model_options
+from tpzoo.models.sharding import full_state_dict, load_full_state_dict
+from tpzoo.parallel import ParallelMesh
+
+HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("Hugging Face conversion needs transformers: pip install transformers") from e
+    return transformers
+
+
+def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
+    """(config, state dict) of a Hugging Face folder: config.json + model.safetensors (or its sharded index)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
+    raw = json.loads((path / "config.json").read_text())
+    if raw.get("format") == FORMAT:
+        raise ConversionError(f"{path} is a tpzoo model folder, not a Hugging Face one; convert it with to-hf")
+    if raw.get("model_type") not in ("gpt2", "bert"):
+        raise ConversionError(f"{path}/config.json has model_type {raw.get('model_type')!r}; tpzoo converts "
+                              f"'gpt2' and 'bert' models")
+    config = _transformers().AutoConfig.from_pretrained(str(path))
+    if (path / HF_WEIGHTS).is_file():
+        return config, load_file(str(path / HF_WEIGHTS))
+    if (path / HF_INDEX).is_file():
+        files = sorted(set(json.loads((path / HF_INDEX).read_text())["weight_map"].values()))
+        state: dict[str, Tensor] = {}
+        for f in files:
+            state.update(load_file(str(path / f)))
+        return config, state
+    raise FileNotFoundError(f"{path} has no {HF_WEIGHTS} (nor {HF_INDEX}); tpzoo reads safetensors only: "
+                            f"re-save the model with save_pretrained(..., safe_serialization=True)")
+
+
+def write_hf(path: str | Path, hf_config: Any, hf_state: dict[str, Tensor], drop: set[str]) -> Path:
+    """Write config.json and model.safetensors, leaving out the tied repeats ``drop``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(str(path))
+    save_file({k: v.detach().cpu().contiguous() for k, v in hf_state.items() if k not in drop},
+              str(path / HF_WEIGHTS), metadata={"format": "pt"})
+    return path
+
+
+def architecture(hf_config: Any) -> str:
+    """The one supported architecture a Hugging Face config names."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise ConversionError(f"config.json names architectures {archs}; tpzoo converts exactly one of "
+                              f"{', '.join(ARCHITECTURES)}")
+    return archs[0]
+
+
+def hf_to_tpzoo(hf_config: Any, hf_state: dict[str, Tensor], arch: str | None = None
+                ) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+    """(tpzoo class, options, config, full state dict) of a Hugging Face config and state dict."""
+    arch = arch or architecture(hf_config)
+    config = config_from_hf(hf_config, arch)
+    class_name, options = ARCHITECTURES[arch]
+    return class_name, dict(options), config, state_dict_from_hf(hf_state, config, arch)
+
+
+def tpzoo_to_hf(class_name: str, options: dict[str, Any], config: TransformerConfig, state: dict[str, Tensor]
+                ) -> tuple[Any, dict[str, Tensor], set[str]]:
+    """(Hugging Face config, state dict with tied repeats, the names of those repeats)."""
+    arch = architecture_of(class_name, options)
+    return config_to_hf(config, arch), state_dict_to_hf(state, config, arch), tied_repeats(config, arch)
+
+
+def from_hf(source: Any, mesh: ParallelMesh | None = None) -> StagedModel:
+    """A tpzoo model sharded for ``mesh`` (default ``get_mesh()``) with the weights of ``source``:
+    a GPT2LMHeadModel, BertForPreTraining, BertForMaskedLM or BertForSequenceClassification, or a
+    folder holding one (config.json + model.safetensors). Every tp rank calls it."""
+    if isinstance(source, (str, Path)):
+        hf_config, hf_state = read_hf(source)
+        arch = None
+    else:
+        hf_config, hf_state, arch = source.config, source.state_dict(), type(source).__name__
+    class_name, options, config, state = hf_to_tpzoo(hf_config, hf_state, arch)
+    model = build_model(class_name, config, mesh, **options)
+    load_full_state_dict(model, state)
+    return model
+
+
+def to_hf(model: StagedModel, out_dir: str | Path) -> Path:
+    """Gather ``model``'s shards and write a Hugging Face folder that ``from_pretrained`` opens.
+    Every tp rank calls it; tp rank 0 writes. GPT-2's vocabulary padding is dropped."""
+    if not model.is_whole:
+        raise ValueError("to_hf takes a whole model, not a pipeline stage")
+    state = full_state_dict(model)
+    if model.mesh.tp_rank == 0:
+        hf_config, hf_state, tied = tpzoo_to_hf(type(model).__name__, model_options(model), model.config, state)
+        write_hf(out_dir, hf_config, hf_state, tied)
+    dist.barrier(group=model.mesh.tp_group)
+    return Path(out_dir)

@@ -1,0 +1,100 @@
+"""A tpzoo model folder: the config and the full (tp-independent) weights, loadable at any tp.
+
+    DIR/config.json        {"format": "tpzoo-model", "class": "GPTModel", "options": {...}, "config": {...}}
+    DIR/model.safetensors  the full state dict (``sharding.full_state_dict``), float32
+
+    save_pretrained(model, "ckpt")          # every tp rank calls it; tp rank 0 writes
+    model = from_pretrained("ckpt")         # built for the current mesh, any tp
+
+``read_pretrained`` / ``write_pretrained`` do the same on plain dicts without a process group
+(the converter uses them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from tpzoo.models.base import StagedModel
+from tpzoo.models.bert import BertForSequenceClassification, BertModel
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.gpt import GPTModel
+from tpzoo.models.sharding import full_state_dict, load_full_state_dict
+from tpzoo.parallel import ParallelMesh, get_mesh
+
+FORMAT = "tpzoo-model"
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+MODEL_CLASSES: dict[str, type[StagedModel]] = {
+    "GPTModel": GPTModel, "BertModel": BertModel, "BertForSequenceClassification": BertForSequenceClassification,
+}
+
+
+def model_options(model: nn.Module) -> dict[str, Any]:
+    """The constructor options (besides config and mesh) that rebuild ``model``'s architecture."""
+    return {"add_binary_head": model.add_binary_head} if isinstance(model, BertModel) else {}
+
+
+def build_model(class_name: str, config: TransformerConfig, mesh: ParallelMesh | None = None,
+                **options: Any) -> StagedModel:
+    """``MODEL_CLASSES[class_name](config, mesh, **options)``, with an error naming the known classes."""
+    if class_name not in MODEL_CLASSES:
+        raise ValueError(f"unknown model class {class_name!r}; known: {', '.join(MODEL_CLASSES)}")
+    return MODEL_CLASSES[class_name](config, mesh, **options)
+
+
+def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+    """(class name, options, config, full state dict) of a tpzoo model folder."""
+    path = Path(path)
+    meta_file = path / CONFIG_FILE
+    if not meta_file.is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a tpzoo model folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    meta = json.loads(meta_file.read_text())
+    if meta.get("format") != FORMAT:
+        hint = (f"it is a Hugging Face config (model_type {meta['model_type']!r}): convert it with "
+                f"python -m tpzoo.convert from-hf" if "model_type" in meta else f"expected format {FORMAT!r}")
+        raise ValueError(f"{meta_file} is not a tpzoo model config; {hint}")
+    config = TransformerConfig.from_dict(meta["config"])
+    return meta["class"], meta.get("options", {}), config, load_file(str(path / WEIGHTS_FILE))
+
+
+def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any], config: TransformerConfig,
+                     state: dict[str, Tensor]) -> Path:
+    """Write a tpzoo model folder (created if missing)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "class": class_name, "options": options, "config": config.to_dict()}
+    (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    return path
+
+
+def save_pretrained(model: StagedModel, path: str | Path) -> Path:
+    """Gather ``model``'s shards and write a tpzoo model folder. Every tp rank of the model must call it."""
+    if not model.is_whole:
+        raise ValueError("save_pretrained takes a whole model, not a pipeline stage")
+    state = full_state_dict(model)
+    if model.mesh.tp_rank == 0:
+        write_pretrained(path, type(model).__name__, model_options(model), model.config, state)
+    dist.barrier(group=model.mesh.tp_group)
+    return Path(path)
+
+
+def from_pretrained(path: str | Path, mesh: ParallelMesh | None = None, **stage: Any) -> StagedModel:
+    """Build the saved model for ``mesh`` (default ``get_mesh()``), any tp, and load its weights.
+
+    ``stage`` (pre_process, post_process, layers) builds one pipeline stage of it instead.
+    """
+    class_name, options, config, state = read_pretrained(path)
+    model = build_model(class_name, config, mesh if mesh is not None else get_mesh(), **options, **stage)
+    own = model.state_dict()
+    picked = {k: state[k] for k in own if k in state}
+    if "head.word_embeddings.weight" in own:  # a last stage's copy of the tied embedding
+        picked["head.word_embeddings.weight"] = state["embedding.word_embeddings.weight"]
+    load_full_state_dict(model, picked)
+    return model
