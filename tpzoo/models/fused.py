@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterator
 from torch import Tensor
 
 from tpzoo import kernels
-from tpzoo.models import _interim_kernels as _interim
 
 
 @functools.cache
@@ -39,7 +38,7 @@ def _kernels_env(backend: str) -> Iterator[None]:
 
 
 def _call(name: str, *args: Any, backend: str | None) -> Tensor:
-    fn = getattr(kernels, name, None) or getattr(_interim, name)
+    fn = getattr(kernels, name)
     if backend is None:
         return fn(*args)
     if _takes_backend(fn):
