@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -31,8 +30,8 @@ from tpzoo.convert.mapping import (
 )
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
-from tpzoo.models.pretrained import FORMAT, build_model, model_options
-from tpzoo.models.sharding import full_state_dict, load_full_state_dict
+from tpzoo.models.pretrained import FORMAT, build_model, model_options, write_once
+from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelMesh
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -121,13 +120,11 @@ def from_hf(source: Any, mesh: ParallelMesh | None = None) -> StagedModel:
 
 
 def to_hf(model: StagedModel, out_dir: str | Path) -> Path:
-    """Gather ``model``'s shards and write a Hugging Face folder that ``from_pretrained`` opens.
-    Every tp rank calls it; tp rank 0 writes. GPT-2's vocabulary padding is dropped."""
-    if not model.is_whole:
-        raise ValueError("to_hf takes a whole model, not a pipeline stage")
-    state = full_state_dict(model)
-    if model.mesh.tp_rank == 0:
+    """Write ``model`` as a Hugging Face folder that ``from_pretrained`` opens (GPT-2's vocabulary
+    padding dropped). Every rank calls it; one writes."""
+    def write(state: dict[str, Tensor]) -> None:
         hf_config, hf_state, tied = tpzoo_to_hf(type(model).__name__, model_options(model), model.config, state)
         write_hf(out_dir, hf_config, hf_state, tied)
-    dist.barrier(group=model.mesh.tp_group)
+
+    write_once(model, write)
     return Path(out_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
@@ -74,14 +74,23 @@ def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any],
     return path
 
 
-def save_pretrained(model: StagedModel, path: str | Path) -> Path:
-    """Gather ``model``'s shards and write a tpzoo model folder. Every tp rank of the model must call it."""
+def write_once(model: StagedModel, write: Callable[[dict[str, Tensor]], object]) -> None:
+    """Gather ``model``'s full state dict (every rank must call this) and let one rank, the one at
+    tp = dp = pp rank 0, ``write`` it; every rank returns once it is written."""
     if not model.is_whole:
-        raise ValueError("save_pretrained takes a whole model, not a pipeline stage")
+        raise ValueError(f"{type(model).__name__} here is a pipeline stage (layers {model.layer_numbers}); "
+                         f"saving takes the whole model")
     state = full_state_dict(model)
-    if model.mesh.tp_rank == 0:
-        write_pretrained(path, type(model).__name__, model_options(model), model.config, state)
-    dist.barrier(group=model.mesh.tp_group)
+    mesh = model.mesh
+    if mesh.tp_rank == 0 and mesh.dp_rank == 0 and mesh.pp_rank == 0:
+        write(state)
+    dist.barrier()
+
+
+def save_pretrained(model: StagedModel, path: str | Path) -> Path:
+    """Write ``model`` as a tpzoo model folder (full weights). Every rank calls it; one writes."""
+    write_once(model, lambda state: write_pretrained(path, type(model).__name__, model_options(model),
+                                                     model.config, state))
     return Path(path)
 
 
