@@ -31,6 +31,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "BertForMaskedLM": ("BertModel", {"add_binary_head": False}),
     "BertForSequenceClassification": ("BertForSequenceClassification", {}),
 }
+_UNTIED_BERT = ("tie_word_embeddings=False in a BERT with an MLM head (Hugging Face then keeps two output "
+                "biases and uses one); tpzoo converts tied ones")
 _ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -74,6 +76,7 @@ def config_from_hf(hf: Any, arch: str) -> TransformerConfig:
     _require(not hf.is_decoder and not hf.add_cross_attention, "is_decoder / add_cross_attention (a BERT decoder)")
     _require(getattr(hf, "position_embedding_type", "absolute") == "absolute", "relative position embeddings")
     _require(hf.problem_type in (None, "single_label_classification"), f"problem_type={hf.problem_type!r}")
+    _require(hf.tie_word_embeddings or arch == "BertForSequenceClassification", _UNTIED_BERT)
     return TransformerConfig(
         model_type="bert", num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
         num_attention_heads=hf.num_attention_heads, ffn_hidden_size=hf.intermediate_size, vocab_size=hf.vocab_size,
@@ -178,7 +181,7 @@ def _bert_rules(c: TransformerConfig, arch: str) -> list[Rule]:
     lm = arch != "BertForSequenceClassification"
     e, p = "bert.embeddings.", "cls.predictions."
     rules = [_tied("embedding.word_embeddings.weight", f"{e}word_embeddings.weight",
-                   *((f"{p}decoder.weight",) if lm and c.tie_word_embeddings else ())),
+                   *((f"{p}decoder.weight",) if lm else ())),
              _same("embedding.position_embeddings.weight", f"{e}position_embeddings.weight"),
              _same("embedding.token_type_embeddings.weight", f"{e}token_type_embeddings.weight"),
              *_linear("embedding.layernorm", f"{e}LayerNorm")]
@@ -197,11 +200,10 @@ def _bert_rules(c: TransformerConfig, arch: str) -> list[Rule]:
         rules += _linear("head.pooler.dense", "bert.pooler.dense")
     if not lm:
         return rules + _linear("head.classifier", "classifier")
+    _require(c.tie_word_embeddings, _UNTIED_BERT)
     rules += [*_linear("head.lm_head.dense", f"{p}transform.dense"),
               *_linear("head.lm_head.layernorm", f"{p}transform.LayerNorm"),
               _tied("head.lm_head.output_bias.bias", f"{p}bias", f"{p}decoder.bias")]
-    if not c.tie_word_embeddings:
-        rules.append(_same("head.output_layer.weight", f"{p}decoder.weight"))
     if arch == "BertForPreTraining":
         rules += _linear("head.binary_head", "cls.seq_relationship")
     return rules

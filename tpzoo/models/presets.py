@@ -92,7 +92,6 @@ def format_presets() -> str:
     cols = list(rows[0])
     cells = [[f"{r[k]:,}" if k == "parameters" else str(r[k]) for k in cols] for r in rows]
     widths = [max(len(k), *(len(row[i]) for row in cells)) for i, k in enumerate(cols)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(cols, widths))]
-    lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-              for row in cells]
-    return "\n".join(lines)
+    lines = [[k for k in cols], *cells]
+    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+                     for row in lines)

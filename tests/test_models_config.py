@@ -1,0 +1,97 @@
+"""TransformerConfig validation and dict round trip; presets and their parameter counts against Hugging Face."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tpzoo.models import PRESETS, TransformerConfig, format_presets, get_preset, list_presets, num_parameters
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_layers=0), "TransformerConfig.num_layers must be >= 1, got 0"),
+    (dict(hidden_size=64.0), "TransformerConfig.hidden_size must be an int, got float 64.0"),
+    (dict(num_attention_heads=True), "TransformerConfig.num_attention_heads must be an int, got bool True"),
+    (dict(ffn_hidden_size=-4), "TransformerConfig.ffn_hidden_size must be >= 1, got -4"),
+    (dict(hidden_dropout=1.0), r"TransformerConfig.hidden_dropout must lie in \[0, 1\), got 1.0"),
+    (dict(attention_dropout=-0.1), r"TransformerConfig.attention_dropout must lie in \[0, 1\), got -0.1"),
+    (dict(layernorm_epsilon=0.0), "TransformerConfig.layernorm_epsilon must be > 0, got 0.0"),
+    (dict(layernorm_position="middle"), "TransformerConfig.layernorm_position must be one of 'pre', 'post', "
+                                        "got 'middle'"),
+    (dict(activation="relu"), "TransformerConfig.activation must be one of 'gelu', 'gelu_tanh', got 'relu'"),
+    (dict(attention_backend="flash"), "TransformerConfig.attention_backend must be one of 'auto', "
+                                      "'fused-softmax', 'sdpa', got 'flash'"),
+    (dict(kernels="cuda"), "TransformerConfig.kernels must be one of None, 'auto', 'triton', 'torch', got 'cuda'"),
+    (dict(tie_word_embeddings=1), "TransformerConfig.tie_word_embeddings must be True or False, got int 1"),
+    (dict(num_labels=1), "TransformerConfig.num_labels must be >= 2, got 1"),
+    (dict(hidden_size=100, num_attention_heads=12), "hidden_size=100 is not divisible by num_attention_heads=12"),
+    (dict(model_type="bert", type_vocab_size=0), r"a bert config needs type_vocab_size >= 1 \(segments A/B\), got 0"),
+])
+def test_config_rejects_bad_values_naming_them(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig(**changes)
+
+
+def test_config_round_trips_through_a_plain_dict():
+    config = get_preset("bert-base", sequence_parallel=True, kernels="torch", hidden_dropout=0.0)
+    data = json.loads(json.dumps(config.to_dict()))
+    assert TransformerConfig.from_dict(data) == config
+    assert config.ffn_size == 3072 and config.head_dim == 64 and not config.causal
+    with pytest.raises(ValueError, match=r"unknown TransformerConfig field\(s\) \['hidden'\]"):
+        TransformerConfig.from_dict({**data, "hidden": 3})
+    with pytest.raises(ValueError, match=r"unknown TransformerConfig field\(s\) \['layers'\]"):
+        config.replace(layers=3)
+    with pytest.raises(ValueError, match="TransformerConfig.num_layers must be >= 1, got 0"):
+        config.replace(num_layers=0)
+    # ffn_hidden_size=None follows hidden_size when a preset is overridden (4 h)
+    assert get_preset("gpt2", hidden_size=256, num_attention_heads=4).ffn_size == 1024
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown preset 'gpt3'; choose one of gpt2, gpt2-medium"):
+        get_preset("gpt3")
+    with pytest.raises(ValueError, match="head 'lm' does not apply to a bert config"):
+        num_parameters(get_preset("bert-base"), "lm")
+
+
+def hf_counts(name: str) -> dict[str, int]:
+    """Parameters of the Hugging Face models of preset ``name``, built on the meta device (no memory)."""
+    import transformers
+
+    c = get_preset(name)
+    if c.model_type == "gpt":
+        hf = transformers.GPT2Config(n_layer=c.num_layers, n_embd=c.hidden_size, n_head=c.num_attention_heads,
+                                     vocab_size=c.vocab_size, n_positions=c.max_position_embeddings)
+        classes = {"lm": transformers.GPT2LMHeadModel}
+    else:
+        hf = transformers.BertConfig(num_hidden_layers=c.num_layers, hidden_size=c.hidden_size,
+                                     num_attention_heads=c.num_attention_heads, intermediate_size=c.ffn_size,
+                                     vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings,
+                                     num_labels=c.num_labels)
+        classes = {"pretraining": transformers.BertForPreTraining, "mlm": transformers.BertForMaskedLM,
+                   "classification": transformers.BertForSequenceClassification}
+    with torch.device("meta"):
+        return {head: sum(p.numel() for p in cls(hf).parameters()) for head, cls in classes.items()}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_counts_equal_hugging_face(name):
+    config = get_preset(name)
+    for head, count in hf_counts(name).items():
+        assert num_parameters(config, head) == count, f"{name} {head}"
+    if name == "gpt2":
+        assert num_parameters(config) == 124_439_808
+
+
+def test_list_presets_and_the_command_that_prints_them():
+    rows = list_presets()
+    assert [r["name"] for r in rows] == list(PRESETS)
+    assert {r["name"]: r["parameters"] for r in rows}["gpt2"] == 124_439_808
+    out = subprocess.run([sys.executable, "-m", "tpzoo.models"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == format_presets()
+    assert "gpt2-xl" in out.stdout and "1,557,611,200" in out.stdout
