@@ -75,7 +75,7 @@ class ParallelAttention(nn.Module):
         qkv = self.query_key_value(x)                                    # [b, s, 3h/tp]
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, self.heads_per_rank, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))     # [b, n/tp, s, d] each
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))              # [b, n/tp, s, d] each
         context = self.core_attention(q, k, v, mask)                      # [b, n/tp, s, d]
         context = context.transpose(1, 2).reshape(b, s, self.heads_per_rank * self.head_dim)
         return self.dense(context)
