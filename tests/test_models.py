@@ -227,7 +227,12 @@ def all_model_checks(tmp: str) -> dict[str, float]:
     loaded = from_pretrained(Path(tmp) / "gpt", mesh)
     assert type(loaded) is GPTModel and loaded.mesh.tp_size == 4
     state = full_state_dict(loaded)
-    assert all(torch.equal(state[k], saved[k]) for k in saved), "a tp=2 save loads differently at tp=4"
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved), \
+        "a tp=2 save loads differently at tp=4"
+    last = from_pretrained(Path(tmp) / "gpt", mesh, pre_process=False, layers=[1])  # a last pipeline stage
+    for name, t in full_state_dict(last).items():
+        source = "embedding.word_embeddings.weight" if name == "head.word_embeddings.weight" else name
+        assert torch.equal(t, saved[source]), f"last stage loads {name} differently"
     check_parameter_counts(mesh)
     check_misuse(mesh)
     return errors.max
