@@ -94,6 +94,7 @@ class VocabParallelBias(nn.Module):
         super().__init__()
         self.num_embeddings = vocab_size
         self.bias = nn.Parameter(torch.zeros(padded_vocab_size(vocab_size, tp) // tp))
+        self.bias.tp_shard_dim = 0  # a shard, as tpzoo.parallel marks its layers' shards
 
 
 def add_output_weight(head: nn.Module, config: TransformerConfig, mesh: ParallelMesh, has_embedding: bool) -> None:
