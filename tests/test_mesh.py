@@ -17,7 +17,6 @@ from tpzoo.parallel import init_mesh, mesh_shape
 from tpzoo.testing import DistributedTestError, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "tensor_parallel_mlp.py"
 
 
 def clean_env() -> dict[str, str]:
@@ -30,23 +29,37 @@ def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT)
 
 
-def test_lone_process_mesh_and_example():
+def doc_commands(doc: str, heading: str) -> list[str]:
+    """The command lines of the bash block under ``## heading`` (or ``### heading``) of a doc."""
+    section = (ROOT / doc).read_text().split(f"# {heading}\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def as_argv(command: str) -> list[str]:
+    """A documented command with `python`/`torchrun` bound to this interpreter."""
+    argv = command.split()
+    head = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"]}[argv[0]]
+    return head + argv[1:]
+
+
+def test_lone_process_mesh():
     """No torchrun, no environment: init_mesh starts a one-rank gloo group."""
     probe = run([sys.executable, "-c", "from tpzoo.parallel import init_mesh; m = init_mesh(); "
                  "import torch.distributed as d; print(m.pp_size, m.dp_size, m.tp_size, d.get_backend(), m.device)"])
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["1", "1", "1", "gloo", "cpu"]
-    example = run([sys.executable, str(EXAMPLE)])
-    assert example.returncode == 0, example.stderr
-    assert "tp=1: input-gradient relative error" in example.stdout
 
 
-def test_torchrun_two_ranks_example():
-    """The README's torchrun example: two ranks at tp=2 match dense PyTorch."""
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                str(EXAMPLE), "--tp", "2"], timeout=90)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "tp=2: input-gradient relative error" in proc.stdout
+def test_parallelism_guide_example_commands():
+    """docs/parallelism.md's example, as one process and under torchrun at tp=2, matches dense PyTorch."""
+    commands = doc_commands("docs/parallelism.md", "An example: a tensor-parallel MLP")
+    assert len(commands) == 2 and any(c.startswith("torchrun") for c in commands)
+    for command in commands:
+        proc = run(as_argv(command), timeout=90)
+        assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+        tp = command.split("--tp ")[1] if "--tp" in command else "1"
+        assert f"tp={tp}: input-gradient relative error" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [

@@ -67,6 +67,12 @@ def check_column(tp_group, tp: int, rank: int, gather_output: bool, sequence_par
     assert_rel(x_tp.grad, expected_dx, f"{tag} input grad")
     assert_rel(all_gather(layer.weight.grad, 0, tp_group), dense.weight.grad, f"{tag} weight grad")
     assert_rel(all_gather(layer.bias.grad, 0, tp_group), dense.bias.grad, f"{tag} bias grad")
+    assert (layer.weight.tp_shard_dim, layer.bias.tp_shard_dim) == (0, 0)
+    if not gather_output:
+        layer.skip_bias_add = True
+        y_nobias, bias = layer(x_tp.detach())
+        assert bias is layer.bias
+        assert_rel(y_nobias + bias, y.detach(), f"{tag} skip_bias_add")
 
 
 def check_row(tp_group, tp: int, input_is_parallel: bool, sequence_parallel: bool) -> None:
@@ -99,6 +105,10 @@ def check_row(tp_group, tp: int, input_is_parallel: bool, sequence_parallel: boo
     assert_rel(x_tp.grad, expected_dx, f"{tag} input grad")
     assert_rel(all_gather(layer.weight.grad, 1, tp_group), dense.weight.grad, f"{tag} weight grad")
     assert_rel(layer.bias.grad, dense.bias.grad, f"{tag} bias grad")
+    assert layer.weight.tp_shard_dim == 1 and not hasattr(layer.bias, "tp_shard_dim"), "row bias is replicated"
+    layer.skip_bias_add = True
+    y_nobias, bias = layer(x_tp.detach())
+    assert_rel(y_nobias + bias, y.detach(), f"{tag} skip_bias_add")
 
 
 def check_embedding(tp_group, tp: int, vocab: int, sequence_parallel: bool) -> None:
@@ -108,6 +118,7 @@ def check_embedding(tp_group, tp: int, vocab: int, sequence_parallel: bool) -> N
     full_w = all_gather(layer.weight.detach(), 0, tp_group)
     assert full_w.shape[0] == padded_vocab_size(vocab, tp, 4)
     assert not full_w[vocab:].any(), "padding rows must be zero"
+    assert layer.weight.tp_shard_dim == 0
     dense = nn.Embedding(vocab, IN)
     with torch.no_grad():
         dense.weight.copy_(full_w[:vocab])
@@ -177,6 +188,8 @@ def check_misuse(tp_group) -> None:
         RowParallelLinear(10, 8, tp_group=tp_group)
     with pytest.raises(ValueError, match="sequence_parallel=True needs input_is_parallel=True"):
         RowParallelLinear(8, 8, input_is_parallel=False, sequence_parallel=True, tp_group=tp_group)
+    with pytest.raises(ValueError, match="gather_output=True with skip_bias_add=True"):
+        ColumnParallelLinear(8, 8, gather_output=True, skip_bias_add=True, tp_group=tp_group)
     col = ColumnParallelLinear(8, 8, tp_group=tp_group)
     with pytest.raises(ValueError, match=r"expects inputs \[\.\.\., 8\] on each tp rank, got \(2, 3, 7\)"):
         col(torch.zeros(2, 3, 7))

@@ -8,7 +8,9 @@ one full weight of host memory while a layer is built). Weight layouts match Meg
     RowParallelLinear      weight [out, in/tp]   cols r*in/tp ...  of the full [out, in]
     VocabParallelEmbedding weight [V'/tp, h]     rows r*V'/tp ...  of the vocabulary padded to V'
 
-``tp_group=None`` means the tp group of the mesh made by ``init_mesh``.
+Sharded parameters carry ``param.tp_shard_dim`` (the dim split across tp), so that gradient
+norms, checkpoints and conversions can tell shards from replicas. ``tp_group=None`` means the tp
+group of the mesh made by ``init_mesh``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def divide(n: int, d: int, what: str) -> int:
 
 
 def _shard(full_shape: tuple[int, int], init_method: InitMethod, dim: int, group: dist.ProcessGroup,
-           dtype: torch.dtype | None, device: torch.device | str | None, padded_rows: int | None = None) -> Tensor:
+           dtype: torch.dtype | None, device: torch.device | str | None, padded_rows: int | None = None) -> nn.Parameter:
     """Build the full weight, zero-pad its rows to ``padded_rows``, keep this rank's chunk of ``dim``."""
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
@@ -63,7 +65,9 @@ def _shard(full_shape: tuple[int, int], init_method: InitMethod, dim: int, group
         master = F.pad(master, (0, 0, 0, padded_rows - full_shape[0]))
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     shard = master.chunk(world, dim)[rank]
-    return shard.to(dtype=dtype or torch.get_default_dtype(), device=device).contiguous()
+    param = nn.Parameter(shard.to(dtype=dtype or torch.get_default_dtype(), device=device).contiguous())
+    param.tp_shard_dim = dim
+    return param
 
 
 def _check_last_dim(x: Tensor, expected: int, layer: str) -> None:
@@ -89,13 +93,18 @@ class ColumnParallelLinear(nn.Module):
                  tp_group: dist.ProcessGroup | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
+        if gather_output and skip_bias_add:
+            raise ValueError("ColumnParallelLinear: gather_output=True with skip_bias_add=True would return the "
+                             "full output with this rank's bias shard; add the bias (skip_bias_add=False)")
         self.tp_group = resolve_tp_group(tp_group)
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = divide(out_features, dist.get_world_size(self.tp_group), "out_features")
         self.gather_output, self.skip_bias_add, self.sequence_parallel = gather_output, skip_bias_add, sequence_parallel
-        self.weight = nn.Parameter(_shard((out_features, in_features), init_method or init_method_normal(), 0,
-                                          self.tp_group, dtype, device))
+        self.weight = _shard((out_features, in_features), init_method or init_method_normal(), 0,
+                             self.tp_group, dtype, device)
         self.bias = _bias(self.out_per_rank, bias, self.weight.dtype, self.weight.device)
+        if self.bias is not None:
+            self.bias.tp_shard_dim = 0
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor | None]:
         _check_last_dim(x, self.in_features, "ColumnParallelLinear")
@@ -137,8 +146,8 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = divide(in_features, dist.get_world_size(self.tp_group), "in_features")
         self.input_is_parallel, self.skip_bias_add, self.sequence_parallel = (
             input_is_parallel, skip_bias_add, sequence_parallel)
-        self.weight = nn.Parameter(_shard((out_features, in_features), init_method or init_method_normal(), 1,
-                                          self.tp_group, dtype, device))
+        self.weight = _shard((out_features, in_features), init_method or init_method_normal(), 1,
+                             self.tp_group, dtype, device)
         self.bias = _bias(out_features, bias, self.weight.dtype, self.weight.device)
         if self.bias is not None:
             self.bias.sequence_parallel = sequence_parallel
@@ -193,8 +202,8 @@ class VocabParallelEmbedding(nn.Module):
         per_rank = self.num_embeddings_padded // tp
         self.vocab_start_index = dist.get_rank(self.tp_group) * per_rank
         self.vocab_end_index = self.vocab_start_index + per_rank
-        self.weight = nn.Parameter(_shard((num_embeddings, embedding_dim), init_method or init_method_normal(), 0,
-                                          self.tp_group, dtype, device, padded_rows=self.num_embeddings_padded))
+        self.weight = _shard((num_embeddings, embedding_dim), init_method or init_method_normal(), 0,
+                             self.tp_group, dtype, device, padded_rows=self.num_embeddings_padded)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         if input_ids.dtype not in (torch.int32, torch.int64):

@@ -54,15 +54,41 @@ class ParallelMesh:
     def group(self, dim: str) -> dist.ProcessGroup:
         return self.device_mesh.get_group(dim)
 
-    tp_size = property(lambda self: self.size("tp"))
-    pp_size = property(lambda self: self.size("pp"))
-    dp_size = property(lambda self: self.size("dp"))
-    tp_rank = property(lambda self: self.rank("tp"))
-    pp_rank = property(lambda self: self.rank("pp"))
-    dp_rank = property(lambda self: self.rank("dp"))
-    tp_group = property(lambda self: self.group("tp"))
-    pp_group = property(lambda self: self.group("pp"))
-    dp_group = property(lambda self: self.group("dp"))
+    @property
+    def tp_size(self) -> int:
+        return self.size("tp")
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank("tp")
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup:
+        return self.group("tp")
+
+    @property
+    def pp_size(self) -> int:
+        return self.size("pp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank("pp")
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        return self.group("pp")
+
+    @property
+    def dp_size(self) -> int:
+        return self.size("dp")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank("dp")
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        return self.group("dp")
 
     def __repr__(self) -> str:
         return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}, "
