@@ -82,6 +82,20 @@ def test_triton_on_cpu_turns_on_the_interpreter_by_itself():
     assert float(out.stdout) < 1e-6
 
 
+def test_triton_on_cpu_after_triton_was_imported_without_the_interpreter_says_how_to_fix():
+    code = (
+        "import torch, torch._inductor.runtime.triton_heuristics  # imports triton, as torch.compile does\n"
+        "from tpzoo import kernels as K\n"
+        "try:\n"
+        "    K.gelu(torch.randn(4))\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    out = run_python(code, TPZOO_KERNELS="triton", CUDA_VISIBLE_DEVICES="")
+    assert out.returncode == 0, out.stderr
+    assert "needs TRITON_INTERPRET=1 in the environment before triton is first imported" in out.stdout
+
+
 def test_top_level_kernels_folder_is_harmless_to_transformers():
     """From the repo root ``kernels/`` is importable as ``kernels``: transformers must not take it for hub kernels."""
     code = (
