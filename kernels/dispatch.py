@@ -2,9 +2,10 @@
 
 auto (the default) runs the Triton kernels on CUDA tensors when triton is installed and the
 plain-torch references otherwise. The Triton modules are imported only when first used. Triton
-on CPU tensors runs Triton's interpreter, which must be chosen before any ``@triton.jit``
-decorator runs: with no CUDA device and TRITON_INTERPRET unset, the first such call sets
+on CPU tensors runs Triton's interpreter, which must be chosen before triton.language is first
+imported: with no CUDA device and TRITON_INTERPRET unset, the first such call sets
 TRITON_INTERPRET=1 for this process (it then applies to every Triton kernel defined later).
+If triton was already imported without it (torch.compile imports triton), the call raises.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from types import ModuleType
 
 import torch
@@ -33,15 +35,22 @@ def backend_for(x: torch.Tensor) -> str:
     return choice
 
 
-def _interpret_on_cpu() -> None:
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    if torch.cuda.is_available():
+def _use_interpreter() -> None:
+    """Triton on CPU tensors runs its interpreter, which must be on before triton.language is imported."""
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    on = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    lang = sys.modules.get("triton.language")
+    if lang is not None:  # imported before: its library functions must be the interpreter's
+        from triton.runtime.jit import JITFunction
+
+        on = on and not any(isinstance(getattr(lang, f, None), JITFunction) for f in ("sum", "max", "zeros"))
+    if not on:
         raise RuntimeError(
-            "TPZOO_KERNELS=triton on CPU tensors runs Triton's interpreter: on a machine with CUDA, set "
-            "TRITON_INTERPRET=1 before the first kernel call (or move the tensors to the GPU)"
+            "TPZOO_KERNELS=triton on CPU tensors runs Triton's interpreter, which needs TRITON_INTERPRET=1 in the "
+            "environment before triton is first imported (torch.compile imports it): set it before starting "
+            "Python, or use TPZOO_KERNELS=auto|torch, or move the tensors to the GPU"
         )
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def triton_kernels(x: torch.Tensor, name: str) -> ModuleType | None:
@@ -54,5 +63,5 @@ def triton_kernels(x: torch.Tensor, name: str) -> ModuleType | None:
     if not _have_triton():
         raise ImportError("TPZOO_KERNELS=triton needs the triton package: pip install triton")
     if x.device.type == "cpu":
-        _interpret_on_cpu()
+        _use_interpreter()
     return importlib.import_module(f"{__package__}.{name}")

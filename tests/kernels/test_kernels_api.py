@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ from tpzoo.kernels import dispatch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter from the repository root (so a top-level ``kernels`` is findable)."""
+def run_python(code: str, **env: str) -> str:
+    """stdout of ``code`` (dedented) in a fresh interpreter run from the repository root, which must succeed."""
     environ = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TPZOO_KERNELS")}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env={**environ, **env},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -66,34 +69,42 @@ def test_empty_tensors_take_the_torch_path(monkeypatch):
 
 def test_triton_on_cpu_turns_on_the_interpreter_by_itself():
     """With no CUDA and TRITON_INTERPRET unset, TPZOO_KERNELS=triton on CPU tensors sets it and runs."""
-    code = (
-        "import os, torch\n"
-        "from tpzoo import kernels as K\n"
-        "assert 'TRITON_INTERPRET' not in os.environ\n"
-        "x = torch.randn(4, 33, requires_grad=True)\n"
-        "y = K.bias_gelu(x, torch.zeros(33), 'tanh')\n"
-        "y.sum().backward()\n"
-        "assert os.environ['TRITON_INTERPRET'] == '1'\n"
-        "ref = torch.nn.functional.gelu(x.detach(), approximate='tanh')\n"
-        "print(float((y - ref).abs().max()))\n"
-    )
-    out = run_python(code, TPZOO_KERNELS="triton", CUDA_VISIBLE_DEVICES="")
-    assert out.returncode == 0, out.stderr
-    assert float(out.stdout) < 1e-6
+    out = run_python("""
+        import os, torch
+        from tpzoo import kernels as K
+        assert "TRITON_INTERPRET" not in os.environ
+        x = torch.randn(4, 33, requires_grad=True)
+        y = K.bias_gelu(x, torch.zeros(33), "tanh")
+        y.sum().backward()
+        assert os.environ["TRITON_INTERPRET"] == "1"
+        print(float((y - torch.nn.functional.gelu(x.detach(), approximate="tanh")).abs().max()))
+    """, TPZOO_KERNELS="triton", CUDA_VISIBLE_DEVICES="")
+    assert float(out) < 1e-6
+
+
+def test_triton_on_cpu_after_triton_was_imported_without_the_interpreter_says_how_to_fix():
+    out = run_python("""
+        import torch, torch._inductor.runtime.triton_heuristics  # imports triton, as torch.compile does
+        from tpzoo import kernels as K
+        try:
+            K.gelu(torch.randn(4))
+        except RuntimeError as e:
+            print(e)
+    """, TPZOO_KERNELS="triton", CUDA_VISIBLE_DEVICES="")
+    assert "needs TRITON_INTERPRET=1 in the environment before triton is first imported" in out
 
 
 def test_top_level_kernels_folder_is_harmless_to_transformers():
     """From the repo root ``kernels/`` is importable as ``kernels``: transformers must not take it for hub kernels."""
-    code = (
-        "import sys, importlib\n"
-        "assert sys.path[0] == ''\n"
-        "import transformers\n"
-        "assert not transformers.utils.import_utils.is_kernels_available()\n"
-        "top = importlib.import_module('kernels')\n"
-        "assert not hasattr(top, 'gelu') and not hasattr(top, '__version__'), dir(top)\n"
-        "import tpzoo.kernels\n"
-        "assert callable(tpzoo.kernels.gelu) and tpzoo.kernels.__file__ == top.__file__\n"
-        "print('ok')\n"
-    )
-    out = run_python(code)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    out = run_python("""
+        import importlib, sys
+        assert sys.path[0] == ""  # the repository root, where kernels/ is a top-level package
+        import transformers
+        assert not transformers.utils.import_utils.is_kernels_available()
+        top = importlib.import_module("kernels")
+        assert not hasattr(top, "gelu") and not hasattr(top, "__version__"), dir(top)
+        import tpzoo.kernels
+        assert callable(tpzoo.kernels.gelu) and tpzoo.kernels.__file__ == top.__file__
+        print("ok")
+    """)
+    assert out.strip() == "ok"

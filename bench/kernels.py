@@ -1,0 +1,189 @@
+"""Benchmark tpzoo's Triton kernels against torch eager and torch.compile, forward and backward.
+
+    python bench/kernels.py
+
+On CUDA: shapes of real models (BERT-large, GPT-2 XL, 7B-class; hidden 1024-8192, sequences
+512-8192) in bf16 and fp32. Without CUDA: the same table at small shapes, the Triton kernels
+in float32 only, the Triton kernels running in Triton's interpreter, so that the script is
+always tested; its times mean nothing.
+
+Columns: time of the Triton pass; GB/s counting the minimum bytes that pass must move (each
+input read once, each output written once; the causal softmax reads only the visible triangle,
+the masked one only the unmasked keys); that as a percentage of the device's copy bandwidth,
+measured in the same run (torch copy_ of a large buffer, read + write); the speed ratio of torch
+eager and of torch.compile (both running ``tpzoo.kernels.reference``) to Triton, > 1 when
+Triton is faster; and the relative difference of Triton's result from eager's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+os.environ["TPZOO_KERNELS"] = "triton"  # the tpzoo.kernels ops below run Triton on any device
+if not torch.cuda.is_available():  # before torch.compile imports triton (see docs/kernels.md)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tpzoo import kernels as K  # noqa: E402
+from tpzoo.kernels import reference as R  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Case:
+    """One kernel at one shape: differentiable inputs, the Triton op, the reference, minimum bytes."""
+
+    kernel: str
+    shape: str
+    inputs: list[torch.Tensor]
+    op: Callable
+    ref: Callable
+    fwd_bytes: int
+    bwd_bytes: int
+
+
+def softmax_case(shape: tuple[int, int, int, int], causal: bool, dtype, device) -> Case:
+    b, h, sq, sk = shape
+    x = torch.randn(shape, dtype=dtype, device=device)
+    size, n = x.element_size(), x.numel()
+    scale = sq**-0.5
+    if causal:
+        visible = int((torch.arange(sq) + sk - sq + 1).clamp(0, sk).sum()) * b * h
+        return Case("scaled_causal_softmax", "x".join(map(str, shape)), [x],
+                    lambda x: K.scaled_causal_softmax(x, scale), lambda x: R.scaled_causal_softmax(x, scale),
+                    (visible + n) * size, (2 * visible + n) * size)
+    lengths = torch.randint(sk // 2, sk + 1, (b,))
+    mask = (torch.arange(sk) >= lengths[:, None]).view(b, 1, 1, sk).to(device)
+    visible = int(lengths.sum()) * h * sq
+    return Case("scaled_masked_softmax", "x".join(map(str, shape)) + " pad", [x],
+                lambda x: K.scaled_masked_softmax(x, mask, scale), lambda x: R.scaled_masked_softmax(x, mask, scale),
+                (visible + n) * size + mask.numel(), 3 * n * size)
+
+
+def norm_case(kernel: str, rows: int, hidden: int, dtype, device) -> Case:
+    x = torch.randn(rows, hidden, dtype=dtype, device=device)
+    params = [torch.randn(hidden, dtype=dtype, device=device) for _ in range(2 if kernel == "layer_norm" else 1)]
+    size, n, stats = x.element_size(), x.numel(), rows * 4 * (2 if kernel == "layer_norm" else 1)
+    p_bytes = len(params) * hidden * size
+    op, ref = getattr(K, kernel), getattr(R, kernel)
+    # forward: x, params, stats in/out; backward: x, dy, w, stats in, dx, dparams out
+    return Case(kernel, f"{rows}x{hidden}", [x, *params], lambda *a: op(*a, 1e-5), lambda *a: ref(*a, 1e-5),
+                2 * n * size + p_bytes + stats, 3 * n * size + hidden * size + stats + p_bytes)
+
+
+def gelu_case(kernel: str, rows: int, cols: int, approximate: str, dtype, device) -> Case:
+    x = torch.randn(rows, cols, dtype=dtype, device=device)
+    size, n = x.element_size(), x.numel()
+    if kernel == "gelu":
+        return Case(kernel, f"{rows}x{cols} {approximate}", [x], lambda x: K.gelu(x, approximate),
+                    lambda x: R.bias_gelu(x, None, approximate), 2 * n * size, 3 * n * size)
+    b = torch.randn(cols, dtype=dtype, device=device)
+    return Case(kernel, f"{rows}x{cols} {approximate}", [x, b], lambda x, b: K.bias_gelu(x, b, approximate),
+                lambda x, b: R.bias_gelu(x, b, approximate), 2 * n * size + cols * size,
+                3 * n * size + 2 * cols * size)
+
+
+def cases(dtype, device) -> list[Callable[[], Case]]:
+    """Real model shapes on CUDA (BERT-large, GPT-2 XL, 7B-class), small ones elsewhere; built lazily."""
+    if device.type == "cuda":
+        softmax = [((16, 16, 512, 512), False), ((8, 25, 1024, 1024), True), ((1, 32, 4096, 4096), True),
+                   ((1, 16, 8192, 8192), True)]
+        if dtype == torch.bfloat16:
+            softmax.append(((1, 32, 8192, 8192), True))  # 2^31 elements: 64-bit offsets at work
+        tokens, hiddens = 8192, (1024, 1600, 4096, 8192)
+        ffn = [(4096, "none"), (6400, "tanh"), (16384, "tanh"), (32768, "tanh")]
+    else:
+        softmax = [((1, 2, 16, 32), False), ((1, 2, 32, 32), True)]
+        tokens, hiddens = 16, (128,)
+        ffn = [(128, "tanh")]
+    out = [lambda s=s, c=c: softmax_case(s, c, dtype, device) for s, c in softmax]
+    out += [lambda k=k, h=h: norm_case(k, tokens, h, dtype, device) for k in ("layer_norm", "rms_norm")
+            for h in hiddens]
+    out += [lambda k=k, c=c, a=a: gelu_case(k, tokens, c, a, dtype, device) for k in ("gelu", "bias_gelu")
+            for c, a in ffn]
+    return out
+
+
+def timer(device: torch.device) -> Callable[[Callable], float]:
+    """Seconds per call: triton.testing.do_bench (CUDA events, L2 flushed) on CUDA, a median of 3 elsewhere."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, return_mode="median") / 1e3
+
+    def cpu_time(fn: Callable) -> float:
+        fn()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def copy_bandwidth(device: torch.device, time_fn) -> float:
+    """Bytes per second of a device-to-device copy (read + write) of a large buffer."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 24)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device)
+    return 2 * n / time_fn(lambda: dst.copy_(src))
+
+
+def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
+               for x, y in zip(a, b))
+
+
+def measure(case: Case, time_fn) -> list[tuple[str, int, float, float, float, float]]:
+    """[(pass, bytes, triton s, eager s, compile s, rel diff)] for the forward and backward passes."""
+    inputs = [t.requires_grad_() for t in case.inputs]
+    fns = {"triton": case.op, "eager": case.ref, "compile": torch.compile(case.ref, dynamic=False)}
+    outs = {name: fn(*inputs) for name, fn in fns.items()}
+    dy = torch.randn_like(outs["eager"])
+    grads = {name: torch.autograd.grad(y, inputs, dy, retain_graph=True) for name, y in outs.items()}
+    fwd = {name: time_fn(lambda fn=fn: fn(*inputs)) for name, fn in fns.items()}
+    bwd = {name: time_fn(lambda y=y: torch.autograd.grad(y, inputs, dy, retain_graph=True)) for name, y in outs.items()}
+    return [
+        ("fwd", case.fwd_bytes, fwd["triton"], fwd["eager"], fwd["compile"], rel_diff([outs["triton"]], [outs["eager"]])),
+        ("bwd", case.bwd_bytes, bwd["triton"], bwd["eager"], bwd["compile"], rel_diff(grads["triton"], grads["eager"])),
+    ]
+
+
+def main() -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    time_fn = timer(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    copy = copy_bandwidth(device, time_fn)
+    import triton
+
+    print(f"device: {name}; torch {torch.__version__}, triton {triton.__version__}")
+    print(f"copy bandwidth (measured, read + write): {copy / 1e9:.1f} GB/s")
+    if device.type != "cuda":
+        print("no CUDA: small shapes, Triton in its interpreter; the times below are a smoke check only")
+    print()
+    print("| kernel | shape | dtype | pass | Triton us | GB/s | % of copy | eager / Triton | compile / Triton | rel diff |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for dname, dtype in DTYPES.items() if device.type == "cuda" else [("fp32", torch.float32)]:
+        for build in cases(dtype, device):
+            case = build()
+            for pass_, nbytes, t_tri, t_eager, t_comp, diff in measure(case, time_fn):
+                gbs = nbytes / t_tri / 1e9
+                print(f"| {case.kernel} | {case.shape} | {dname} | {pass_} | {t_tri * 1e6:.4g} | {gbs:.4g} | "
+                      f"{100 * gbs * 1e9 / copy:.3g} | {t_eager / t_tri:.3g} | {t_comp / t_tri:.3g} | {diff:.1e} |",
+                      flush=True)
+            del case
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
