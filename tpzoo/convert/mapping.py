@@ -77,6 +77,7 @@ def config_from_hf(hf: Any, arch: str) -> TransformerConfig:
     _require(getattr(hf, "position_embedding_type", "absolute") == "absolute", "relative position embeddings")
     _require(hf.problem_type in (None, "single_label_classification"), f"problem_type={hf.problem_type!r}")
     _require(hf.tie_word_embeddings or arch == "BertForSequenceClassification", _UNTIED_BERT)
+    _require(hf.num_labels >= 2 or arch != "BertForSequenceClassification", "num_labels=1 (regression)")
     return TransformerConfig(
         model_type="bert", num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
         num_attention_heads=hf.num_attention_heads, ffn_hidden_size=hf.intermediate_size, vocab_size=hf.vocab_size,

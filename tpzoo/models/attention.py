@@ -25,11 +25,12 @@ from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, init_method_normal
 
 
-def resolve_attention_backend(backend: str, device: torch.device) -> str:
-    """"fused-softmax" or "sdpa" for ``--attention-backend`` on ``device``.
+def resolve_attention_backend(backend: str) -> str:
+    """"fused-softmax" or "sdpa" for ``--attention-backend``.
 
-    auto: sdpa, whose fused kernels (flash / memory-efficient on CUDA, a flash kernel on CPU)
-    never materialize the [b, n, s, s] scores; bench/models.py measures both.
+    auto: sdpa on every device. Its fused kernels (flash or memory-efficient attention on CUDA, a
+    flash kernel on the CPU) never materialize the [b, n, s, s] scores that the fused softmax needs,
+    and measured faster on the CPU too (docs/models.md).
     """
     if backend in ("fused-softmax", "sdpa"):
         return backend
@@ -62,7 +63,7 @@ class ParallelAttention(nn.Module):
         tp = mesh.tp_size
         self.heads_per_rank = config.num_attention_heads // tp
         self.head_dim = config.head_dim
-        self.backend = resolve_attention_backend(config.attention_backend, mesh.device)
+        self.backend = resolve_attention_backend(config.attention_backend)
         sp = config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
             config.hidden_size, 3 * config.hidden_size, init_method=init_method_normal(config.init_method_std),

@@ -17,6 +17,8 @@ Face's BertForPreTraining; the pretraining loss adds their cross entropy to the 
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -159,9 +161,9 @@ class BertModel(_BertBase):
     """
 
     def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, add_binary_head: bool = True,
-                 **stage: object) -> None:
+                 pre_process: bool = True, post_process: bool = True, layers: Iterable[int] | None = None) -> None:
         self.add_binary_head = add_binary_head
-        super().__init__(config, mesh, **stage)
+        super().__init__(config, mesh, pre_process=pre_process, post_process=post_process, layers=layers)
 
     def build_head(self) -> nn.Module:
         return BertHead(self.config, self.mesh, self.pre_process, self.add_binary_head)
