@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -142,19 +141,25 @@ def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
                for x, y in zip(a, b))
 
 
-def measure(case: Case, time_fn) -> list[tuple[str, int, float, float, float, float]]:
-    """[(pass, bytes, triton s, eager s, compile s, rel diff)] for the forward and backward passes."""
+def measure(case: Case, time_fn) -> list[tuple[str, int, dict[str, float], float]]:
+    """[(pass, minimum bytes, {triton, eager, compile: seconds}, rel diff from eager)], forward and backward."""
     inputs = [t.requires_grad_() for t in case.inputs]
     fns = {"triton": case.op, "eager": case.ref, "compile": torch.compile(case.ref, dynamic=False)}
     outs = {name: fn(*inputs) for name, fn in fns.items()}
     dy = torch.randn_like(outs["eager"])
-    grads = {name: torch.autograd.grad(y, inputs, dy, retain_graph=True) for name, y in outs.items()}
+
+    def backward(y: torch.Tensor) -> Callable:
+        return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+    grads = {name: backward(y)() for name, y in outs.items()}
     fwd = {name: time_fn(lambda fn=fn: fn(*inputs)) for name, fn in fns.items()}
-    bwd = {name: time_fn(lambda y=y: torch.autograd.grad(y, inputs, dy, retain_graph=True)) for name, y in outs.items()}
-    return [
-        ("fwd", case.fwd_bytes, fwd["triton"], fwd["eager"], fwd["compile"], rel_diff([outs["triton"]], [outs["eager"]])),
-        ("bwd", case.bwd_bytes, bwd["triton"], bwd["eager"], bwd["compile"], rel_diff(grads["triton"], grads["eager"])),
-    ]
+    bwd = {name: time_fn(backward(y)) for name, y in outs.items()}
+    return [("fwd", case.fwd_bytes, fwd, rel_diff([outs["triton"]], [outs["eager"]])),
+            ("bwd", case.bwd_bytes, bwd, rel_diff(grads["triton"], grads["eager"]))]
+
+
+COLUMNS = ["kernel", "shape", "dtype", "pass", "Triton us", "GB/s", "% of copy", "eager / Triton",
+           "compile / Triton", "rel diff"]
 
 
 def main() -> None:
@@ -169,20 +174,20 @@ def main() -> None:
     if device.type != "cuda":
         print("no CUDA: small shapes, Triton in its interpreter; the times below are a smoke check only")
     print()
-    print("| kernel | shape | dtype | pass | Triton us | GB/s | % of copy | eager / Triton | compile / Triton | rel diff |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("| --- | --- | --- | --- |" + " ---: |" * (len(COLUMNS) - 4))
     for dname, dtype in DTYPES.items() if device.type == "cuda" else [("fp32", torch.float32)]:
         for build in cases(dtype, device):
             case = build()
-            for pass_, nbytes, t_tri, t_eager, t_comp, diff in measure(case, time_fn):
-                gbs = nbytes / t_tri / 1e9
-                print(f"| {case.kernel} | {case.shape} | {dname} | {pass_} | {t_tri * 1e6:.4g} | {gbs:.4g} | "
-                      f"{100 * gbs * 1e9 / copy:.3g} | {t_eager / t_tri:.3g} | {t_comp / t_tri:.3g} | {diff:.1e} |",
-                      flush=True)
+            for pass_, nbytes, t, diff in measure(case, time_fn):
+                rate = nbytes / t["triton"]
+                cells = [case.kernel, case.shape, dname, pass_, f"{t['triton'] * 1e6:.4g}", f"{rate / 1e9:.4g}",
+                         f"{100 * rate / copy:.3g}", f"{t['eager'] / t['triton']:.3g}",
+                         f"{t['compile'] / t['triton']:.3g}", f"{diff:.1e}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
             del case
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
