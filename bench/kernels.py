@@ -3,9 +3,10 @@
     python bench/kernels.py
 
 On CUDA: shapes of real models (BERT-large, GPT-2 XL, 7B-class; hidden 1024-8192, sequences
-512-8192) in bf16 and fp32. Without CUDA: the same table at small shapes, the Triton kernels
-in float32 only, the Triton kernels running in Triton's interpreter, so that the script is
-always tested; its times mean nothing.
+512-8192) in bf16 and fp32, plus rows of 16384 (longer than one block; the bf16 causal softmax
+at 16384 has 2^31 elements). Without CUDA: the same table at small float32 shapes, the Triton
+kernels running in Triton's interpreter, so that the script is always tested; its times mean
+nothing.
 
 Columns: time of the Triton pass; GB/s counting the minimum bytes that pass must move (each
 input read once, each output written once; the causal softmax reads only the visible triangle,
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -90,24 +91,22 @@ def gelu_case(kernel: str, rows: int, cols: int, approximate: str, dtype, device
                 3 * n * size + 2 * cols * size)
 
 
-def cases(dtype, device) -> list[Callable[[], Case]]:
+def cases(dtype, device) -> list[partial]:
     """Real model shapes on CUDA (BERT-large, GPT-2 XL, 7B-class), small ones elsewhere; built lazily."""
     if device.type == "cuda":
         softmax = [((16, 16, 512, 512), False), ((8, 25, 1024, 1024), True), ((1, 32, 4096, 4096), True),
                    ((1, 16, 8192, 8192), True)]
-        if dtype == torch.bfloat16:
-            softmax.append(((1, 32, 8192, 8192), True))  # 2^31 elements: 64-bit offsets at work
-        tokens, hiddens = 8192, (1024, 1600, 4096, 8192)
+        if dtype == torch.bfloat16:  # rows longer than one block (the looped path), 2^31 elements
+            softmax.append(((1, 8, 16384, 16384), True))
+        tokens, hiddens = 8192, (1024, 1600, 4096, 8192, 16384)
         ffn = [(4096, "none"), (6400, "tanh"), (16384, "tanh"), (32768, "tanh")]
     else:
         softmax = [((1, 2, 16, 32), False), ((1, 2, 32, 32), True)]
         tokens, hiddens = 16, (128,)
         ffn = [(128, "tanh")]
-    out = [lambda s=s, c=c: softmax_case(s, c, dtype, device) for s, c in softmax]
-    out += [lambda k=k, h=h: norm_case(k, tokens, h, dtype, device) for k in ("layer_norm", "rms_norm")
-            for h in hiddens]
-    out += [lambda k=k, c=c, a=a: gelu_case(k, tokens, c, a, dtype, device) for k in ("gelu", "bias_gelu")
-            for c, a in ffn]
+    out = [partial(softmax_case, s, c, dtype, device) for s, c in softmax]
+    out += [partial(norm_case, k, tokens, h, dtype, device) for k in ("layer_norm", "rms_norm") for h in hiddens]
+    out += [partial(gelu_case, k, tokens, c, a, dtype, device) for k in ("gelu", "bias_gelu") for c, a in ffn]
     return out
 
 
@@ -142,19 +141,26 @@ def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
                for x, y in zip(a, b))
 
 
-def measure(case: Case, time_fn) -> list[tuple[str, int, float, float, float, float]]:
-    """[(pass, bytes, triton s, eager s, compile s, rel diff)] for the forward and backward passes."""
+def measure(case: Case, time_fn) -> list[tuple[str, int, dict[str, float], float]]:
+    """[(pass, minimum bytes, {triton, eager, compile: seconds}, rel diff from eager)], forward and backward."""
+    torch._dynamo.reset()  # a fresh compile per case, never a fallback after too many recompiles
     inputs = [t.requires_grad_() for t in case.inputs]
     fns = {"triton": case.op, "eager": case.ref, "compile": torch.compile(case.ref, dynamic=False)}
     outs = {name: fn(*inputs) for name, fn in fns.items()}
     dy = torch.randn_like(outs["eager"])
-    grads = {name: torch.autograd.grad(y, inputs, dy, retain_graph=True) for name, y in outs.items()}
+
+    def backward(y: torch.Tensor) -> Callable:
+        return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+    grads = {name: backward(y)() for name, y in outs.items()}
     fwd = {name: time_fn(lambda fn=fn: fn(*inputs)) for name, fn in fns.items()}
-    bwd = {name: time_fn(lambda y=y: torch.autograd.grad(y, inputs, dy, retain_graph=True)) for name, y in outs.items()}
-    return [
-        ("fwd", case.fwd_bytes, fwd["triton"], fwd["eager"], fwd["compile"], rel_diff([outs["triton"]], [outs["eager"]])),
-        ("bwd", case.bwd_bytes, bwd["triton"], bwd["eager"], bwd["compile"], rel_diff(grads["triton"], grads["eager"])),
-    ]
+    bwd = {name: time_fn(backward(y)) for name, y in outs.items()}
+    return [("fwd", case.fwd_bytes, fwd, rel_diff([outs["triton"]], [outs["eager"]])),
+            ("bwd", case.bwd_bytes, bwd, rel_diff(grads["triton"], grads["eager"]))]
+
+
+COLUMNS = ["kernel", "shape", "dtype", "pass", "Triton us", "GB/s", "% of copy", "eager / Triton",
+           "compile / Triton", "rel diff"]
 
 
 def main() -> None:
@@ -169,20 +175,26 @@ def main() -> None:
     if device.type != "cuda":
         print("no CUDA: small shapes, Triton in its interpreter; the times below are a smoke check only")
     print()
-    print("| kernel | shape | dtype | pass | Triton us | GB/s | % of copy | eager / Triton | compile / Triton | rel diff |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("| --- | --- | --- | --- |" + " ---: |" * (len(COLUMNS) - 4))
     for dname, dtype in DTYPES.items() if device.type == "cuda" else [("fp32", torch.float32)]:
         for build in cases(dtype, device):
-            case = build()
-            for pass_, nbytes, t_tri, t_eager, t_comp, diff in measure(case, time_fn):
-                gbs = nbytes / t_tri / 1e9
-                print(f"| {case.kernel} | {case.shape} | {dname} | {pass_} | {t_tri * 1e6:.4g} | {gbs:.4g} | "
-                      f"{100 * gbs * 1e9 / copy:.3g} | {t_eager / t_tri:.3g} | {t_comp / t_tri:.3g} | {diff:.1e} |",
-                      flush=True)
-            del case
+            try:
+                case = build()
+                results = measure(case, time_fn)
+            except torch.cuda.OutOfMemoryError:  # the largest shapes want a GPU of 80 GB or more
+                what = f"{build.func.__name__}{build.args[:-2]}"
+                print(f"| {what} | out of memory | {dname} |" + " |" * (len(COLUMNS) - 3), flush=True)
+                results = []
+            for pass_, nbytes, t, diff in results:
+                rate = nbytes / t["triton"]
+                cells = [case.kernel, case.shape, dname, pass_, f"{t['triton'] * 1e6:.4g}", f"{rate / 1e9:.4g}",
+                         f"{100 * rate / copy:.3g}", f"{t['eager'] / t['triton']:.3g}",
+                         f"{t['compile'] / t['triton']:.3g}", f"{diff:.1e}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+            case = results = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

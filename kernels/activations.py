@@ -70,14 +70,16 @@ def _gelu_kernel(
         z = tl.load(X + offs, mask=keep, other=0.0).to(tl.float32) + bias[None, :]
         out = _gelu_value_grad(z, TANH, BACKWARD)
         if BACKWARD:
-            out *= tl.load(DY + offs, mask=keep, other=0.0).to(tl.float32)
-            db += tl.where(keep, out, 0.0)
+            out *= tl.load(DY + offs, mask=keep, other=0.0).to(tl.float32)  # 0 outside the tensor
+            db += out
         launch.store(OUT + offs, out, keep)
     if BACKWARD and HAS_BIAS:
         tl.store(DBp + group * n + cols, tl.sum(db, 0), mask=col_ok)
 
 
-def _launch(x: torch.Tensor, bias: torch.Tensor | None, dy: torch.Tensor | None, tanh: bool) -> tuple:
+def _launch(
+    x: torch.Tensor, bias: torch.Tensor | None, dy: torch.Tensor | None, tanh: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernel on contiguous x viewed as [rows, n]; returns (out, dbias partials or None)."""
     rows, n = (x.numel() // x.shape[-1], x.shape[-1]) if bias is not None else (1, x.numel())
     block_m, block_n = launch.tile(rows, n)

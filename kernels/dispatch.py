@@ -10,6 +10,7 @@ If triton was already imported without it (torch.compile imports triton), the ca
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -21,6 +22,7 @@ import torch
 BACKENDS = ("auto", "triton", "torch")
 
 
+@functools.cache
 def _have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 

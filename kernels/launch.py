@@ -52,10 +52,14 @@ def new_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dim has stride 1 (the kernels' only layout requirement), else a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x viewed as [rows, x.shape[-1]] with unit stride along the row (copied only when needed)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
+    return unit_last_stride(x.reshape(-1, x.shape[-1]))
 
 
 @triton.jit

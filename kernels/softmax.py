@@ -56,8 +56,8 @@ def _softmax_fwd(
     cols = tl.arange(0, BLOCK)
     if LOOPED:
         # Online max and normaliser; the shift stays 0 while every key so far is masked.
-        mx = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
-        total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+        mx = tl.full([], float("-inf"), tl.float32)
+        total = 0.0
         for start in range(0, n_visible, BLOCK):
             s = _load_scores(x_row, m_row, s_mk, start + cols, n_visible, scale, HAS_MASK)
             new_mx = tl.maximum(mx, tl.max(s, 0))
@@ -114,15 +114,11 @@ def _softmax_bwd(
         launch.store(dx_row + start + cols, dx, start + cols < sk)
 
 
-def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 class _ScaledSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
         batch, heads, sq, sk = x.shape
-        x = _unit_last_stride(x)
+        x = launch.unit_last_stride(x)
         y = launch.new_empty(x.shape, x.dtype, x.device)
         m = mask.expand(x.shape) if mask is not None else y  # y: a placeholder pointer, never read
         block, looped = launch.row_block(sk)
@@ -140,7 +136,7 @@ class _ScaledSoftmax(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
         batch, heads, sq, sk = y.shape
-        dy = _unit_last_stride(dy)
+        dy = launch.unit_last_stride(dy)
         dx = launch.new_empty(y.shape, y.dtype, y.device)
         block, looped = launch.row_block(sk)
         _softmax_bwd[(batch * heads * sq,)](

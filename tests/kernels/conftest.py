@@ -11,9 +11,6 @@ from kernel_checks import OBSERVED
 
 from tpzoo.kernels import launch
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
 def poisoned_empty(shape, dtype, device):
     """Stands in for launch.new_empty: NaN everywhere, so an element a kernel never writes shows up."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)

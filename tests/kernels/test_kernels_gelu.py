@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPES
-from kernel_checks import check, padded_rows, transposed_layout
+from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
 
@@ -19,7 +18,8 @@ def gelu_oracle(z: torch.Tensor, approximate: str) -> torch.Tensor:
     return 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
 
 
-SHAPES = {"5x37": (5, 37), "flat-1000": (1000,), "100x37": (100, 37), "2x3x5x37": (2, 3, 5, 37), "4x1": (4, 1)}
+# 70x37: two partial-sum groups of 64-row tiles with one block; 2x3x37: bias over a 3-D input.
+SHAPES = {"5x37": (5, 37), "flat-1000": (1000,), "70x37": (70, 37), "2x3x37": (2, 3, 37), "4x1": (4, 1)}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -31,20 +31,21 @@ def test_gelu_matches_float64(backend, max_block, approximate, shape, dtype):
           lambda x: F.gelu(x, approximate=approximate), [x])
 
 
+def check_bias_gelu(x: torch.Tensor, approximate: str, dy_layout=lambda t: t) -> None:
+    b = torch.randn(x.shape[-1]).to(x.dtype)
+    check(f"bias_gelu-{approximate}", lambda x, b: K.bias_gelu(x, b, approximate),
+          lambda x, b: gelu_oracle(x + b, approximate), lambda x, b: F.gelu(x + b, approximate=approximate),
+          [x, b], dy_layout=dy_layout)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bias_gelu_matches_float64(backend, max_block, approximate, shape, dtype):
-    x = (torch.randn(SHAPES[shape]) * 3).to(dtype)
-    b = torch.randn(x.shape[-1]).to(dtype)
-    check(f"bias_gelu-{approximate}", lambda x, b: K.bias_gelu(x, b, approximate), lambda x, b: gelu_oracle(x + b, approximate),
-          lambda x, b: F.gelu(x + b, approximate=approximate), [x, b])
+    check_bias_gelu((torch.randn(SHAPES[shape]) * 3).to(dtype), approximate)
 
 
 @pytest.mark.parametrize("layout", [transposed_layout, padded_rows], ids=["last-dim-strided", "padded-rows"])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_bias_gelu_non_contiguous(backend, approximate, layout):
-    x = layout(torch.randn(6, 5, 24) * 3)
-    b = torch.randn(24)
-    check(f"bias_gelu-{approximate}", lambda x, b: K.bias_gelu(x, b, approximate), lambda x, b: gelu_oracle(x + b, approximate),
-          lambda x, b: F.gelu(x + b, approximate=approximate), [x, b], dy_layout=layout)
+    check_bias_gelu(layout(torch.randn(6, 5, 24) * 3), approximate, dy_layout=layout)

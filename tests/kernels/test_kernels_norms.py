@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPES
-from kernel_checks import check, padded_rows, transposed_layout
+from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DTYPES
-from kernel_checks import check, padded_rows, transposed_layout
+from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
 
@@ -51,7 +50,7 @@ MASKED_CASES = {
     "full": lambda: (torch.randn(2, 2, 6, 37), full_mask(2, 6, 37)),
     "no-mask-long-row": lambda: (torch.randn(1, 2, 3, 100), None),
     "tiny-rows": lambda: (torch.randn(2, 2, 3, 1), padding_mask(2, 1)),
-    "two-keys-full": lambda: (torch.randn(1, 2, 4, 2), full_mask(1, 4, 2)),
+    "two-keys-full": lambda: (torch.randn(2, 4, 16, 2), full_mask(2, 16, 2)),
     "per-head-mask": lambda: (torch.randn(2, 3, 4, 21), torch.rand(1, 3, 4, 21) < 0.5),
 }
 
@@ -68,7 +67,7 @@ def test_masked_softmax_matches_float64(backend, max_block, case, dtype):
 @pytest.mark.parametrize("sq, sk", [(37, 37), (5, 37), (9, 5), (1, 1)], ids=["square", "kv-cache", "sq>sk", "1x1"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_causal_softmax_matches_float64(backend, max_block, sq, sk, dtype):
-    x = (torch.randn(2, 2, sq, sk) * 4).to(dtype)
+    x = (torch.randn(2, 1, sq, sk) * 4).to(dtype)
     mask = ~visible(sq, sk)
     check("scaled_causal_softmax", lambda x: K.scaled_causal_softmax(x, 0.7), lambda x: oracle(x, mask, 0.7),
           lambda x: native(x, mask, 0.7), [x])
