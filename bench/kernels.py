@@ -1,0 +1,201 @@
+"""Benchmark tpzoo's Triton kernels against torch eager and torch.compile, forward and backward.
+
+    python bench/kernels.py
+
+On CUDA: shapes of real models (BERT-large, GPT-2 XL, 7B-class; hidden 1024-8192, sequences
+512-8192) in bf16 and fp32, plus rows of 16384 (longer than one block; the bf16 causal softmax
+at 16384 has 2^31 elements). Without CUDA: the same table at small float32 shapes, the Triton
+kernels running in Triton's interpreter, so that the script is always tested; its times mean
+nothing.
+
+Columns: time of the Triton pass; GB/s counting the minimum bytes that pass must move (each
+input read once, each output written once; the causal softmax reads only the visible triangle,
+the masked one only the unmasked keys); that as a percentage of the device's copy bandwidth,
+measured in the same run (torch copy_ of a large buffer, read + write); the speed ratio of torch
+eager and of torch.compile (both running ``tpzoo.kernels.reference``) to Triton, > 1 when
+Triton is faster; and the relative difference of Triton's result from eager's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+
+os.environ["TPZOO_KERNELS"] = "triton"  # the tpzoo.kernels ops below run Triton on any device
+if not torch.cuda.is_available():  # before torch.compile imports triton (see docs/kernels.md)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tpzoo import kernels as K  # noqa: E402
+from tpzoo.kernels import reference as R  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Case:
+    """One kernel at one shape: differentiable inputs, the Triton op, the reference, minimum bytes."""
+
+    kernel: str
+    shape: str
+    inputs: list[torch.Tensor]
+    op: Callable
+    ref: Callable
+    fwd_bytes: int
+    bwd_bytes: int
+
+
+def softmax_case(shape: tuple[int, int, int, int], causal: bool, dtype, device) -> Case:
+    b, h, sq, sk = shape
+    x = torch.randn(shape, dtype=dtype, device=device)
+    size, n = x.element_size(), x.numel()
+    scale = sq**-0.5
+    if causal:
+        visible = int((torch.arange(sq) + sk - sq + 1).clamp(0, sk).sum()) * b * h
+        return Case("scaled_causal_softmax", "x".join(map(str, shape)), [x],
+                    lambda x: K.scaled_causal_softmax(x, scale), lambda x: R.scaled_causal_softmax(x, scale),
+                    (visible + n) * size, (2 * visible + n) * size)
+    lengths = torch.randint(sk // 2, sk + 1, (b,))
+    mask = (torch.arange(sk) >= lengths[:, None]).view(b, 1, 1, sk).to(device)
+    visible = int(lengths.sum()) * h * sq
+    return Case("scaled_masked_softmax", "x".join(map(str, shape)) + " pad", [x],
+                lambda x: K.scaled_masked_softmax(x, mask, scale), lambda x: R.scaled_masked_softmax(x, mask, scale),
+                (visible + n) * size + mask.numel(), 3 * n * size)
+
+
+def norm_case(kernel: str, rows: int, hidden: int, dtype, device) -> Case:
+    x = torch.randn(rows, hidden, dtype=dtype, device=device)
+    params = [torch.randn(hidden, dtype=dtype, device=device) for _ in range(2 if kernel == "layer_norm" else 1)]
+    size, n, stats = x.element_size(), x.numel(), rows * 4 * (2 if kernel == "layer_norm" else 1)
+    p_bytes = len(params) * hidden * size
+    op, ref = getattr(K, kernel), getattr(R, kernel)
+    # forward: x, params, stats in/out; backward: x, dy, w, stats in, dx, dparams out
+    return Case(kernel, f"{rows}x{hidden}", [x, *params], lambda *a: op(*a, 1e-5), lambda *a: ref(*a, 1e-5),
+                2 * n * size + p_bytes + stats, 3 * n * size + hidden * size + stats + p_bytes)
+
+
+def gelu_case(kernel: str, rows: int, cols: int, approximate: str, dtype, device) -> Case:
+    x = torch.randn(rows, cols, dtype=dtype, device=device)
+    size, n = x.element_size(), x.numel()
+    if kernel == "gelu":
+        return Case(kernel, f"{rows}x{cols} {approximate}", [x], lambda x: K.gelu(x, approximate),
+                    lambda x: R.bias_gelu(x, None, approximate), 2 * n * size, 3 * n * size)
+    b = torch.randn(cols, dtype=dtype, device=device)
+    return Case(kernel, f"{rows}x{cols} {approximate}", [x, b], lambda x, b: K.bias_gelu(x, b, approximate),
+                lambda x, b: R.bias_gelu(x, b, approximate), 2 * n * size + cols * size,
+                3 * n * size + 2 * cols * size)
+
+
+def cases(dtype, device) -> list[partial]:
+    """Real model shapes on CUDA (BERT-large, GPT-2 XL, 7B-class), small ones elsewhere; built lazily."""
+    if device.type == "cuda":
+        softmax = [((16, 16, 512, 512), False), ((8, 25, 1024, 1024), True), ((1, 32, 4096, 4096), True),
+                   ((1, 16, 8192, 8192), True)]
+        if dtype == torch.bfloat16:  # rows longer than one block (the looped path), 2^31 elements
+            softmax.append(((1, 8, 16384, 16384), True))
+        tokens, hiddens = 8192, (1024, 1600, 4096, 8192, 16384)
+        ffn = [(4096, "none"), (6400, "tanh"), (16384, "tanh"), (32768, "tanh")]
+    else:
+        softmax = [((1, 2, 16, 32), False), ((1, 2, 32, 32), True)]
+        tokens, hiddens = 16, (128,)
+        ffn = [(128, "tanh")]
+    out = [partial(softmax_case, s, c, dtype, device) for s, c in softmax]
+    out += [partial(norm_case, k, tokens, h, dtype, device) for k in ("layer_norm", "rms_norm") for h in hiddens]
+    out += [partial(gelu_case, k, tokens, c, a, dtype, device) for k in ("gelu", "bias_gelu") for c, a in ffn]
+    return out
+
+
+def timer(device: torch.device) -> Callable[[Callable], float]:
+    """Seconds per call: triton.testing.do_bench (CUDA events, L2 flushed) on CUDA, a median of 3 elsewhere."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, return_mode="median") / 1e3
+
+    def cpu_time(fn: Callable) -> float:
+        fn()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def copy_bandwidth(device: torch.device, time_fn) -> float:
+    """Bytes per second of a device-to-device copy (read + write) of a large buffer."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 24)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device)
+    return 2 * n / time_fn(lambda: dst.copy_(src))
+
+
+def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(((x.double() - y.double()).abs().max() / y.double().abs().max().clamp_min(1e-30)).item()
+               for x, y in zip(a, b))
+
+
+def measure(case: Case, time_fn) -> list[tuple[str, int, dict[str, float], float]]:
+    """[(pass, minimum bytes, {triton, eager, compile: seconds}, rel diff from eager)], forward and backward."""
+    torch._dynamo.reset()  # a fresh compile per case, never a fallback after too many recompiles
+    inputs = [t.requires_grad_() for t in case.inputs]
+    fns = {"triton": case.op, "eager": case.ref, "compile": torch.compile(case.ref, dynamic=False)}
+    outs = {name: fn(*inputs) for name, fn in fns.items()}
+    dy = torch.randn_like(outs["eager"])
+
+    def backward(y: torch.Tensor) -> Callable:
+        return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+    grads = {name: backward(y)() for name, y in outs.items()}
+    fwd = {name: time_fn(lambda fn=fn: fn(*inputs)) for name, fn in fns.items()}
+    bwd = {name: time_fn(backward(y)) for name, y in outs.items()}
+    return [("fwd", case.fwd_bytes, fwd, rel_diff([outs["triton"]], [outs["eager"]])),
+            ("bwd", case.bwd_bytes, bwd, rel_diff(grads["triton"], grads["eager"]))]
+
+
+COLUMNS = ["kernel", "shape", "dtype", "pass", "Triton us", "GB/s", "% of copy", "eager / Triton",
+           "compile / Triton", "rel diff"]
+
+
+def main() -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    time_fn = timer(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    copy = copy_bandwidth(device, time_fn)
+    import triton
+
+    print(f"device: {name}; torch {torch.__version__}, triton {triton.__version__}")
+    print(f"copy bandwidth (measured, read + write): {copy / 1e9:.1f} GB/s")
+    if device.type != "cuda":
+        print("no CUDA: small shapes, Triton in its interpreter; the times below are a smoke check only")
+    print()
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("| --- | --- | --- | --- |" + " ---: |" * (len(COLUMNS) - 4))
+    for dname, dtype in DTYPES.items() if device.type == "cuda" else [("fp32", torch.float32)]:
+        for build in cases(dtype, device):
+            try:
+                case = build()
+                results = measure(case, time_fn)
+            except torch.cuda.OutOfMemoryError:  # the largest shapes want a GPU of 80 GB or more
+                what = f"{build.func.__name__}{build.args[:-2]}"
+                print(f"| {what} | out of memory | {dname} |" + " |" * (len(COLUMNS) - 3), flush=True)
+                results = []
+            for pass_, nbytes, t, diff in results:
+                rate = nbytes / t["triton"]
+                cells = [case.kernel, case.shape, dname, pass_, f"{t['triton'] * 1e6:.4g}", f"{rate / 1e9:.4g}",
+                         f"{100 * rate / copy:.3g}", f"{t['eager'] / t['triton']:.3g}",
+                         f"{t['compile'] / t['triton']:.3g}", f"{diff:.1e}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+            case = results = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Backend choice for ``tpzoo.kernels``: environment ``TPZOO_KERNELS=auto|triton|torch``.
+
+auto (the default) runs the Triton kernels on CUDA tensors when triton is installed and the
+plain-torch references otherwise. The Triton modules are imported only when first used. Triton
+on CPU tensors runs Triton's interpreter, which must be chosen before triton.language is first
+imported: with no CUDA device and TRITON_INTERPRET unset, the first such call sets
+TRITON_INTERPRET=1 for this process (it then applies to every Triton kernel defined later).
+If triton was already imported without it (torch.compile imports triton), the call raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+import torch
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.cache
+def _have_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def backend_for(x: torch.Tensor) -> str:
+    """"triton" or "torch": the backend that runs an op on ``x`` under the current TPZOO_KERNELS."""
+    choice = os.environ.get("TPZOO_KERNELS", "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"TPZOO_KERNELS={choice!r} is not a backend; use one of {', '.join(BACKENDS)}")
+    if choice == "auto":
+        return "triton" if x.is_cuda and _have_triton() else "torch"
+    return choice
+
+
+def _use_interpreter() -> None:
+    """Triton on CPU tensors runs its interpreter, which must be on before triton.language is imported."""
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    on = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    lang = sys.modules.get("triton.language")
+    if lang is not None:  # imported before: its library functions must be the interpreter's
+        from triton.runtime.jit import JITFunction
+
+        on = on and not any(isinstance(getattr(lang, f, None), JITFunction) for f in ("sum", "max", "zeros"))
+    if not on:
+        raise RuntimeError(
+            "TPZOO_KERNELS=triton on CPU tensors runs Triton's interpreter, which needs TRITON_INTERPRET=1 in the "
+            "environment before triton is first imported (torch.compile imports it): set it before starting "
+            "Python, or use TPZOO_KERNELS=auto|torch, or move the tensors to the GPU"
+        )
+
+
+def triton_kernels(x: torch.Tensor, name: str) -> ModuleType | None:
+    """The Triton kernel module ``name`` (softmax, norms, activations) to run on ``x``, or None for torch.
+
+    Empty tensors always take the torch path (there is nothing to launch).
+    """
+    if backend_for(x) == "torch" or x.numel() == 0:
+        return None
+    if not _have_triton():
+        raise ImportError("TPZOO_KERNELS=triton needs the triton package: pip install triton")
+    if x.device.type == "cpu":
+        _use_interpreter()
+    return importlib.import_module(f"{__package__}.{name}")

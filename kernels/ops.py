@@ -1,0 +1,115 @@
+"""The public kernel API: argument checks, then the Triton kernels or the torch references.
+
+Every op is differentiable; any floating dtype in, the same dtype out, float32 math inside.
+The backend comes from TPZOO_KERNELS (see ``dispatch``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .dispatch import triton_kernels
+
+APPROXIMATIONS = ("none", "tanh")
+
+
+def _check_float(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _check_hidden(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    """t must be a float vector of x's hidden size (last dim)."""
+    _check_float(name, t, x)
+    if t.shape != x.shape[-1:]:
+        raise ValueError(f"{name} has shape {list(t.shape)} but x's hidden size (last dim) is {x.shape[-1]}")
+
+
+def _check_scores(x: torch.Tensor) -> None:
+    _check_float("x", x, x)
+    if x.dim() != 4:
+        raise ValueError(f"x must be attention scores [batch, heads, sq, sk], got shape {list(x.shape)}")
+
+
+def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(scale * x) over the last dim of scores x [batch, heads, sq, sk].
+
+    mask: bool, True = masked out (Megatron's convention), broadcastable to x, e.g. a padding
+    mask [b, 1, 1, sk] or a full mask [b, 1, sq, sk]; None for no mask. A row with every key
+    masked gives zeros. Backward: dx = scale * y * (dy - sum(dy * y)).
+    """
+    _check_scores(x)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = masked out), got {getattr(mask, 'dtype', mask)}")
+        if mask.device != x.device:
+            raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
+        if mask.dim() > 4 or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(x.shape))):
+            raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to x of shape {list(x.shape)}")
+    kernels = triton_kernels(x, "softmax")
+    if kernels is None:
+        return reference.scaled_masked_softmax(x, mask, scale)
+    return kernels.scaled_softmax(x, mask, float(scale), causal=False)
+
+
+def scaled_causal_softmax(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * x) with a causal mask over scores x [batch, heads, sq, sk].
+
+    Query q sees keys k <= q + sk - sq (the lower triangle when sq == sk); the Triton kernel
+    never reads the keys above it. Backward as in ``scaled_masked_softmax``.
+    """
+    _check_scores(x)
+    kernels = triton_kernels(x, "softmax")
+    if kernels is None:
+        return reference.scaled_causal_softmax(x, scale)
+    return kernels.scaled_softmax(x, None, float(scale), causal=True)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias.
+
+    x: [..., hidden]; weight, bias: [hidden] (bias may be None), any float dtype.
+    """
+    _check_float("x", x, x)
+    _check_hidden("weight", weight, x)
+    if bias is not None:
+        _check_hidden("bias", bias, x)
+    kernels = triton_kernels(x, "norms")
+    if kernels is None:
+        return reference.layer_norm(x, weight, bias, eps)
+    return kernels.layer_norm(x, weight, bias, float(eps))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight; x [..., hidden], weight [hidden]."""
+    _check_float("x", x, x)
+    _check_hidden("weight", weight, x)
+    kernels = triton_kernels(x, "norms")
+    if kernels is None:
+        return reference.rms_norm(x, weight, eps)
+    return kernels.rms_norm(x, weight, float(eps))
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
+    """GELU(x + bias), bias [hidden] broadcast over x [..., hidden] (None: plain GELU).
+
+    approximate: "none" = x * Phi(x) with the erf (BERT), "tanh" = the tanh form (GPT-2).
+    The backward recomputes from x and reduces the bias gradient in the same kernel.
+    """
+    _check_float("x", x, x)
+    if bias is not None:
+        _check_hidden("bias", bias, x)
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
+    kernels = triton_kernels(x, "activations")
+    if kernels is None:
+        return reference.bias_gelu(x, bias, approximate)
+    return kernels.bias_gelu(x, bias, approximate)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU(x) elementwise, any shape; approximate "none" (erf) or "tanh"."""
+    return bias_gelu(x, None, approximate)

@@ -1,0 +1,151 @@
+"""Triton scaled softmax over the last dim of [batch, heads, sq, sk] scores: masked and causal.
+
+Forward: y = softmax(scale * x) over keys that are not masked; a row with every key masked
+gives zeros. One program per row: a row of up to ``launch.MAX_BLOCK`` keys is read once and
+written once; a longer row first finds its max and normaliser online (one read), then writes.
+The causal kernel never reads keys above the diagonal. Backward from the saved output:
+dx = scale * y * (dy - sum(dy * y)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launch
+
+
+@triton.jit
+def _row_offset(row, heads, sq, s_b, s_h, s_q):
+    """Offset of the start of row ``row`` (= (b * heads + h) * sq + q) of a 4-D strided tensor."""
+    q = row % sq
+    bh = row // sq
+    return (bh // heads) * s_b + (bh % heads) * s_h + q * s_q
+
+
+@triton.jit
+def _visible_keys(row, sq, sk, CAUSAL: tl.constexpr):
+    """Keys 0 .. n-1 of this row may be visible; causal rows see k <= q + sk - sq."""
+    if CAUSAL:
+        return tl.minimum((row % sq).to(tl.int32) + (sk - sq) + 1, sk)
+    return sk
+
+
+@triton.jit
+def _load_scores(x_row, m_row, s_mk, cols, n_visible, scale, HAS_MASK: tl.constexpr):
+    """scale * x at ``cols`` in float32, -inf where masked out; masked keys are not read."""
+    keep = cols < n_visible
+    if HAS_MASK:
+        keep = keep & (tl.load(m_row + cols * s_mk, mask=keep, other=1) == 0)
+    x = tl.load(x_row + cols, mask=keep, other=0.0).to(tl.float32)
+    return tl.where(keep, x * scale, float("-inf"))
+
+
+@triton.jit
+def _softmax_fwd(
+    X, M, Y, heads, sq, sk,
+    s_xb, s_xh, s_xq, s_mb, s_mh, s_mq, s_mk, scale,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + _row_offset(row, heads, sq, s_xb, s_xh, s_xq)
+    m_row = M + _row_offset(row, heads, sq, s_mb, s_mh, s_mq)
+    y_row = Y + row * sk
+    n_visible = _visible_keys(row, sq, sk, CAUSAL)
+    cols = tl.arange(0, BLOCK)
+    if LOOPED:
+        # Online max and normaliser; the shift stays 0 while every key so far is masked.
+        mx = tl.full([], float("-inf"), tl.float32)
+        total = 0.0
+        for start in range(0, n_visible, BLOCK):
+            s = _load_scores(x_row, m_row, s_mk, start + cols, n_visible, scale, HAS_MASK)
+            new_mx = tl.maximum(mx, tl.max(s, 0))
+            shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+            total = total * tl.exp(mx - shift) + tl.sum(tl.exp(s - shift), 0)
+            mx = new_mx
+    else:
+        s = _load_scores(x_row, m_row, s_mk, cols, n_visible, scale, HAS_MASK)
+        mx = tl.max(s, 0)
+        total = tl.sum(tl.exp(s - tl.where(mx == float("-inf"), 0.0, mx)), 0)
+    shift = tl.where(mx == float("-inf"), 0.0, mx)
+    # total >= 1 unless every key is masked (then every exp is 0 and the row stays 0).
+    inv = 1.0 / tl.maximum(total, 1.0)
+    for start in range(0, sk, BLOCK):  # a single pass when not LOOPED (BLOCK >= sk)
+        if LOOPED:
+            s = _load_scores(x_row, m_row, s_mk, start + cols, n_visible, scale, HAS_MASK)
+        y = tl.exp(s - shift) * inv
+        launch.store(y_row + start + cols, y, start + cols < sk)
+
+
+@triton.jit
+def _load_grad_pair(y_row, dy_row, cols, n_visible):
+    """y and dy at ``cols`` in float32; keys past n_visible (y = 0 there) are not read."""
+    keep = cols < n_visible
+    y = tl.load(y_row + cols, mask=keep, other=0.0).to(tl.float32)
+    dy = tl.load(dy_row + cols, mask=keep, other=0.0).to(tl.float32)
+    return y, dy
+
+
+@triton.jit
+def _softmax_bwd(
+    Y, DY, DX, heads, sq, sk, s_db, s_dh, s_dq, scale,
+    CAUSAL: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    y_row = Y + row * sk
+    dy_row = DY + _row_offset(row, heads, sq, s_db, s_dh, s_dq)
+    dx_row = DX + row * sk
+    n_visible = _visible_keys(row, sq, sk, CAUSAL)
+    cols = tl.arange(0, BLOCK)
+    if LOOPED:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_visible, BLOCK):
+            y, dy = _load_grad_pair(y_row, dy_row, start + cols, n_visible)
+            acc += y * dy
+        dot = tl.sum(acc, 0)
+    else:
+        y, dy = _load_grad_pair(y_row, dy_row, cols, n_visible)
+        dot = tl.sum(y * dy, 0)
+    for start in range(0, sk, BLOCK):  # a single pass when not LOOPED (BLOCK >= sk)
+        if LOOPED:
+            y, dy = _load_grad_pair(y_row, dy_row, start + cols, n_visible)
+        dx = scale * y * (dy - dot)
+        launch.store(dx_row + start + cols, dx, start + cols < sk)
+
+
+class _ScaledSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
+        batch, heads, sq, sk = x.shape
+        x = launch.unit_last_stride(x)
+        y = launch.new_empty(x.shape, x.dtype, x.device)
+        m = mask.expand(x.shape) if mask is not None else y  # y: a placeholder pointer, never read
+        block, looped = launch.row_block(sk)
+        _softmax_fwd[(batch * heads * sq,)](
+            x, m, y, heads, sq, sk, x.stride(0), x.stride(1), x.stride(2),
+            m.stride(0), m.stride(1), m.stride(2), m.stride(3), scale,
+            HAS_MASK=mask is not None, CAUSAL=causal, BLOCK=block, LOOPED=looped,
+            num_warps=launch.num_warps(block),
+        )
+        ctx.save_for_backward(y)
+        ctx.scale, ctx.causal = scale, causal
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        batch, heads, sq, sk = y.shape
+        dy = launch.unit_last_stride(dy)
+        dx = launch.new_empty(y.shape, y.dtype, y.device)
+        block, looped = launch.row_block(sk)
+        _softmax_bwd[(batch * heads * sq,)](
+            y, dy, dx, heads, sq, sk, dy.stride(0), dy.stride(1), dy.stride(2), ctx.scale,
+            CAUSAL=ctx.causal, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
+        )
+        return dx, None, None, None
+
+
+def scaled_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
+    """softmax(scale * x) over the last dim of a 4-D x; ``mask`` (bool, True = masked) broadcasts to x."""
+    return _ScaledSoftmax.apply(x, mask, scale, causal)
