@@ -1,0 +1,87 @@
+"""Global gradient norm, clipping and the agreed fp16 overflow decision on a tp=2 x pp=2 mesh (4 ranks)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tpzoo.engine.grads import clip_grad_norm, global_grad_norm, grads_are_finite
+from tpzoo.engine.loss_scale import DynamicLossScaler
+from tpzoo.parallel import init_mesh
+from tpzoo.testing import spawn
+
+
+def param(grad: list[float], **marks) -> nn.Parameter:
+    p = nn.Parameter(torch.zeros(len(grad)))
+    p.grad = torch.tensor(grad)
+    for key, value in marks.items():
+        setattr(p, key, value)
+    return p
+
+
+def rank_params(pp_rank: int, tp_rank: int) -> list[nn.Parameter]:
+    """Per rank: a tp shard (differs by tp rank), a tp replica (same on both tp ranks) and, on the
+    first and last stage, the tied embedding (same on both stages)."""
+    params = [param([1.0 + tp_rank + 10 * pp_rank, 2.0], tp_shard_dim=0), param([3.0 + pp_rank])]
+    params.append(param([5.0 + tp_rank, 1.0], tp_shard_dim=0, pp_shared=True))
+    return params
+
+
+def expected_norm() -> float:
+    """Each distinct element once: shards of every (pp, tp); replicas once per stage; the tied embedding once."""
+    sq = 0.0
+    for pp_rank in range(2):
+        for tp_rank in range(2):
+            sq += (1.0 + tp_rank + 10 * pp_rank) ** 2 + 2.0**2
+        sq += (3.0 + pp_rank) ** 2
+    sq += sum((5.0 + tp_rank) ** 2 + 1.0 for tp_rank in range(2))
+    return math.sqrt(sq)
+
+
+def grad_checks() -> None:
+    mesh = init_mesh(tp=2, pp=2)
+    params = rank_params(mesh.pp_rank, mesh.tp_rank)
+    norm = global_grad_norm(params, mesh)
+    assert norm.item() == pytest.approx(expected_norm(), rel=1e-6)
+
+    before = [p.grad.clone() for p in params]
+    assert clip_grad_norm(params, 1e9, mesh).item() == pytest.approx(expected_norm(), rel=1e-6)
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before)), "a norm under max_norm must not clip"
+    clip_grad_norm(params, 1.0, mesh)
+    assert global_grad_norm(params, mesh).item() == pytest.approx(1.0, rel=1e-5)
+
+    assert grads_are_finite(params)
+    if mesh.pp_rank == 1 and mesh.tp_rank == 0:
+        params[0].grad[1] = float("inf")
+    assert not grads_are_finite(params), "one rank's inf must stop every rank's step"
+
+    scaler = DynamicLossScaler(scale=1024.0, growth_interval=2)
+    for p in params:
+        p.grad = torch.ones_like(p) * 1024.0
+    assert scaler.unscale_and_check(params)
+    assert torch.equal(params[0].grad, torch.ones(2)), "unscale divides by the scale"
+    if mesh.pp_rank == 0 and mesh.tp_rank == 1:
+        params[1].grad[0] = float("nan")
+    assert not scaler.unscale_and_check(params), "an injected overflow on one rank skips the step on all"
+    assert scaler.scale == 512.0 and scaler.clean_steps == 0
+    for p in params:
+        p.grad = torch.ones_like(p)
+    assert scaler.unscale_and_check(params) and scaler.unscale_and_check(params)
+    assert scaler.scale == 1024.0, "growth after growth_interval clean steps"
+    restored = DynamicLossScaler()
+    restored.load_state_dict(scaler.state_dict())
+    assert restored == scaler
+
+
+def test_global_norm_counts_each_element_once_and_overflow_is_agreed():
+    spawn(grad_checks, 4, timeout=300)
+
+
+def test_loss_scaler_rejects_bad_settings():
+    with pytest.raises(ValueError, match="growth_factor=1.0"):
+        DynamicLossScaler(growth_factor=1.0)
+    with pytest.raises(ValueError, match="backoff_factor=1.5"):
+        DynamicLossScaler(backoff_factor=1.5)

@@ -1,0 +1,1 @@
+"""Training machinery over the mesh: gradient norms and clipping, loss scaling."""

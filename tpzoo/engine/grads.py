@@ -1,0 +1,67 @@
+"""Gradient norms and clipping over a model split across the ``pp x dp x tp`` mesh.
+
+Each distinct gradient element counts exactly once in the global norm:
+
+    tp shards (``param.tp_shard_dim`` set)      on every tp rank  (each holds different numbers)
+    tp replicas (LayerNorm, row-parallel bias)  on tp rank 0 only (the others hold copies)
+    ``param.pp_shared`` (e.g. the word embedding tied across the first and last stage)
+                                                on the first pipeline stage only
+    dp replicas                                 not summed: after the gradient all-reduce every
+                                                dp rank holds the same gradients (ZeRO-1 too)
+
+    ||g||^2 = all-reduce over tp and pp of the local sum of squares
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tpzoo.parallel.mesh import ParallelMesh
+
+
+def _counted_here(p: nn.Parameter, mesh: ParallelMesh) -> bool:
+    if not hasattr(p, "tp_shard_dim") and mesh.tp_rank != 0:
+        return False
+    return not (getattr(p, "pp_shared", False) and mesh.pp_rank != 0)
+
+
+def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh) -> torch.Tensor:
+    """The L2 norm (float32 scalar) of all gradients of the model that ``params`` are this rank's part of."""
+    grads = [p.grad for p in params if p.grad is not None and _counted_here(p, mesh)]
+    sq = torch.zeros((), dtype=torch.float32, device=mesh.device)
+    if grads:
+        sq = sq + torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).square().sum()
+    for group in (mesh.tp_group, mesh.pp_group):
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(sq, group=group)
+    return sq.sqrt()
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh) -> torch.Tensor:
+    """Scale every gradient by min(1, max_norm / ||g||) with the global norm; return ||g|| (before clipping).
+
+    A non-finite norm leaves the gradients as they are (the caller skips the step).
+    """
+    params = [p for p in params if p.grad is not None]
+    norm = global_grad_norm(params, mesh)
+    if max_norm > 0 and torch.isfinite(norm):
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_([p.grad for p in params], coef)
+    return norm
+
+
+def grads_are_finite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> bool:
+    """True when every rank of ``group`` (default: the world) holds only finite gradients.
+
+    Every rank gets the same answer, so a step is skipped everywhere or nowhere.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    bad = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    if grads:
+        bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float()
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)
+    return not bool(bad)

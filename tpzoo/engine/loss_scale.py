@@ -1,0 +1,67 @@
+"""Dynamic loss scaling for fp16 training, with one overflow decision for the whole mesh.
+
+torch.amp.GradScaler decides overflow on each rank from the gradients that rank holds; under
+tensor or pipeline parallelism those are different shards, so one rank could skip a step that
+another takes and the replicas would diverge. Here the decision is all-reduced (MAX) first.
+
+    loss * scale -> backward -> grads / scale -> any inf/nan on any rank?
+        yes: skip the step, scale *= backoff_factor (never below min_scale)
+        no:  step; after growth_interval clean steps in a row, scale *= growth_factor
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tpzoo.engine.grads import grads_are_finite
+
+
+@dataclass
+class DynamicLossScaler:
+    """The scale and its schedule; ``state_dict`` round-trips through a checkpoint."""
+
+    scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 1000
+    min_scale: float = 1.0
+    clean_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1):
+            raise ValueError(f"loss scaler needs scale > 0, growth_factor > 1 and 0 < backoff_factor < 1; got "
+                             f"scale={self.scale}, growth_factor={self.growth_factor}, "
+                             f"backoff_factor={self.backoff_factor}")
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale
+
+    def unscale_and_check(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> bool:
+        """Divide the gradients by the scale; True when every rank's are finite (take the step)."""
+        params = [p for p in params if p.grad is not None]
+        torch._foreach_mul_([p.grad for p in params], 1.0 / self.scale)
+        finite = grads_are_finite(params, group)
+        self.update(finite)
+        return finite
+
+    def update(self, finite: bool) -> None:
+        if finite:
+            self.clean_steps += 1
+            if self.clean_steps == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.clean_steps = 0
+        else:
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            self.clean_steps = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
