@@ -128,6 +128,8 @@ def check_stages(mesh, x) -> None:
         whole = build(kind, config, mesh).eval()
         first = build(kind, config, mesh, post_process=False, layers=range(0, 1)).eval()
         last = build(kind, config, mesh, pre_process=False, layers=[1]).eval()
+        shared = [n for m in (whole, first, last) for n, p in m.named_parameters() if getattr(p, "pp_shared", False)]
+        assert shared == ["embedding.word_embeddings.weight", "head.word_embeddings.weight"], shared
         whole_state = whole.state_dict()
         for stage in (first, last):
             for name, t in stage.state_dict().items():

@@ -60,6 +60,7 @@ class StagedModel(nn.Module):
     """
 
     model_type = ""
+    ties_output_to_embedding = False  # an LM head whose output layer is the word embedding
 
     def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, pre_process: bool = True,
                  post_process: bool = True, layers: Iterable[int] | None = None) -> None:
@@ -86,6 +87,10 @@ class StagedModel(nn.Module):
         if post_process:
             with building(config.seed, "head"):
                 self.head = self.build_head()
+        if self.ties_output_to_embedding and config.tie_word_embeddings and pre_process and not post_process:
+            # the last stage holds a copy of this weight (``head.word_embeddings``): a pipeline sums the two
+            # copies' gradients, and counts them once in the gradient norm (tpzoo.engine.grads)
+            self.embedding.word_embeddings.weight.pp_shared = True
         self.to(mesh.device)
 
     def build_embedding(self) -> nn.Module:

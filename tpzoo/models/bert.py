@@ -160,6 +160,8 @@ class BertModel(_BertBase):
     [b, s], or (that, binary logits [b, 2]). Stages: see ``StagedModel``.
     """
 
+    ties_output_to_embedding = True
+
     def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, add_binary_head: bool = True,
                  pre_process: bool = True, post_process: bool = True, layers: Iterable[int] | None = None) -> None:
         self.add_binary_head = add_binary_head

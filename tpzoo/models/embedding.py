@@ -110,6 +110,7 @@ def add_output_weight(head: nn.Module, config: TransformerConfig, mesh: Parallel
     elif not has_embedding:
         with building(config.seed, "embedding"):
             head.word_embeddings = word_embeddings(config, mesh)
+        head.word_embeddings.weight.pp_shared = True  # the first stage's weight, copied
 
 
 def output_weight(head: nn.Module, config: TransformerConfig, embedding_weight: Tensor | None) -> Tensor:

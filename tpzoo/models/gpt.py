@@ -48,6 +48,7 @@ class GPTModel(StagedModel):
     """
 
     model_type = "gpt"
+    ties_output_to_embedding = True
 
     def build_embedding(self) -> nn.Module:
         return Embedding(self.config, self.mesh)
