@@ -5,8 +5,9 @@
 
 All three models have the same shape and the same weights (tpzoo's, converted), and start from
 the same loss. One step = forward with the loss, backward, AdamW step. The three take turns
-step by step; reported are the median time per step and the median over rounds of the ratios
-tpzoo/Hugging Face and tpzoo/plain (below 1: tpzoo is faster). On a GPU also tokens/s and MFU: (6 N + 12 L h s) FLOPs
+step by step; reported are the best and the median time per step, and the ratios of the best
+times tpzoo/Hugging Face and tpzoo/plain (below 1: tpzoo is faster; the best time is the one
+least disturbed by other processes). On a GPU also tokens/s and MFU: (6 N + 12 L h s) FLOPs
 per token (N parameters in matrix multiplies, L layers, h hidden, s sequence) over the device's
 peak bf16 rate.
 """
@@ -160,6 +161,7 @@ def main() -> None:
     for _ in range(args.steps):
         for name in models:
             times[name].append(step(name)[0])
+    best = {name: min(t) for name, t in times.items()}
     med = {name: statistics.median(t) for name, t in times.items()}
 
     tokens = args.batch_size * args.seq_length
@@ -169,17 +171,15 @@ def main() -> None:
     device = torch.cuda.get_device_name() if cuda else f"cpu, {torch.get_num_threads()} threads"
     print(f"GPT {config.num_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads, "
           f"vocab {config.vocab_size} ({num_parameters(config):,} parameters); batch {args.batch_size} x "
-          f"{args.seq_length} tokens; {'bf16' if args.bf16 else 'float32'}; {device}")
-    print(f"{'model':8}{'ms/step':>10}{'tokens/s':>12}{'MFU':>8}{'loss@0':>10}")
+          f"{args.seq_length} tokens; {'bf16' if args.bf16 else 'float32'}; {device}; {args.steps} steps each")
+    print(f"{'model':8}{'best ms':>10}{'median ms':>11}{'tokens/s':>12}{'MFU':>8}{'loss@0':>10}")
     for name in models:
-        mfu = f"{flops * tokens / med[name] / peak:.1%}" if peak and args.bf16 else "-"
-        print(f"{name:8}{med[name] * 1e3:10.1f}{tokens / med[name]:12,.0f}{mfu:>8}{first[name]:10.4f}")
-    # Each round times the three one after the other, so the median of the per-round ratios
-    # discounts load that comes and goes (other processes on a shared CPU).
-    ratio = {other: statistics.median(a / b for a, b in zip(times["tpzoo"], times[other])) for other in ("hf", "plain")}
-    print(f"ratios (time per step, median over rounds, below 1 = tpzoo faster): tpzoo/hf = {ratio['hf']:.2f}, "
-          f"tpzoo/plain = {ratio['plain']:.2f}")
-
+        mfu = f"{flops * tokens / best[name] / peak:.1%}" if peak and args.bf16 else "-"
+        print(f"{name:8}{best[name] * 1e3:10.1f}{med[name] * 1e3:11.1f}{tokens / best[name]:12,.0f}{mfu:>8}"
+              f"{first[name]:10.4f}")
+    # The best of the steps is the time without interference from other processes (a shared CPU).
+    print(f"ratios (best time per step, below 1 = tpzoo faster): tpzoo/hf = {best['tpzoo'] / best['hf']:.2f}, "
+          f"tpzoo/plain = {best['tpzoo'] / best['plain']:.2f}")
 
 if __name__ == "__main__":
     main()
