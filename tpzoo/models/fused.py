@@ -14,6 +14,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+import torch
 from torch import Tensor
 
 from tpzoo import kernels
@@ -45,6 +46,13 @@ def _call(name: str, *args: Any, backend: str | None) -> Tensor:
         return fn(*args, backend=backend)
     with _kernels_env(backend):
         return fn(*args)
+
+
+def runs_triton(backend: str | None, device: torch.device) -> bool:
+    """Whether the kernels run Triton for tensors on ``device``: the contract's rule, auto = Triton
+    on CUDA tensors and torch elsewhere; None reads TPZOO_KERNELS."""
+    choice = backend or os.environ.get("TPZOO_KERNELS", "auto")
+    return choice == "triton" or (choice == "auto" and device.type == "cuda")
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, backend: str | None) -> Tensor:
