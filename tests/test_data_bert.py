@@ -1,6 +1,8 @@
 """BERT samples: masking rates, whole-word masking, segment layout, next-sentence and
 sentence-order labels, determinism, misuse."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -111,8 +113,9 @@ def test_deterministic_by_seed(demo_bert):
     docs = np.arange(500)
     a, b = (BertDataset(data, docs, tok, SEQ, 50, seed=1) for _ in range(2))
     c = BertDataset(data, docs, tok, SEQ, 50, seed=2)
+    copy = pickle.loads(pickle.dumps(a))  # as DataLoader workers receive it
     for i in range(50):
-        assert all(torch.equal(a[i][k], b[i][k]) for k in a[i])
+        assert all(torch.equal(a[i][k], b[i][k]) and torch.equal(a[i][k], copy[i][k]) for k in a[i])
     assert sum(torch.equal(a[i]["input_ids"], c[i]["input_ids"]) for i in range(50)) < 3
     no_head = BertDataset(data, docs, tok, SEQ, 5, seed=1, binary_head=None)
     x = no_head[0]

@@ -147,3 +147,5 @@ def test_tokenizer_must_match_the_dataset(tmp_path):
         resolve_data("gpt", data_path=prefix, tokenizer_model=other.path)
     with pytest.raises(ValueError, match="was tokenized with"):
         build_datasets("gpt", other, prefix, 16, 1, (4, 0, 0))
+    with pytest.raises(ValueError, match="was tokenized with .*demo/tokenizer.model"):
+        resolve_data("bert", tokenizer_model=other.path)  # the demo data with another tokenizer

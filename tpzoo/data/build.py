@@ -88,8 +88,8 @@ def resolve_data(model: str, data_path: str | None = None, dataset: Any = None,
     if not data_path and not dataset:
         from tpzoo.data.demo import demo_data
 
-        tok_path, prefix = demo_data(model)
-        return load_tokenizer(tokenizer_model or tok_path), prefix
+        demo_tokenizer, data_path = demo_data(model)
+        tokenizer_model = tokenizer_model or demo_tokenizer
     if dataset:
         if not tokenizer_model:
             raise ValueError("--dataset needs --tokenizer-model to tokenize with; pass a sentencepiece .model file")
