@@ -41,7 +41,12 @@ def _init_worker(tokenizer: Tokenizer | str, append_eod: bool, sentences: bool) 
 def _encode(texts: list[str]) -> list[tuple[np.ndarray, list[int] | None]]:
     """Encode a batch of documents: for each, (int32 tokens, sentence lengths or None)."""
     tok, eod, sentences = _state["tok"], _state["append_eod"], _state["sentences"]
-    docs = [tok.encode_batch(split_sentences(t)) for t in texts] if sentences else [[d] for d in tok.encode_batch(texts)]
+    if sentences:  # one encode call for every sentence of the batch, then regrouped by document
+        split = [split_sentences(t) or [""] for t in texts]
+        flat = iter(tok.encode_batch([s for doc in split for s in doc]))
+        docs = [[next(flat) for _ in doc] for doc in split]
+    else:
+        docs = [[d] for d in tok.encode_batch(texts)]
     out = []
     for pieces in docs:
         if eod:
