@@ -42,8 +42,10 @@ def masking_rates(ds, num_tokens):
         counts["kept"] += int((ids[m] == labels[m]).sum())
         counts["random"] += int(((ids[m] != labels[m]) & (ids[m] != tok.mask)).sum())
         i += 1
-    return {"masked": counts["masked"] / counts["candidates"],
-            **{k: counts[k] / counts["masked"] for k in ("mask", "random", "kept")}}
+    return {
+        "masked": counts["masked"] / counts["candidates"],
+        **{k: counts[k] / counts["masked"] for k in ("mask", "random", "kept")},
+    }
 
 
 def test_masking_rates_over_100k_tokens(demo_bert):
@@ -101,8 +103,9 @@ def test_layout_and_binary_labels(demo_bert, binary_head):
             a, b = original[1 : seps[0]], original[seps[0] + 1 : n - 1]
             first, second = (b, a) if binary_head == "sop" and label else (a, b)
             joined = np.array(first + second)
-            contiguous = any(np.array_equal(stream[p : p + len(joined)], joined)
-                             for p in np.flatnonzero(stream == joined[0]))
+            contiguous = any(
+                np.array_equal(stream[p : p + len(joined)], joined) for p in np.flatnonzero(stream == joined[0])
+            )
             assert contiguous == (label == 0 or binary_head == "sop")
             checked += 1
     assert checked > 50 and 0.4 < np.mean(labels) < 0.6

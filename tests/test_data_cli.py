@@ -16,8 +16,9 @@ DOCS = Path(__file__).parents[1] / "docs" / "data.md"
 
 
 def run(args, cwd):
-    return subprocess.run([sys.executable, "-m", "tpzoo.data", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tpzoo.data", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def doc_blocks():
@@ -47,7 +48,10 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
     demo = json.loads(outputs["demo demo_files"])
     assert demo["unigram_entropy_nats"] == pytest.approx(5.19, abs=0.01)
     assert {p.name for p in (tmp_path / "demo_files").iterdir()} == {
-        "corpus.jsonl", "sentiment_train.jsonl", "sentiment_valid.jsonl"}
+        "corpus.jsonl",
+        "sentiment_train.jsonl",
+        "sentiment_valid.jsonl",
+    }
     stats = [json.loads(o) for k, o in outputs.items() if k.startswith("preprocess")]
     assert [s["documents"] for s in stats] == [12_000, 12_000] and stats[0]["tokens"] > 1_000_000
     gpt_samples = [json.loads(line) for line in outputs["samples 1"].splitlines()]
@@ -59,14 +63,32 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
 
 
 MISUSE = [
-    (["preprocess", "--input", "missing.jsonl", "--output-prefix", "o", "--tokenizer-model", "{tok}"],
-     "input file 'missing.jsonl' does not exist"),
-    (["preprocess", "--input", "{jsonl}", "--output-prefix", "o", "--tokenizer-model", "{tok}", "--json-key", "body"],
-     "key 'body' is not in"),
-    (["preprocess", "--input", "empty.jsonl", "--output-prefix", "o", "--tokenizer-model", "{tok}"],
-     "the corpus is empty"),
-    (["train-tokenizer", "--input", "{jsonl}", "--model-prefix", "t", "--vocab-size", "4"],
-     "vocab_size=4 leaves no room beside the 6 special tokens"),
+    (
+        ["preprocess", "--input", "missing.jsonl", "--output-prefix", "o", "--tokenizer-model", "{tok}"],
+        "input file 'missing.jsonl' does not exist",
+    ),
+    (
+        [
+            "preprocess",
+            "--input",
+            "{jsonl}",
+            "--output-prefix",
+            "o",
+            "--tokenizer-model",
+            "{tok}",
+            "--json-key",
+            "body",
+        ],
+        "key 'body' is not in",
+    ),
+    (
+        ["preprocess", "--input", "empty.jsonl", "--output-prefix", "o", "--tokenizer-model", "{tok}"],
+        "the corpus is empty",
+    ),
+    (
+        ["train-tokenizer", "--input", "{jsonl}", "--model-prefix", "t", "--vocab-size", "4"],
+        "vocab_size=4 leaves no room beside the 6 special tokens",
+    ),
     (["samples", "--data-path", "data", "--tokenizer-model", "other.model"], "was tokenized with"),
     (["samples", "--data-path", "data", "--split", "1,x"], "--split '1,x' must be up to three"),
     (["samples", "--data-path", "nope"], "nope.bin and nope.idx not found"),

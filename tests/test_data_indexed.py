@@ -107,15 +107,28 @@ def test_preprocess_round_trip(tmp_path):
 def test_workers_do_not_change_the_output(tmp_path):
     tok = small_corpus()["tokenizer"]
     for workers in (1, 2):
-        preprocess(corpus_files(), str(tmp_path / f"w{workers}"), tok, workers=workers, split_sentences=True,
-                   append_eod=True, batch_size=16, progress=False)
+        preprocess(
+            corpus_files(),
+            str(tmp_path / f"w{workers}"),
+            tok,
+            workers=workers,
+            split_sentences=True,
+            append_eod=True,
+            batch_size=16,
+            progress=False,
+        )
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"w1{suffix}").read_bytes() == (tmp_path / f"w2{suffix}").read_bytes()
 
 
 def test_split_sentences():
     assert split_sentences('He said "Stop!" Then left. Does it?  Yes.\nNew line') == [
-        'He said "Stop!"', "Then left.", "Does it?", "Yes.", "New line"]
+        'He said "Stop!"',
+        "Then left.",
+        "Does it?",
+        "Yes.",
+        "New line",
+    ]
 
 
 def test_preprocess_misuse(tmp_path):

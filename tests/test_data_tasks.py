@@ -15,25 +15,60 @@ from tpzoo.data.tokenizer import load_tokenizer
 
 # One training and one dev row per task, in GLUE's own layouts (CoLA has no header row).
 GLUE_FILES = {
-    "CoLA": ("gj04\t1\t\tOur friends won't buy this analysis.\n", "gj04\t0\t*\tThey drank the pub.\n",
-             "Our friends won't buy this analysis.", None, 1),
-    "SST-2": ("sentence\tlabel\nit 's a charming journey . \t1\n", "sentence\tlabel\na dull film . \t0\n",
-              "it 's a charming journey . ", None, 1),
-    "MRPC": ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t702876\t702977\tHe said \"yes\".\tHe agreed.\n",
-             "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tA cat.\tA dog.\n", 'He said "yes".', "He agreed.", 1),
-    "QQP": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n1\t1\t2\tWhy null?\tNA\t0\n",
-            "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n2\t3\t4\tHow?\tHow so?\t1\n", "Why null?", "NA", 0),
-    "MNLI": ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-             "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n0\t1\t1n\tgov\t( a )\t( b )\t(ROOT a)\t(ROOT b)\t"
-             "It rains.\tIt is dry.\tcontradiction\tcontradiction\n",
-             "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-             "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
-             "0\t1\t1e\tfiction\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tA.\tB.\tneutral\tneutral\tneutral\tneutral\tneutral\tneutral\n",
-             "It rains.", "It is dry.", 0),
-    "QNLI": ("index\tquestion\tsentence\tlabel\n0\tWho?\tNobody.\tnot_entailment\n",
-             "index\tquestion\tsentence\tlabel\n0\tWhat?\tThat.\tentailment\n", "Who?", "Nobody.", 1),
-    "RTE": ("index\tsentence1\tsentence2\tlabel\n0\tA man sleeps.\tA man rests.\tentailment\n",
-            "index\tsentence1\tsentence2\tlabel\n0\tX.\tY.\tnot_entailment\n", "A man sleeps.", "A man rests.", 0),
+    "CoLA": (
+        "gj04\t1\t\tOur friends won't buy this analysis.\n",
+        "gj04\t0\t*\tThey drank the pub.\n",
+        "Our friends won't buy this analysis.",
+        None,
+        1,
+    ),
+    "SST-2": (
+        "sentence\tlabel\nit 's a charming journey . \t1\n",
+        "sentence\tlabel\na dull film . \t0\n",
+        "it 's a charming journey . ",
+        None,
+        1,
+    ),
+    "MRPC": (
+        'Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t702876\t702977\tHe said "yes".\tHe agreed.\n',
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tA cat.\tA dog.\n",
+        'He said "yes".',
+        "He agreed.",
+        1,
+    ),
+    "QQP": (
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n1\t1\t2\tWhy null?\tNA\t0\n",
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n2\t3\t4\tHow?\tHow so?\t1\n",
+        "Why null?",
+        "NA",
+        0,
+    ),
+    "MNLI": (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+        "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n0\t1\t1n\tgov\t( a )\t( b )\t(ROOT a)\t(ROOT b)\t"
+        "It rains.\tIt is dry.\tcontradiction\tcontradiction\n",
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+        "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+        "0\t1\t1e\tfiction\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tA.\tB.\t"
+        "neutral\tneutral\tneutral\tneutral\tneutral\tneutral\n",
+        "It rains.",
+        "It is dry.",
+        0,
+    ),
+    "QNLI": (
+        "index\tquestion\tsentence\tlabel\n0\tWho?\tNobody.\tnot_entailment\n",
+        "index\tquestion\tsentence\tlabel\n0\tWhat?\tThat.\tentailment\n",
+        "Who?",
+        "Nobody.",
+        1,
+    ),
+    "RTE": (
+        "index\tsentence1\tsentence2\tlabel\n0\tA man sleeps.\tA man rests.\tentailment\n",
+        "index\tsentence1\tsentence2\tlabel\n0\tX.\tY.\tnot_entailment\n",
+        "A man sleeps.",
+        "A man rests.",
+        0,
+    ),
 }
 
 
@@ -51,7 +86,7 @@ def test_glue_layouts(tmp_path, task):
 def test_generic_files(tmp_path):
     (tmp_path / "train.csv").write_text('text,text_b,label\n"a, b",c,pos\nhi,,neg\nok,,pos\n')
     (tmp_path / "valid.jsonl").write_text('{"text": "x", "label": "neg"}\n')
-    (tmp_path / "test.tsv").write_text("text\tlabel\nsome \"quote text\t2\n")
+    (tmp_path / "test.tsv").write_text('text\tlabel\nsome "quote text\t2\n')
     examples, names = read_examples(str(tmp_path / "train.csv"))
     assert names == ["neg", "pos"]
     assert examples == [Example("a, b", "c", 1), Example("hi", None, 0), Example("ok", None, 1)]

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tpzoo.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train-tokenizer", help="train a sentencepiece model (ids 0-5: [PAD] <unk> <eod> [CLS] [SEP] [MASK])")
+    p = sub.add_parser(
+        "train-tokenizer", help="train a sentencepiece model (ids 0-5: [PAD] <unk> <eod> [CLS] [SEP] [MASK])"
+    )
     p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
     p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=int, required=True)
@@ -69,8 +71,18 @@ def _inspect(args: argparse.Namespace) -> None:
 
     tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model)
     data = IndexedDataset(prefix)
-    print(json.dumps({"prefix": prefix, "documents": data.num_documents, "sequences": data.num_sequences,
-                      "tokens": data.num_tokens, "dtype": str(data.dtype), "tokenizer": tok.path}))
+    print(
+        json.dumps(
+            {
+                "prefix": prefix,
+                "documents": data.num_documents,
+                "sequences": data.num_sequences,
+                "tokens": data.num_tokens,
+                "dtype": str(data.dtype),
+                "tokenizer": tok.path,
+            }
+        )
+    )
     for d in range(min(args.documents, data.num_documents)):
         first, end = data.document_indices[d], data.document_indices[d + 1]
         print(json.dumps({"document": d, "sentences": [tok.decode(data.sequence(k)) for k in range(first, end)]}))
@@ -80,20 +92,39 @@ def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets, resolve_data
 
     tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
-    options = {} if args.model == "gpt" else {
-        "whole_word_masking": args.whole_word_masking, "binary_head": None if args.binary_head == "none" else args.binary_head}
-    train, *_ = build_datasets(args.model, tok, prefix, args.seq_length, args.seed,
-                               (max(args.indices) + 1, 0, 0), args.split, **options)
+    options = (
+        {}
+        if args.model == "gpt"
+        else {
+            "whole_word_masking": args.whole_word_masking,
+            "binary_head": None if args.binary_head == "none" else args.binary_head,
+        }
+    )
+    train, *_ = build_datasets(
+        args.model, tok, prefix, args.seq_length, args.seed, (max(args.indices) + 1, 0, 0), args.split, **options
+    )
     pieces = tok.pieces()
     for i in args.indices:
         sample = train[i]
         if args.model == "gpt":
-            print(json.dumps({"index": i, "input": tok.decode(sample["input_ids"]), "labels": tok.decode(sample["labels"])}))
+            print(
+                json.dumps(
+                    {"index": i, "input": tok.decode(sample["input_ids"]), "labels": tok.decode(sample["labels"])}
+                )
+            )
         else:
             n = int(sample["attention_mask"].sum())
             masked = [pieces[t] for t in sample["labels"][:n].tolist() if t >= 0]
-            print(json.dumps({"index": i, "tokens": " ".join(pieces[t] for t in sample["input_ids"][:n].tolist()),
-                              "masked": masked, "next_sentence_label": int(sample["next_sentence_label"])}))
+            print(
+                json.dumps(
+                    {
+                        "index": i,
+                        "tokens": " ".join(pieces[t] for t in sample["input_ids"][:n].tolist()),
+                        "masked": masked,
+                        "next_sentence_label": int(sample["next_sentence_label"]),
+                    }
+                )
+            )
 
 
 def _demo(export: str | None) -> None:
@@ -109,8 +140,17 @@ def _demo(export: str | None) -> None:
         for path in [demo_dir() / "corpus.jsonl", *demo_task()]:
             shutil.copy(path, export)
     vocab = load_tokenizer(tok_path).vocab_size
-    print(json.dumps({"tokenizer": tok_path, "gpt": gpt, "bert": demo_data("bert")[1], "task": demo_task(),
-                      "unigram_entropy_nats": round(unigram_entropy(gpt, vocab), 4)}))
+    print(
+        json.dumps(
+            {
+                "tokenizer": tok_path,
+                "gpt": gpt,
+                "bert": demo_data("bert")[1],
+                "task": demo_task(),
+                "unigram_entropy_nats": round(unigram_entropy(gpt, vocab), 4),
+            }
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,13 +159,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train-tokenizer":
             from tpzoo.data.tokenizer import train_tokenizer
 
-            print(train_tokenizer(args.input, args.model_prefix, args.vocab_size, args.model_type, args.json_key,
-                                  args.max_sentences))
+            print(
+                train_tokenizer(
+                    args.input, args.model_prefix, args.vocab_size, args.model_type, args.json_key, args.max_sentences
+                )
+            )
         elif args.command == "preprocess":
             from tpzoo.data.preprocess import preprocess
 
-            stats = preprocess(args.input, args.output_prefix, args.tokenizer_model, args.json_key, args.workers,
-                               args.append_eod, args.split_sentences)
+            stats = preprocess(
+                args.input,
+                args.output_prefix,
+                args.tokenizer_model,
+                args.json_key,
+                args.workers,
+                args.append_eod,
+                args.split_sentences,
+            )
             print(json.dumps({"prefix": args.output_prefix, **{k: round(v, 3) for k, v in stats.items()}}))
         elif args.command == "inspect":
             _inspect(args)

@@ -20,8 +20,15 @@ from tpzoo.data.indexed import IndexedDataset
 IGNORE_INDEX = -100
 
 
-def split_chunks(sentence_lengths: np.ndarray, document_indices: np.ndarray, documents: np.ndarray, max_tokens: int,
-                 min_sentences: int, gen: np.random.Generator, short_seq_prob: float = 0.1) -> np.ndarray:
+def split_chunks(
+    sentence_lengths: np.ndarray,
+    document_indices: np.ndarray,
+    documents: np.ndarray,
+    max_tokens: int,
+    min_sentences: int,
+    gen: np.random.Generator,
+    short_seq_prob: float = 0.1,
+) -> np.ndarray:
     """int64[C, 3] (first sentence, number of sentences, document): greedy chunks of whole
     sentences inside each of ``documents``, each closed once it reaches its target length
     (``max_tokens``, or with ``short_seq_prob`` a random length in [2, max_tokens]); chunks of fewer
@@ -29,8 +36,9 @@ def split_chunks(sentence_lengths: np.ndarray, document_indices: np.ndarray, doc
     chunks = []
     for d in documents.tolist():
         first, end = int(document_indices[d]), int(document_indices[d + 1])
-        targets = np.where(gen.random(end - first) < short_seq_prob, gen.integers(2, max_tokens + 1, end - first),
-                           max_tokens).tolist()
+        targets = np.where(
+            gen.random(end - first) < short_seq_prob, gen.integers(2, max_tokens + 1, end - first), max_tokens
+        ).tolist()
         start, total, t = first, 0, 0
         for k, length in enumerate(sentence_lengths[first:end].tolist(), first):
             total += length
@@ -48,15 +56,28 @@ class BertDataset(torch.utils.data.Dataset):
     (``"nsp"``) or the segments are swapped (``"sop"``); -100 with ``binary_head=None``).
     """
 
-    def __init__(self, indexed: IndexedDataset, documents: Sequence[int] | np.ndarray, tokenizer: Any,
-                 seq_length: int, num_samples: int, seed: int, split: int = 0, binary_head: str | None = "sop",
-                 masked_lm_prob: float = 0.15, whole_word_masking: bool = False, short_seq_prob: float = 0.1) -> None:
+    def __init__(
+        self,
+        indexed: IndexedDataset,
+        documents: Sequence[int] | np.ndarray,
+        tokenizer: Any,
+        seq_length: int,
+        num_samples: int,
+        seed: int,
+        split: int = 0,
+        binary_head: str | None = "sop",
+        masked_lm_prob: float = 0.15,
+        whole_word_masking: bool = False,
+        short_seq_prob: float = 0.1,
+    ) -> None:
         if binary_head not in ("nsp", "sop", None):
             raise ValueError(f"binary_head must be 'nsp', 'sop' or None, got {binary_head!r}")
         missing = [n for n in ("cls", "sep", "mask", "pad") if getattr(tokenizer, n) is None]
         if missing:
-            raise ValueError(f"tokenizer {tokenizer.path!r} lacks the BERT tokens {missing}; train one with "
-                             "`python -m tpzoo.data train-tokenizer`, which adds them")
+            raise ValueError(
+                f"tokenizer {tokenizer.path!r} lacks the BERT tokens {missing}; train one with "
+                "`python -m tpzoo.data train-tokenizer`, which adds them"
+            )
         if seq_length < 5 or num_samples < 0:
             raise ValueError(f"need seq_length >= 5 and num_samples >= 0, got {seq_length} and {num_samples}")
         self.indexed, self.tok, self.seq_length, self.num_samples = indexed, tokenizer, seq_length, num_samples
@@ -64,12 +85,21 @@ class BertDataset(torch.utils.data.Dataset):
         self.masked_lm_prob, self.whole_word_masking = masked_lm_prob, whole_word_masking
         self.docs = check_documents(indexed, documents, ("train", "valid", "test")[split])
         self.max_tokens = seq_length - (3 if binary_head else 2)
-        self.chunks = split_chunks(indexed.sequence_lengths, indexed.document_indices, self.docs, self.max_tokens,
-                                   2 if binary_head else 1, rng(seed, split, 2), short_seq_prob)
+        self.chunks = split_chunks(
+            indexed.sequence_lengths,
+            indexed.document_indices,
+            self.docs,
+            self.max_tokens,
+            2 if binary_head else 1,
+            rng(seed, split, 2),
+            short_seq_prob,
+        )
         if len(np.unique(self.chunks[:, 2])) < (2 if binary_head == "nsp" else 1):
             need = "two documents" if binary_head == "nsp" else "a document"
-            raise ValueError(f"split {split} of {indexed.prefix!r} needs {need} of {2 if binary_head else 1}+ "
-                             "sentences; preprocess with --split-sentences or add data")
+            raise ValueError(
+                f"split {split} of {indexed.prefix!r} needs {need} of {2 if binary_head else 1}+ "
+                "sentences; preprocess with --split-sentences or add data"
+            )
         specials = np.zeros(tokenizer.vocab_size, dtype=bool)
         specials[tokenizer.special_ids] = True
         self.normal_ids = np.flatnonzero(~specials)
@@ -81,7 +111,9 @@ class BertDataset(torch.utils.data.Dataset):
     def _sentences(self, first: int, count: int) -> list[np.ndarray]:
         return [self.indexed.sequence(k) for k in range(first, first + count)]
 
-    def _segments(self, gen: np.random.Generator, first: int, count: int, doc: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _segments(
+        self, gen: np.random.Generator, first: int, count: int, doc: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """Segments A, B of a chunk and the binary label (B swapped in, or from another document)."""
         sents = self._sentences(first, count)
         if not self.binary_head:
@@ -109,7 +141,9 @@ class BertDataset(torch.utils.data.Dataset):
             out.append(seg[front : front + n])
         return out[0], out[1]
 
-    def mask(self, gen: np.random.Generator, tokens: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def mask(
+        self, gen: np.random.Generator, tokens: np.ndarray, candidates: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mask ``round(15%)`` of ``candidates`` (positions; whole words if asked); return
         (input_ids, labels) with labels -100 off the masked positions. Rounding is stochastic so
         that rates are exact in expectation."""
@@ -156,7 +190,9 @@ class BertDataset(torch.utils.data.Dataset):
         full_labels[:n] = labels
         attention = (np.arange(s) < n).astype(np.int64)
         return {
-            "input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(types),
-            "attention_mask": torch.from_numpy(attention), "labels": torch.from_numpy(full_labels),
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(types),
+            "attention_mask": torch.from_numpy(attention),
+            "labels": torch.from_numpy(full_labels),
             "next_sentence_label": torch.tensor(label, dtype=torch.long),
         }

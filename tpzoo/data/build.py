@@ -31,10 +31,17 @@ def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the data flags (``--data-path --dataset --tokenizer-model --split``) to ``parser``."""
     group = parser.add_argument_group("data")
     group.add_argument("--data-path", metavar="PREFIX", help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx)")
-    group.add_argument("--dataset", metavar="SPEC", nargs="+",
-                       help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into the cache")
-    group.add_argument("--tokenizer-model", metavar="FILE",
-                       help="sentencepiece .model or Hugging Face tokenizer (default: the one the data was made with)")
+    group.add_argument(
+        "--dataset",
+        metavar="SPEC",
+        nargs="+",
+        help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into the cache",
+    )
+    group.add_argument(
+        "--tokenizer-model",
+        metavar="FILE",
+        help="sentencepiece .model or Hugging Face tokenizer (default: the one the data was made with)",
+    )
     group.add_argument("--split", default="98,1,1", help="train,valid,test weights over documents (default 98,1,1)")
     return parser
 
@@ -57,7 +64,9 @@ def split_documents(num_documents: int, split: str) -> list[np.ndarray]:
     return [np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(3)]
 
 
-def samples_needed(train_iters: int, global_batch_size: int, eval_interval: int, eval_iters: int) -> tuple[int, int, int]:
+def samples_needed(
+    train_iters: int, global_batch_size: int, eval_interval: int, eval_iters: int
+) -> tuple[int, int, int]:
     """(train, valid, test) sample counts: every iteration's batch, every evaluation's batches, one test."""
     evals = (train_iters // eval_interval + 1) * eval_iters if eval_interval > 0 else 0
     return train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size
@@ -71,13 +80,18 @@ def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str) -> str:
     files = resolve_files(spec)
     stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
     key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, model]).encode()).hexdigest()[:16]
-    folder = cached_build(f"datasets/{model}-{key}", lambda out: preprocess(
-        files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert"))
+    folder = cached_build(
+        f"datasets/{model}-{key}",
+        lambda out: preprocess(
+            files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert"
+        ),
+    )
     return str(folder / "data")
 
 
-def resolve_data(model: str, data_path: str | None = None, dataset: Any = None,
-                 tokenizer_model: str | None = None) -> tuple[Tokenizer, str]:
+def resolve_data(
+    model: str, data_path: str | None = None, dataset: Any = None, tokenizer_model: str | None = None
+) -> tuple[Tokenizer, str]:
     """The tokenizer and indexed-dataset prefix a run uses: ``data_path``; else ``dataset`` files
     tokenized into the cache; else the bundled demo corpus. Without ``tokenizer_model`` the
     tokenizer recorded in the dataset is used. Raises ValueError if they do not match."""
@@ -107,8 +121,16 @@ def resolve_data(model: str, data_path: str | None = None, dataset: Any = None,
     return tok, str(data_path)
 
 
-def build_datasets(model: str, tokenizer: Tokenizer, prefix: str, seq_length: int, seed: int,
-                   num_samples: tuple[int, int, int], split: str = "98,1,1", **bert_options: Any) -> tuple[Any, Any, Any]:
+def build_datasets(
+    model: str,
+    tokenizer: Tokenizer,
+    prefix: str,
+    seq_length: int,
+    seed: int,
+    num_samples: tuple[int, int, int],
+    split: str = "98,1,1",
+    **bert_options: Any,
+) -> tuple[Any, Any, Any]:
     """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
     (None where 0 are asked). GPT samples are ``GPTDataset`` windows, BERT's ``BertDataset``
     samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob)."""
@@ -120,8 +142,10 @@ def build_datasets(model: str, tokenizer: Tokenizer, prefix: str, seq_length: in
     indexed = IndexedDataset(prefix)
     indexed.check_tokenizer(tokenizer)
     if model == "gpt" and indexed.metadata.get("append_eod") is False:
-        raise ValueError(f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
-                         "together; preprocess it again with --append-eod for GPT")
+        raise ValueError(
+            f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
+            "together; preprocess it again with --append-eod for GPT"
+        )
     out = []
     for k, docs in enumerate(split_documents(indexed.num_documents, split)):
         if not num_samples[k]:

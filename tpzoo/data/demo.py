@@ -42,8 +42,9 @@ def _build(out: Path) -> None:
     write_indexed(docs, str(out / "gpt"), tok, append_eod=True, progress=False, metadata=meta)
     write_indexed(docs, str(out / "bert"), tok, split_sentences=True, progress=False, metadata=meta)
     for split, (n, seed) in TASK_SPLITS.items():
-        write_jsonl(out / f"sentiment_{split}.jsonl",
-                    ({"text": t, "label": y} for t, y in grammar.sentiment_task(n, seed)))
+        write_jsonl(
+            out / f"sentiment_{split}.jsonl", ({"text": t, "label": y} for t, y in grammar.sentiment_task(n, seed))
+        )
 
 
 def demo_dir() -> Path:

@@ -49,12 +49,24 @@ class GPTDataset(torch.utils.data.Dataset):
     ``split`` (0 train, 1 valid, 2 test) keeps the splits' shuffles apart.
     """
 
-    def __init__(self, indexed: IndexedDataset, documents: Sequence[int] | np.ndarray, seq_length: int,
-                 num_samples: int, seed: int, split: int = 0) -> None:
+    def __init__(
+        self,
+        indexed: IndexedDataset,
+        documents: Sequence[int] | np.ndarray,
+        seq_length: int,
+        num_samples: int,
+        seed: int,
+        split: int = 0,
+    ) -> None:
         if seq_length < 1 or num_samples < 0:
             raise ValueError(f"need seq_length >= 1 and num_samples >= 0, got {seq_length} and {num_samples}")
         self.indexed, self.seq_length, self.num_samples, self.seed, self.split = (
-            indexed, seq_length, num_samples, seed, split)
+            indexed,
+            seq_length,
+            num_samples,
+            seed,
+            split,
+        )
         docs = check_documents(indexed, documents, ("train", "valid", "test")[split])
         lengths = indexed.document_lengths
         tokens_per_epoch = int(lengths[docs].sum())
@@ -86,5 +98,7 @@ class GPTDataset(torch.utils.data.Dataset):
         if not 0 <= i < self.num_samples:
             raise IndexError(f"sample {i} out of range [0, {self.num_samples})")
         block, r = divmod(int(i), self.block)
-        tokens = torch.from_numpy(self.window(block * self.block + int(permutation(self.block, self.seed, self.split, 1, block)[r])))
+        tokens = torch.from_numpy(
+            self.window(block * self.block + int(permutation(self.block, self.seed, self.split, 1, block)[r]))
+        )
         return {"input_ids": tokens[:-1], "labels": tokens[1:]}

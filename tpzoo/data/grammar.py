@@ -32,42 +32,101 @@ def _verbs(words: str) -> tuple[tuple[str, str], ...]:
     return tuple((v + ("es" if v.endswith(("sh", "ch", "s", "x")) else "s"), v) for v in words.split())
 
 
-def _topic(name: str, agents: str, things: str, adjectives: str, intransitive: str, transitive: str, places: str) -> Topic:
-    return Topic(name, _pairs(agents), _pairs(things), tuple(adjectives.split()), _verbs(intransitive),
-                 _verbs(transitive), tuple(places.split(";")))
+def _topic(
+    name: str, agents: str, things: str, adjectives: str, intransitive: str, transitive: str, places: str
+) -> Topic:
+    return Topic(
+        name,
+        _pairs(agents),
+        _pairs(things),
+        tuple(adjectives.split()),
+        _verbs(intransitive),
+        _verbs(transitive),
+        tuple(places.split(";")),
+    )
 
 
 TOPICS = (
-    _topic("forest", "fox/foxes wolf/wolves owl/owls rabbit/rabbits bear/bears squirrel/squirrels badger/badgers",
-           "nut/nuts berry/berries mushroom/mushrooms leaf/leaves log/logs nest/nests", "quiet wild hungry brown clever shy",
-           "sleep hide run wait hunt listen", "chase watch follow find avoid carry",
-           "in the forest;under the old oak;near the river;behind the hill;in the tall grass"),
-    _topic("kitchen", "cook/cooks baker/bakers chef/chefs waiter/waiters guest/guests",
-           "soup/soups bread/breads cake/cakes onion/onions pot/pots knife/knives", "warm sweet salty fresh busy careful",
-           "smile rest hurry wait cook", "stir cut taste bake wash serve",
-           "in the kitchen;at the market;by the oven;at the long table;behind the counter"),
-    _topic("space", "astronaut/astronauts pilot/pilots robot/robots engineer/engineers scientist/scientists",
-           "planet/planets star/stars moon/moons rocket/rockets comet/comets signal/signals", "bright distant silver cold brave",
-           "float drift land launch work", "observe repair launch measure study track",
-           "on the station;near the moon;above the clouds;in deep space;at the launch pad"),
-    _topic("sea", "sailor/sailors fisher/fishers captain/captains diver/divers seal/seals whale/whales",
-           "boat/boats wave/waves fish/fishes shell/shells net/nets island/islands", "blue deep calm salty strong tired",
-           "sail swim dive row rest", "pull catch steer clean watch mend",
-           "at the harbor;at sea;near the island;on the beach;below the cliffs"),
-    _topic("school", "teacher/teachers student/students pupil/pupils librarian/librarians",
-           "book/books lesson/lessons pencil/pencils map/maps question/questions poem/poems", "curious patient tired careful proud",
-           "listen read laugh learn wait", "explain write read answer study draw",
-           "in the classroom;in the library;on the playground;in the hall;at the blackboard"),
-    _topic("farm", "farmer/farmers horse/horses cow/cows goat/goats hen/hens dog/dogs",
-           "field/fields barn/barns fence/fences apple/apples seed/seeds tractor/tractors", "green muddy strong gentle early",
-           "work graze rest eat wander", "plant feed fix harvest pull guard",
-           "on the farm;in the field;behind the barn;near the pond;by the fence"),
-    _topic("music", "singer/singers drummer/drummers pianist/pianists fan/fans dancer/dancers",
-           "song/songs drum/drums piano/pianos guitar/guitars concert/concerts melody/melodies", "loud soft happy famous nervous",
-           "sing dance play rehearse bow", "play hear practice compose tune record",
-           "on the stage;in the studio;at the festival;in the old theater;at the concert hall"),
+    _topic(
+        "forest",
+        "fox/foxes wolf/wolves owl/owls rabbit/rabbits bear/bears squirrel/squirrels badger/badgers",
+        "nut/nuts berry/berries mushroom/mushrooms leaf/leaves log/logs nest/nests",
+        "quiet wild hungry brown clever shy",
+        "sleep hide run wait hunt listen",
+        "chase watch follow find avoid carry",
+        "in the forest;under the old oak;near the river;behind the hill;in the tall grass",
+    ),
+    _topic(
+        "kitchen",
+        "cook/cooks baker/bakers chef/chefs waiter/waiters guest/guests",
+        "soup/soups bread/breads cake/cakes onion/onions pot/pots knife/knives",
+        "warm sweet salty fresh busy careful",
+        "smile rest hurry wait cook",
+        "stir cut taste bake wash serve",
+        "in the kitchen;at the market;by the oven;at the long table;behind the counter",
+    ),
+    _topic(
+        "space",
+        "astronaut/astronauts pilot/pilots robot/robots engineer/engineers scientist/scientists",
+        "planet/planets star/stars moon/moons rocket/rockets comet/comets signal/signals",
+        "bright distant silver cold brave",
+        "float drift land launch work",
+        "observe repair launch measure study track",
+        "on the station;near the moon;above the clouds;in deep space;at the launch pad",
+    ),
+    _topic(
+        "sea",
+        "sailor/sailors fisher/fishers captain/captains diver/divers seal/seals whale/whales",
+        "boat/boats wave/waves fish/fishes shell/shells net/nets island/islands",
+        "blue deep calm salty strong tired",
+        "sail swim dive row rest",
+        "pull catch steer clean watch mend",
+        "at the harbor;at sea;near the island;on the beach;below the cliffs",
+    ),
+    _topic(
+        "school",
+        "teacher/teachers student/students pupil/pupils librarian/librarians",
+        "book/books lesson/lessons pencil/pencils map/maps question/questions poem/poems",
+        "curious patient tired careful proud",
+        "listen read laugh learn wait",
+        "explain write read answer study draw",
+        "in the classroom;in the library;on the playground;in the hall;at the blackboard",
+    ),
+    _topic(
+        "farm",
+        "farmer/farmers horse/horses cow/cows goat/goats hen/hens dog/dogs",
+        "field/fields barn/barns fence/fences apple/apples seed/seeds tractor/tractors",
+        "green muddy strong gentle early",
+        "work graze rest eat wander",
+        "plant feed fix harvest pull guard",
+        "on the farm;in the field;behind the barn;near the pond;by the fence",
+    ),
+    _topic(
+        "music",
+        "singer/singers drummer/drummers pianist/pianists fan/fans dancer/dancers",
+        "song/songs drum/drums piano/pianos guitar/guitars concert/concerts melody/melodies",
+        "loud soft happy famous nervous",
+        "sing dance play rehearse bow",
+        "play hear practice compose tune record",
+        "on the stage;in the studio;at the festival;in the old theater;at the concert hall",
+    ),
 )
-PEOPLE = ("Anna", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jonas", "Kate", "Leo", "Maya", "Noah")
+PEOPLE = (
+    "Anna",
+    "Ben",
+    "Clara",
+    "David",
+    "Emma",
+    "Felix",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Kate",
+    "Leo",
+    "Maya",
+    "Noah",
+)
 NUMBERS = ("two", "three", "four", "five", "many", "some")
 TIMES = ("at night", "in the morning", "after the rain", "before winter", "every day", "in the evening")
 # The sentiment grammar: things reviewed, and adjectives of known polarity.
@@ -106,7 +165,10 @@ def _subject(rng: Rng, nouns: tuple[tuple[str, str], ...], topic: Topic, plural:
 
 
 def _fix_article(text: str) -> str:
-    return " ".join(("an" if w == "a" and nxt[0] in "aeiou" else w) for w, nxt in zip(text.split(), text.split()[1:] + ["x"]))
+    return " ".join(
+        ("an" if w == "a" and nxt[0] in "aeiou" else w)
+        for w, nxt in zip(text.split(), text.split()[1:] + ["x"], strict=True)
+    )
 
 
 def topic_sentence(rng: Rng, topic: Topic, state: dict) -> str:
@@ -120,7 +182,8 @@ def topic_sentence(rng: Rng, topic: Topic, state: dict) -> str:
         obj = _subject(rng, topic.things, topic, rng.chance(0.5))
         s = f"{_subject(rng, topic.agents, topic, plural)} {verb(topic.transitive)} {obj}"
     elif kind == 2:
-        s = f"{_subject(rng, topic.agents + topic.things, topic, plural)} {'are' if plural else 'is'} {rng.pick(topic.adjectives)}"
+        subj = _subject(rng, topic.agents + topic.things, topic, plural)
+        s = f"{subj} {'are' if plural else 'is'} {rng.pick(topic.adjectives)}"
     elif kind == 3:
         plural = state.get("plural", False)
         s = f"{'they' if plural else 'it'} {verb(topic.intransitive)} {rng.pick(TIMES)}"
@@ -131,15 +194,19 @@ def topic_sentence(rng: Rng, topic: Topic, state: dict) -> str:
         plural = False
         s = f"{rng.pick(PEOPLE)} {verb(topic.transitive)} {_subject(rng, topic.things, topic, rng.chance(0.5))}"
     elif kind == 6:
-        subj, (v3, v) = _subject(rng, topic.agents, topic, plural), rng.pick(topic.intransitive)  # type: ignore[misc]
-        yes = rng.chance(0.5)
-        answer = f"{'yes' if yes else 'no'}, {'they' if plural else 'it'} {'do' if plural else 'does'}{'' if yes else ' not'}"
-        s = f"{'do' if plural else 'does'} {subj} {v}? {answer.capitalize()}"
+        subj = _subject(rng, topic.agents, topic, plural)
+        v = rng.pick(topic.intransitive)[1]  # type: ignore[index]
+        yes, does = rng.chance(0.5), "do" if plural else "does"
+        answer = f"{'yes' if yes else 'no'}, {'they' if plural else 'it'} {does}{'' if yes else ' not'}"
+        s = f"{does} {subj} {v}? {answer.capitalize()}"
     else:
         things_plural = rng.chance(0.5)
-        rest = rng.pick((("stays", "stay"), ("waits", "wait"), ("falls", "fall")))[int(things_plural)]  # type: ignore[index]
-        s = (f"when {_subject(rng, topic.agents, topic, plural)} {verb(topic.intransitive)}, "
-             f"{_subject(rng, topic.things, topic, things_plural)} {rest} {rng.pick(topic.places)}")
+        rests = (("stays", "stay"), ("waits", "wait"), ("falls", "fall"))
+        rest = rng.pick(rests)[int(things_plural)]  # type: ignore[index]
+        s = (
+            f"when {_subject(rng, topic.agents, topic, plural)} {verb(topic.intransitive)}, "
+            f"{_subject(rng, topic.things, topic, things_plural)} {rest} {rng.pick(topic.places)}"
+        )
     state["plural"] = plural
     s = _fix_article(s)
     return s[0].upper() + s[1:] + ("" if s.endswith("?") else ".")
@@ -150,7 +217,8 @@ def _clause(rng: Rng, positive: bool) -> str:
     plural = rng.chance(0.3)
     negate = rng.chance(0.5)
     adj = rng.pick(POSITIVE if positive != negate else NEGATIVE)
-    return f"the {pl if plural else sg} {'were' if plural else 'was'} {'not ' if negate else ''}{rng.pick(INTENSIFIERS)}{adj}"
+    verb = f"{'were' if plural else 'was'} {'not ' if negate else ''}"
+    return f"the {pl if plural else sg} {verb}{rng.pick(INTENSIFIERS)}{adj}"
 
 
 def review(rng: Rng) -> tuple[str, int]:

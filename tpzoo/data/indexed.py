@@ -126,8 +126,10 @@ class IndexedDataset:
         bin_path, idx_path = paths(self.prefix)
         missing = [p for p in (bin_path, idx_path) if not os.path.isfile(p)]
         if missing:
-            raise FileNotFoundError(f"indexed dataset {' and '.join(missing)} not found; run "
-                                    "`python -m tpzoo.data preprocess` to make it, or fix --data-path")
+            raise FileNotFoundError(
+                f"indexed dataset {' and '.join(missing)} not found; run "
+                "`python -m tpzoo.data preprocess` to make it, or fix --data-path"
+            )
         self._idx = np.memmap(idx_path, mode="r", dtype=np.uint8)
         if bytes(self._idx[:9]) != _MAGIC or len(self._idx) < 34:
             raise ValueError(f"{idx_path!r} is not an indexed dataset index (bad header); re-run preprocessing")
@@ -140,7 +142,9 @@ class IndexedDataset:
         self.sequence_pointers = np.frombuffer(buf, np.int64, n_seq, off + 4 * n_seq)
         self.document_indices = np.frombuffer(buf, np.int64, n_doc, off + 12 * n_seq)
         self.metadata = self._read_metadata(off + 12 * n_seq + 8 * n_doc)
-        self._bin = np.memmap(bin_path, mode="r", dtype=self.dtype) if os.path.getsize(bin_path) else np.empty(0, self.dtype)
+        self._bin = (
+            np.memmap(bin_path, mode="r", dtype=self.dtype) if os.path.getsize(bin_path) else np.empty(0, self.dtype)
+        )
 
     def _read_metadata(self, end: int) -> dict[str, Any]:
         tail = bytes(self._idx[-16:])
@@ -210,5 +214,7 @@ class IndexedDataset:
         self.__init__(state["prefix"])
 
     def __repr__(self) -> str:
-        return (f"IndexedDataset({self.prefix!r}, documents={self.num_documents}, "
-                f"sequences={self.num_sequences}, tokens={self.num_tokens}, dtype={self.dtype})")
+        return (
+            f"IndexedDataset({self.prefix!r}, documents={self.num_documents}, "
+            f"sequences={self.num_sequences}, tokens={self.num_tokens}, dtype={self.dtype})"
+        )

@@ -34,8 +34,11 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _init_worker(tokenizer: Tokenizer | str, append_eod: bool, sentences: bool) -> None:
-    _state.update(tok=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
-                  append_eod=append_eod, sentences=sentences)
+    _state.update(
+        tok=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
+        append_eod=append_eod,
+        sentences=sentences,
+    )
 
 
 def _encode(texts: list[str]) -> list[tuple[np.ndarray, list[int] | None]]:
@@ -52,8 +55,9 @@ def _encode(texts: list[str]) -> list[tuple[np.ndarray, list[int] | None]]:
         if eod:
             pieces[-1] = pieces[-1] + [tok.eod]
         lengths = [len(p) for p in pieces]
-        out.append((np.fromiter(itertools.chain.from_iterable(pieces), np.int32, sum(lengths)),
-                    lengths if sentences else None))
+        out.append(
+            (np.fromiter(itertools.chain.from_iterable(pieces), np.int32, sum(lengths)), lengths if sentences else None)
+        )
     return out
 
 
@@ -94,9 +98,17 @@ def preprocess(
     files = resolve_files(inputs)
     for path in files:
         check_key(path, json_key)
-    return write_indexed(iter_documents(files, json_key), output_prefix, tokenizer, workers, append_eod,
-                         split_sentences, batch_size, progress,
-                         {"json_key": json_key, "inputs": [os.path.abspath(f) for f in files]})
+    return write_indexed(
+        iter_documents(files, json_key),
+        output_prefix,
+        tokenizer,
+        workers,
+        append_eod,
+        split_sentences,
+        batch_size,
+        progress,
+        {"json_key": json_key, "inputs": [os.path.abspath(f) for f in files]},
+    )
 
 
 def write_indexed(
@@ -125,8 +137,10 @@ def write_indexed(
             _init_worker(*init)
         batches = _batches(documents, batch_size)
         results = _ordered_map(pool, _encode, batches, 4 * workers) if pool else map(_encode, batches)
-        with IndexedDatasetBuilder(output_prefix, tok.vocab_size) as builder, \
-                tqdm(unit="doc", unit_scale=True, disable=None if progress else True) as bar:
+        with (
+            IndexedDatasetBuilder(output_prefix, tok.vocab_size) as builder,
+            tqdm(unit="doc", unit_scale=True, disable=None if progress else True) as bar,
+        ):
             for batch in results:
                 for tokens, lengths in batch:
                     builder.add_document(tokens, lengths)
@@ -134,11 +148,22 @@ def write_indexed(
                 bar.set_postfix(tokens=builder.num_tokens, refresh=False)
             if builder.num_tokens == 0:
                 raise ValueError(f"the corpus is empty: no document has any text ({metadata or {}}); check the input")
-            builder.finalize({"tokenizer": tok.reference(), "append_eod": append_eod,
-                              "split_sentences": split_sentences, **(metadata or {})})
+            builder.finalize(
+                {
+                    "tokenizer": tok.reference(),
+                    "append_eod": append_eod,
+                    "split_sentences": split_sentences,
+                    **(metadata or {}),
+                }
+            )
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     seconds = time.perf_counter() - start
-    return {"documents": builder.num_documents, "sequences": builder.num_sequences, "tokens": builder.num_tokens,
-            "seconds": seconds, "tokens_per_sec": builder.num_tokens / seconds}
+    return {
+        "documents": builder.num_documents,
+        "sequences": builder.num_sequences,
+        "tokens": builder.num_tokens,
+        "seconds": seconds,
+        "tokens_per_sec": builder.num_tokens / seconds,
+    }

@@ -35,13 +35,20 @@ class GlueLayout:
 _BINARY = ("0", "1")
 _NLI = ("entailment", "not_entailment")
 GLUE = {
-    "cola": GlueLayout("train.tsv", "dev.tsv", "sentence", None, "label", _BINARY,
-                       ("source", "label", "original_label", "sentence")),
+    "cola": GlueLayout(
+        "train.tsv", "dev.tsv", "sentence", None, "label", _BINARY, ("source", "label", "original_label", "sentence")
+    ),
     "sst-2": GlueLayout("train.tsv", "dev.tsv", "sentence", None, "label", _BINARY),
     "mrpc": GlueLayout("train.tsv", "dev.tsv", "#1 String", "#2 String", "Quality", _BINARY),
     "qqp": GlueLayout("train.tsv", "dev.tsv", "question1", "question2", "is_duplicate", _BINARY),
-    "mnli": GlueLayout("train.tsv", "dev_matched.tsv", "sentence1", "sentence2", "gold_label",
-                       ("contradiction", "entailment", "neutral")),
+    "mnli": GlueLayout(
+        "train.tsv",
+        "dev_matched.tsv",
+        "sentence1",
+        "sentence2",
+        "gold_label",
+        ("contradiction", "entailment", "neutral"),
+    ),
     "qnli": GlueLayout("train.tsv", "dev.tsv", "question", "sentence", "label", _NLI),
     "rte": GlueLayout("train.tsv", "dev.tsv", "sentence1", "sentence2", "label", _NLI),
 }
@@ -52,8 +59,14 @@ def _label_text(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def read_examples(path: str, label_names: Sequence[str] | None = None, text: str = "text", text_b: str | None = "text_b",
-                  label: str = "label", **options: Any) -> tuple[list[Example], list[str]]:
+def read_examples(
+    path: str,
+    label_names: Sequence[str] | None = None,
+    text: str = "text",
+    text_b: str | None = "text_b",
+    label: str = "label",
+    **options: Any,
+) -> tuple[list[Example], list[str]]:
     """Read a csv/tsv/jsonl file of examples; returns (examples, label names in id order).
 
     Labels map to ids through ``label_names`` when given (pass the training file's names when
@@ -65,10 +78,13 @@ def read_examples(path: str, label_names: Sequence[str] | None = None, text: str
     for row in rows(path, **options):
         missing = [k for k in (text, label) if k not in row]
         if missing:
-            raise ValueError(f"{path!r} has no column {missing[0]!r} (its columns are {sorted(row)}); "
-                             f"rename the column or pick another")
-        raw.append((str(row[text]), None if row.get(text_b) in (None, "") else str(row[text_b]),
-                    _label_text(row[label])))
+            raise ValueError(
+                f"{path!r} has no column {missing[0]!r} (its columns are {sorted(row)}); "
+                f"rename the column or pick another"
+            )
+        raw.append(
+            (str(row[text]), None if row.get(text_b) in (None, "") else str(row[text_b]), _label_text(row[label]))
+        )
     if not raw:
         raise ValueError(f"{path!r} holds no examples; fill it or pick another file")
     if label_names is None:
@@ -120,8 +136,9 @@ class TaskDataset(torch.utils.data.Dataset):
             raise ValueError(f"seq_length {seq_length} is too short for a task sample; use 8 or more")
         self.seq_length = seq_length
         self.examples = list(examples)
-        self.encoded = [(tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b))
-                        for e in self.examples]
+        self.encoded = [
+            (tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b)) for e in self.examples
+        ]
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -138,6 +155,8 @@ class TaskDataset(torch.utils.data.Dataset):
             types += [1] * (len(b) + 1)
         n, pad = len(ids), self.seq_length - len(ids)
         return {
-            "input_ids": torch.tensor(ids + [self.pad] * pad), "token_type_ids": torch.tensor(types + [0] * pad),
-            "attention_mask": torch.tensor([1] * n + [0] * pad), "label": torch.tensor(self.examples[i].label),
+            "input_ids": torch.tensor(ids + [self.pad] * pad),
+            "token_type_ids": torch.tensor(types + [0] * pad),
+            "attention_mask": torch.tensor([1] * n + [0] * pad),
+            "label": torch.tensor(self.examples[i].label),
         }

@@ -93,7 +93,12 @@ class Tokenizer:
 
     def reference(self) -> dict[str, Any]:
         """What a checkpoint records: ``load_tokenizer(**ref)`` loads it back and checks the hash."""
-        return {"kind": self.kind, "path": os.path.abspath(self.path), "sha256": self.sha256, "vocab_size": self.vocab_size}
+        return {
+            "kind": self.kind,
+            "path": os.path.abspath(self.path),
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, vocab_size={self.vocab_size})"
@@ -146,7 +151,8 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, path: str) -> None:
         try:
-            from tokenizers import Tokenizer as _Tok, decoders, models, pre_tokenizers
+            from tokenizers import Tokenizer as _Tok
+            from tokenizers import decoders, models, pre_tokenizers
         except ImportError:
             raise ImportError("loading a Hugging Face tokenizer needs `pip install tokenizers`") from None
         self.path = str(path)
@@ -207,8 +213,10 @@ def load_tokenizer(path: str | os.PathLike, sha256: str | None = None, **_: Any)
     else:
         tok = SentencePieceTokenizer(path)
     if sha256 is not None and tok.sha256 != sha256:
-        raise ValueError(f"tokenizer {path!r} has sha256 {tok.sha256[:12]}, not the recorded {sha256[:12]}; "
-                         "it changed since it was recorded: restore the original file")
+        raise ValueError(
+            f"tokenizer {path!r} has sha256 {tok.sha256[:12]}, not the recorded {sha256[:12]}; "
+            "it changed since it was recorded: restore the original file"
+        )
     return tok
 
 
@@ -251,13 +259,26 @@ def train_tokenizer(
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_prefix=model_prefix, vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, pad_id=0, pad_piece=SPECIAL_PIECES["pad"], unk_id=1,
-            unk_piece=SPECIAL_PIECES["unk"], bos_id=-1, eos_id=2, eos_piece=SPECIAL_PIECES["eod"],
-            control_symbols=[SPECIAL_PIECES[k] for k in ("cls", "sep", "mask")], num_threads=1,
-            minloglevel=2, max_sentence_length=1 << 16,
+            sentence_iterator=iter(lines),
+            model_prefix=model_prefix,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=0,
+            pad_piece=SPECIAL_PIECES["pad"],
+            unk_id=1,
+            unk_piece=SPECIAL_PIECES["unk"],
+            bos_id=-1,
+            eos_id=2,
+            eos_piece=SPECIAL_PIECES["eod"],
+            control_symbols=[SPECIAL_PIECES[k] for k in ("cls", "sep", "mask")],
+            num_threads=1,
+            minloglevel=2,
+            max_sentence_length=1 << 16,
         )
     except RuntimeError as e:
         reason = str(e).split("] ", 1)[-1]  # drop sentencepiece's source location and assertion
-        raise ValueError(f"sentencepiece cannot train a {vocab_size}-token {model_type} model on this corpus: {reason}") from None
+        raise ValueError(
+            f"sentencepiece cannot train a {vocab_size}-token {model_type} model on this corpus: {reason}"
+        ) from None
     return model_prefix + ".model"
