@@ -25,7 +25,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m tpzoo.data", description="Train a tokenizer; preprocess text into an indexed dataset; look at it.")
+    parser = _Parser(
+        prog="python -m tpzoo.data",
+        description="Train a tokenizer; preprocess text into an indexed dataset; look at it.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
