@@ -1,0 +1,197 @@
+"""``python -m tpzoo.data``: train a tokenizer, preprocess text into an indexed dataset, look at it.
+
+    python -m tpzoo.data train-tokenizer --input corpus.jsonl --model-prefix tok --vocab-size 512
+    python -m tpzoo.data preprocess --input corpus.jsonl --output-prefix gpt --tokenizer-model tok.model --append-eod
+    python -m tpzoo.data inspect --data-path gpt
+    python -m tpzoo.data samples --model gpt --data-path gpt --seq-length 32 --indices 0 1
+    python -m tpzoo.data demo
+
+Misuse exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from tpzoo.data.build import add_data_args
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m tpzoo.data",
+        description="Train a tokenizer; preprocess text into an indexed dataset; look at it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "train-tokenizer", help="train a sentencepiece model (ids 0-5: [PAD] <unk> <eod> [CLS] [SEP] [MASK])"
+    )
+    p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
+    p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
+    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: text)")
+    p.add_argument("--max-sentences", type=int, default=2_000_000, help="train on at most this many lines")
+
+    p = sub.add_parser("preprocess", help="tokenize text into PREFIX.bin + PREFIX.idx")
+    p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
+    p.add_argument("--output-prefix", required=True)
+    p.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer")
+    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: text)")
+    p.add_argument("--workers", type=int, default=1, help="tokenizing processes")
+    p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (GPT)")
+    p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (BERT)")
+
+    p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
+    add_data_args(p)
+    p.add_argument("--documents", type=int, default=1, help="how many documents to decode")
+
+    p = sub.add_parser("samples", help="print training samples as a trainer would see them")
+    add_data_args(p)
+    p.add_argument("--model", choices=("gpt", "bert"), default="gpt")
+    p.add_argument("--seq-length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--indices", type=int, nargs="+", default=[0])
+    p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--binary-head", choices=("sop", "nsp", "none"), default="sop")
+
+    p = sub.add_parser("demo", help="build (once) and print the demo tokenizer, datasets and task files")
+    p.add_argument("--export", metavar="DIR", help="also copy the corpus (corpus.jsonl) and task files into DIR")
+    return parser
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from tpzoo.data.build import resolve_data
+    from tpzoo.data.indexed import IndexedDataset
+
+    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model)
+    data = IndexedDataset(prefix)
+    print(
+        json.dumps(
+            {
+                "prefix": prefix,
+                "documents": data.num_documents,
+                "sequences": data.num_sequences,
+                "tokens": data.num_tokens,
+                "dtype": str(data.dtype),
+                "tokenizer": tok.path,
+            }
+        )
+    )
+    for d in range(min(args.documents, data.num_documents)):
+        first, end = data.document_indices[d], data.document_indices[d + 1]
+        print(json.dumps({"document": d, "sentences": [tok.decode(data.sequence(k)) for k in range(first, end)]}))
+
+
+def _samples(args: argparse.Namespace) -> None:
+    from tpzoo.data.build import build_datasets, resolve_data
+
+    tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
+    options = (
+        {}
+        if args.model == "gpt"
+        else {
+            "whole_word_masking": args.whole_word_masking,
+            "binary_head": None if args.binary_head == "none" else args.binary_head,
+        }
+    )
+    train, *_ = build_datasets(
+        args.model, tok, prefix, args.seq_length, args.seed, (max(args.indices) + 1, 0, 0), args.split, **options
+    )
+    pieces = tok.pieces()
+    for i in args.indices:
+        sample = train[i]
+        if args.model == "gpt":
+            print(
+                json.dumps(
+                    {"index": i, "input": tok.decode(sample["input_ids"]), "labels": tok.decode(sample["labels"])}
+                )
+            )
+        else:
+            n = int(sample["attention_mask"].sum())
+            masked = [pieces[t] for t in sample["labels"][:n].tolist() if t >= 0]
+            print(
+                json.dumps(
+                    {
+                        "index": i,
+                        "tokens": " ".join(pieces[t] for t in sample["input_ids"][:n].tolist()),
+                        "masked": masked,
+                        "next_sentence_label": int(sample["next_sentence_label"]),
+                    }
+                )
+            )
+
+
+def _demo(export: str | None) -> None:
+    import os
+    import shutil
+
+    from tpzoo.data.demo import demo_data, demo_dir, demo_task, unigram_entropy
+    from tpzoo.data.tokenizer import load_tokenizer
+
+    tok_path, gpt = demo_data("gpt")
+    if export:
+        os.makedirs(export, exist_ok=True)
+        for path in [demo_dir() / "corpus.jsonl", *demo_task()]:
+            shutil.copy(path, export)
+    vocab = load_tokenizer(tok_path).vocab_size
+    print(
+        json.dumps(
+            {
+                "tokenizer": tok_path,
+                "gpt": gpt,
+                "bert": demo_data("bert")[1],
+                "task": demo_task(),
+                "unigram_entropy_nats": round(unigram_entropy(gpt, vocab), 4),
+            }
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train-tokenizer":
+            from tpzoo.data.tokenizer import train_tokenizer
+
+            print(
+                train_tokenizer(
+                    args.input, args.model_prefix, args.vocab_size, args.model_type, args.json_key, args.max_sentences
+                )
+            )
+        elif args.command == "preprocess":
+            from tpzoo.data.preprocess import preprocess
+
+            stats = preprocess(
+                args.input,
+                args.output_prefix,
+                args.tokenizer_model,
+                args.json_key,
+                args.workers,
+                args.append_eod,
+                args.split_sentences,
+            )
+            print(json.dumps({"prefix": args.output_prefix, **{k: round(v, 3) for k, v in stats.items()}}))
+        elif args.command == "inspect":
+            _inspect(args)
+        elif args.command == "samples":
+            _samples(args)
+        else:
+            _demo(args.export)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        message = " ".join(str(e).split())
+        print(f"python -m tpzoo.data {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""What a trainer calls: pick the data (``--data-path`` / ``--dataset`` / the demo) and build the
+train/valid/test datasets from ``--split``, ``--seq-length``, ``--seed`` and the samples needed.
+
+    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model)
+    train, valid, test = build_datasets("gpt", tok, prefix, args.seq_length, args.seed,
+                                        samples_needed(args.train_iters, G, args.eval_interval, args.eval_iters),
+                                        args.split)
+    batch_k = [train[i] for i in range(k * G, (k + 1) * G)]   # the same on any mesh
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from tpzoo.data.cache import cached_build
+from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.sources import resolve_files
+from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+
+MODELS = ("gpt", "bert")
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the data flags (``--data-path --dataset --tokenizer-model --split``) to ``parser``."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--data-path", metavar="PREFIX", help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx)")
+    group.add_argument(
+        "--dataset",
+        metavar="SPEC",
+        nargs="+",
+        help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into the cache",
+    )
+    group.add_argument(
+        "--tokenizer-model",
+        metavar="FILE",
+        help="sentencepiece .model or Hugging Face tokenizer (default: the one the data was made with)",
+    )
+    group.add_argument("--split", default="98,1,1", help="train,valid,test weights over documents (default 98,1,1)")
+    return parser
+
+
+def parse_split(split: str) -> list[float]:
+    """``"98,1,1"`` (or ``98/1/1``; missing weights are 0) -> three fractions summing to 1."""
+    try:
+        weights = [float(w) for w in re.split(r"[,/]", str(split))]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(f"--split {split!r} must be up to three non-negative weights like 98,1,1")
+    weights += [0.0] * (3 - len(weights))
+    return [w / sum(weights) for w in weights]
+
+
+def split_documents(num_documents: int, split: str) -> list[np.ndarray]:
+    """Three consecutive ranges of document ids (int64), sized by ``split``."""
+    bounds = [0] + [int(round(c * num_documents)) for c in np.cumsum(parse_split(split))]
+    return [np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(3)]
+
+
+def samples_needed(
+    train_iters: int, global_batch_size: int, eval_interval: int, eval_iters: int
+) -> tuple[int, int, int]:
+    """(train, valid, test) sample counts: every iteration's batch, every evaluation's batches, one test."""
+    evals = (train_iters // eval_interval + 1) * eval_iters if eval_interval > 0 else 0
+    return train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size
+
+
+def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str) -> str:
+    """Tokenize raw files (``--dataset``) once into the cache; returns the indexed-dataset prefix.
+    The cache key covers the files (path, size, mtime), the tokenizer and the model."""
+    from tpzoo.data.preprocess import preprocess
+
+    files = resolve_files(spec)
+    stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, model]).encode()).hexdigest()[:16]
+    folder = cached_build(
+        f"datasets/{model}-{key}",
+        lambda out: preprocess(
+            files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert"
+        ),
+    )
+    return str(folder / "data")
+
+
+def resolve_data(
+    model: str, data_path: str | None = None, dataset: Any = None, tokenizer_model: str | None = None
+) -> tuple[Tokenizer, str]:
+    """The tokenizer and indexed-dataset prefix a run uses: ``data_path``; else ``dataset`` files
+    tokenized into the cache; else the bundled demo corpus. Without ``tokenizer_model`` the
+    tokenizer recorded in the dataset is used. Raises ValueError if they do not match."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    if data_path and dataset:
+        raise ValueError("pass either --data-path or --dataset, not both")
+    if not data_path and not dataset:
+        from tpzoo.data.demo import demo_data
+
+        demo_tokenizer, data_path = demo_data(model)
+        tokenizer_model = tokenizer_model or demo_tokenizer
+    if dataset:
+        if not tokenizer_model:
+            raise ValueError("--dataset needs --tokenizer-model to tokenize with; pass a sentencepiece .model file")
+        tok = load_tokenizer(tokenizer_model)
+        return tok, prepare_dataset(dataset, tok, model)
+    indexed = IndexedDataset(data_path)
+    recorded = indexed.metadata.get("tokenizer")
+    if tokenizer_model:
+        tok = load_tokenizer(tokenizer_model)
+    elif recorded and os.path.exists(recorded["path"]):
+        tok = load_tokenizer(recorded["path"])
+    else:
+        raise ValueError(f"dataset {data_path!r} names no tokenizer on this machine; pass --tokenizer-model")
+    indexed.check_tokenizer(tok)
+    return tok, str(data_path)
+
+
+def build_datasets(
+    model: str,
+    tokenizer: Tokenizer,
+    prefix: str,
+    seq_length: int,
+    seed: int,
+    num_samples: tuple[int, int, int],
+    split: str = "98,1,1",
+    **bert_options: Any,
+) -> tuple[Any, Any, Any]:
+    """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
+    (None where 0 are asked). GPT samples are ``GPTDataset`` windows, BERT's ``BertDataset``
+    samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob)."""
+    from tpzoo.data.bert_dataset import BertDataset
+    from tpzoo.data.gpt_dataset import GPTDataset
+
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    indexed = IndexedDataset(prefix)
+    indexed.check_tokenizer(tokenizer)
+    if model == "gpt" and indexed.metadata.get("append_eod") is False:
+        raise ValueError(
+            f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
+            "together; preprocess it again with --append-eod for GPT"
+        )
+    out = []
+    for k, docs in enumerate(split_documents(indexed.num_documents, split)):
+        if not num_samples[k]:
+            out.append(None)
+        elif model == "gpt":
+            out.append(GPTDataset(indexed, docs, seq_length, num_samples[k], seed, k))
+        else:
+            out.append(BertDataset(indexed, docs, tokenizer, seq_length, num_samples[k], seed, k, **bert_options))
+    return tuple(out)  # type: ignore[return-value]

@@ -1,0 +1,162 @@
+"""Fine-tuning tasks: csv/tsv/jsonl files with ``text``, optional ``text_b`` and ``label`` columns,
+GLUE folders (CoLA, SST-2, MRPC, QQP, MNLI, QNLI, RTE as GLUE distributes them), and the bundled
+demo sentiment task; ``TaskDataset`` turns examples into padded classifier inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from tpzoo.data.sources import resolve_files, rows
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    text_b: str | None
+    label: int
+
+
+@dataclass(frozen=True)
+class GlueLayout:
+    train: str
+    valid: str
+    text: str
+    text_b: str | None
+    label: str
+    labels: tuple[str, ...]
+    column_names: tuple[str, ...] | None = None  # for files without a header row
+
+
+_BINARY = ("0", "1")
+_NLI = ("entailment", "not_entailment")
+GLUE = {
+    "cola": GlueLayout(
+        "train.tsv", "dev.tsv", "sentence", None, "label", _BINARY, ("source", "label", "original_label", "sentence")
+    ),
+    "sst-2": GlueLayout("train.tsv", "dev.tsv", "sentence", None, "label", _BINARY),
+    "mrpc": GlueLayout("train.tsv", "dev.tsv", "#1 String", "#2 String", "Quality", _BINARY),
+    "qqp": GlueLayout("train.tsv", "dev.tsv", "question1", "question2", "is_duplicate", _BINARY),
+    "mnli": GlueLayout(
+        "train.tsv",
+        "dev_matched.tsv",
+        "sentence1",
+        "sentence2",
+        "gold_label",
+        ("contradiction", "entailment", "neutral"),
+    ),
+    "qnli": GlueLayout("train.tsv", "dev.tsv", "question", "sentence", "label", _NLI),
+    "rte": GlueLayout("train.tsv", "dev.tsv", "sentence1", "sentence2", "label", _NLI),
+}
+TASKS = ("demo", *GLUE)
+
+
+def _label_text(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def read_examples(
+    path: str,
+    label_names: Sequence[str] | None = None,
+    text: str = "text",
+    text_b: str | None = "text_b",
+    label: str = "label",
+    **options: Any,
+) -> tuple[list[Example], list[str]]:
+    """Read a csv/tsv/jsonl file of examples; returns (examples, label names in id order).
+
+    Labels map to ids through ``label_names`` when given (pass the training file's names when
+    reading its validation file); else integer labels ``0..K-1`` keep their values and text labels
+    are numbered in sorted order. ``text_b`` is optional per file.
+    """
+    (path,) = resolve_files(path)
+    raw = []
+    for row in rows(path, **options):
+        missing = [k for k in (text, label) if k not in row]
+        if missing:
+            raise ValueError(
+                f"{path!r} has no column {missing[0]!r} (its columns are {sorted(row)}); "
+                f"rename the column or pick another"
+            )
+        raw.append(
+            (str(row[text]), None if row.get(text_b) in (None, "") else str(row[text_b]), _label_text(row[label]))
+        )
+    if not raw:
+        raise ValueError(f"{path!r} holds no examples; fill it or pick another file")
+    if label_names is None:
+        found = sorted({y for *_, y in raw})
+        numeric = all(y.isdigit() for y in found)
+        label_names = [str(i) for i in range(max(map(int, found)) + 1)] if numeric else found
+    ids = {name: i for i, name in enumerate(label_names)}
+    unknown = sorted({y for *_, y in raw if y not in ids})
+    if unknown:
+        raise ValueError(f"{path!r} has labels {unknown} outside the known labels {list(label_names)}; fix the file")
+    return [Example(a, b, ids[y]) for a, b, y in raw], list(label_names)
+
+
+def load_task(name: str, split: str = "train", folder: str | None = None) -> tuple[list[Example], list[str]]:
+    """Examples of a named task: ``demo`` (bundled sentiment) or a GLUE task read from ``folder``
+    (GLUE's files, e.g. ``glue_data/SST-2``). ``split`` is ``train`` or ``valid`` (GLUE's dev)."""
+    key = name.lower().replace("sst2", "sst-2")
+    if key not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)} or pass data files")
+    if split not in ("train", "valid"):
+        raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
+    if key == "demo":
+        from tpzoo.data.demo import demo_task
+
+        return read_examples(demo_task()[split == "valid"], ["0", "1"])
+    if folder is None:
+        raise ValueError(f"task {name!r} needs the folder holding its GLUE files (train.tsv, dev.tsv)")
+    layout = GLUE[key]
+    path = os.path.join(folder, layout.train if split == "train" else layout.valid)
+    options = {"header": None, "column_names": list(layout.column_names)} if layout.column_names else {}
+    return read_examples(path, layout.labels, layout.text, layout.text_b, layout.label, **options)
+
+
+class TaskDataset(torch.utils.data.Dataset):
+    """Map-style dataset of classifier samples, each a dict of int64 tensors: ``input_ids``,
+    ``token_type_ids``, ``attention_mask`` (1 real, 0 pad) of shape [s] and the scalar ``label``.
+
+    Layout ``[CLS] A [SEP] B [SEP]`` then padding; a tokenizer without [CLS]/[SEP] (GPT-2's) uses
+    no CLS and its end-of-document token as the separator. The longer text is trimmed first.
+    """
+
+    def __init__(self, examples: Sequence[Example], tokenizer: Any, seq_length: int) -> None:
+        sep = tokenizer.sep if tokenizer.sep is not None else tokenizer.eod
+        if sep is None:
+            raise ValueError(f"tokenizer {tokenizer.path!r} has neither [SEP] nor an end-of-document token")
+        self.cls = [] if tokenizer.cls is None else [tokenizer.cls]
+        self.sep, self.pad = sep, tokenizer.pad if tokenizer.pad is not None else sep
+        if seq_length < len(self.cls) + 4:
+            raise ValueError(f"seq_length {seq_length} is too short for a task sample; use 8 or more")
+        self.seq_length = seq_length
+        self.examples = list(examples)
+        self.encoded = [
+            (tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b)) for e in self.examples
+        ]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        a, b = (list(x) if x is not None else None for x in self.encoded[i])
+        room = self.seq_length - len(self.cls) - (1 if b is None else 2)
+        while len(a) + len(b or []) > room:
+            (a if b is None or len(a) >= len(b) else b).pop()
+        ids = self.cls + a + [self.sep]
+        types = [0] * len(ids)
+        if b is not None:
+            ids += b + [self.sep]
+            types += [1] * (len(b) + 1)
+        n, pad = len(ids), self.seq_length - len(ids)
+        return {
+            "input_ids": torch.tensor(ids + [self.pad] * pad),
+            "token_type_ids": torch.tensor(types + [0] * pad),
+            "attention_mask": torch.tensor([1] * n + [0] * pad),
+            "label": torch.tensor(self.examples[i].label),
+        }
