@@ -27,12 +27,10 @@ from typing import Callable
 
 import torch
 
-os.environ["TPZOO_KERNELS"] = "triton"  # the tpzoo.kernels ops below run Triton on any device
-if not torch.cuda.is_available():  # before torch.compile imports triton (see docs/kernels.md)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tpzoo import kernels as K
+from tpzoo.kernels import reference as R
 
-from tpzoo import kernels as K  # noqa: E402
-from tpzoo.kernels import reference as R  # noqa: E402
+TRITON = {"backend": "triton"}  # the tpzoo.kernels ops below run Triton on any device
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -58,13 +56,13 @@ def softmax_case(shape: tuple[int, int, int, int], causal: bool, dtype, device) 
     if causal:
         visible = int((torch.arange(sq) + sk - sq + 1).clamp(0, sk).sum()) * b * h
         return Case("scaled_causal_softmax", "x".join(map(str, shape)), [x],
-                    lambda x: K.scaled_causal_softmax(x, scale), lambda x: R.scaled_causal_softmax(x, scale),
+                    lambda x: K.scaled_causal_softmax(x, scale, **TRITON), lambda x: R.scaled_causal_softmax(x, scale),
                     (visible + n) * size, (2 * visible + n) * size)
     lengths = torch.randint(sk // 2, sk + 1, (b,))
     mask = (torch.arange(sk) >= lengths[:, None]).view(b, 1, 1, sk).to(device)
     visible = int(lengths.sum()) * h * sq
     return Case("scaled_masked_softmax", "x".join(map(str, shape)) + " pad", [x],
-                lambda x: K.scaled_masked_softmax(x, mask, scale), lambda x: R.scaled_masked_softmax(x, mask, scale),
+                lambda x: K.scaled_masked_softmax(x, mask, scale, **TRITON), lambda x: R.scaled_masked_softmax(x, mask, scale),
                 (visible + n) * size + mask.numel(), 3 * n * size)
 
 
@@ -75,7 +73,7 @@ def norm_case(kernel: str, rows: int, hidden: int, dtype, device) -> Case:
     p_bytes = len(params) * hidden * size
     op, ref = getattr(K, kernel), getattr(R, kernel)
     # forward: x, params, stats in/out; backward: x, dy, w, stats in, dx, dparams out
-    return Case(kernel, f"{rows}x{hidden}", [x, *params], lambda *a: op(*a, 1e-5), lambda *a: ref(*a, 1e-5),
+    return Case(kernel, f"{rows}x{hidden}", [x, *params], lambda *a: op(*a, 1e-5, **TRITON), lambda *a: ref(*a, 1e-5),
                 2 * n * size + p_bytes + stats, 3 * n * size + hidden * size + stats + p_bytes)
 
 
@@ -83,10 +81,10 @@ def gelu_case(kernel: str, rows: int, cols: int, approximate: str, dtype, device
     x = torch.randn(rows, cols, dtype=dtype, device=device)
     size, n = x.element_size(), x.numel()
     if kernel == "gelu":
-        return Case(kernel, f"{rows}x{cols} {approximate}", [x], lambda x: K.gelu(x, approximate),
+        return Case(kernel, f"{rows}x{cols} {approximate}", [x], lambda x: K.gelu(x, approximate, **TRITON),
                     lambda x: R.bias_gelu(x, None, approximate), 2 * n * size, 3 * n * size)
     b = torch.randn(cols, dtype=dtype, device=device)
-    return Case(kernel, f"{rows}x{cols} {approximate}", [x, b], lambda x, b: K.bias_gelu(x, b, approximate),
+    return Case(kernel, f"{rows}x{cols} {approximate}", [x, b], lambda x, b: K.bias_gelu(x, b, approximate, **TRITON),
                 lambda x, b: R.bias_gelu(x, b, approximate), 2 * n * size + cols * size,
                 3 * n * size + 2 * cols * size)
 
@@ -165,6 +163,8 @@ COLUMNS = ["kernel", "shape", "dtype", "pass", "Triton us", "GB/s", "% of copy",
 
 def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":  # before torch.compile imports triton (see docs/kernels.md)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     time_fn = timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
     copy = copy_bandwidth(device, time_fn)

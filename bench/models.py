@@ -16,14 +16,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Callable
-
-# Running this file puts bench/ first on sys.path, and bench/ holds kernels.py: transformers would
-# import it as the hub's top-level ``kernels`` package (which switches TPZOO_KERNELS to triton).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import torch
 import torch.nn.functional as F

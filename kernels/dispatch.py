@@ -27,13 +27,14 @@ def _have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def backend_for(x: torch.Tensor) -> str:
-    """"triton" or "torch": the backend that runs an op on ``x`` under the current TPZOO_KERNELS."""
-    choice = os.environ.get("TPZOO_KERNELS", "auto")
+def backend_for(device: torch.device, backend: str | None = None) -> str:
+    """"triton" or "torch": the backend that runs an op on tensors on ``device``; None reads TPZOO_KERNELS."""
+    choice = backend if backend is not None else os.environ.get("TPZOO_KERNELS", "auto")
     if choice not in BACKENDS:
-        raise ValueError(f"TPZOO_KERNELS={choice!r} is not a backend; use one of {', '.join(BACKENDS)}")
+        source = "backend" if backend is not None else "TPZOO_KERNELS"
+        raise ValueError(f"{source}={choice!r} is not a backend; use one of {', '.join(BACKENDS)}")
     if choice == "auto":
-        return "triton" if x.is_cuda and _have_triton() else "torch"
+        return "triton" if device.type == "cuda" and _have_triton() else "torch"
     return choice
 
 
@@ -55,12 +56,12 @@ def _use_interpreter() -> None:
         )
 
 
-def triton_kernels(x: torch.Tensor, name: str) -> ModuleType | None:
+def triton_kernels(x: torch.Tensor, name: str, backend: str | None = None) -> ModuleType | None:
     """The Triton kernel module ``name`` (softmax, norms, activations) to run on ``x``, or None for torch.
 
     Empty tensors always take the torch path (there is nothing to launch).
     """
-    if backend_for(x) == "torch" or x.numel() == 0:
+    if backend_for(x.device, backend) == "torch" or x.numel() == 0:
         return None
     if not _have_triton():
         raise ImportError("TPZOO_KERNELS=triton needs the triton package: pip install triton")

@@ -1,7 +1,8 @@
 """The public kernel API: argument checks, then the Triton kernels or the torch references.
 
 Every op is differentiable; any floating dtype in, the same dtype out, float32 math inside.
-The backend comes from TPZOO_KERNELS (see ``dispatch``).
+Each op takes ``backend="auto"|"triton"|"torch"``; None (the default) reads TPZOO_KERNELS
+(see ``dispatch``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _check_scores(x: torch.Tensor) -> None:
         raise ValueError(f"x must be attention scores [batch, heads, sq, sk], got shape {list(x.shape)}")
 
 
-def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float, *,
+                          backend: str | None = None) -> torch.Tensor:
     """softmax(scale * x) over the last dim of scores x [batch, heads, sq, sk].
 
     mask: bool, True = masked out (Megatron's convention), broadcastable to x, e.g. a padding
@@ -49,26 +51,27 @@ def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: flo
             raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
         if mask.dim() > 4 or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(x.shape))):
             raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to x of shape {list(x.shape)}")
-    kernels = triton_kernels(x, "softmax")
+    kernels = triton_kernels(x, "softmax", backend)
     if kernels is None:
         return reference.scaled_masked_softmax(x, mask, scale)
     return kernels.scaled_softmax(x, mask, float(scale), causal=False)
 
 
-def scaled_causal_softmax(x: torch.Tensor, scale: float) -> torch.Tensor:
+def scaled_causal_softmax(x: torch.Tensor, scale: float, *, backend: str | None = None) -> torch.Tensor:
     """softmax(scale * x) with a causal mask over scores x [batch, heads, sq, sk].
 
     Query q sees keys k <= q + sk - sq (the lower triangle when sq == sk); the Triton kernel
     never reads the keys above it. Backward as in ``scaled_masked_softmax``.
     """
     _check_scores(x)
-    kernels = triton_kernels(x, "softmax")
+    kernels = triton_kernels(x, "softmax", backend)
     if kernels is None:
         return reference.scaled_causal_softmax(x, scale)
     return kernels.scaled_softmax(x, None, float(scale), causal=True)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5, *,
+               backend: str | None = None) -> torch.Tensor:
     """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias.
 
     x: [..., hidden]; weight, bias: [hidden] (bias may be None), any float dtype.
@@ -77,23 +80,25 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _check_hidden("weight", weight, x)
     if bias is not None:
         _check_hidden("bias", bias, x)
-    kernels = triton_kernels(x, "norms")
+    kernels = triton_kernels(x, "norms", backend)
     if kernels is None:
         return reference.layer_norm(x, weight, bias, eps)
     return kernels.layer_norm(x, weight, bias, float(eps))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+             backend: str | None = None) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight; x [..., hidden], weight [hidden]."""
     _check_float("x", x, x)
     _check_hidden("weight", weight, x)
-    kernels = triton_kernels(x, "norms")
+    kernels = triton_kernels(x, "norms", backend)
     if kernels is None:
         return reference.rms_norm(x, weight, eps)
     return kernels.rms_norm(x, weight, float(eps))
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none", *,
+              backend: str | None = None) -> torch.Tensor:
     """GELU(x + bias), bias [hidden] broadcast over x [..., hidden] (None: plain GELU).
 
     approximate: "none" = x * Phi(x) with the erf (BERT), "tanh" = the tanh form (GPT-2).
@@ -104,12 +109,12 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "no
         _check_hidden("bias", bias, x)
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
-    kernels = triton_kernels(x, "activations")
+    kernels = triton_kernels(x, "activations", backend)
     if kernels is None:
         return reference.bias_gelu(x, bias, approximate)
     return kernels.bias_gelu(x, bias, approximate)
 
 
-def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
     """GELU(x) elementwise, any shape; approximate "none" (erf) or "tanh"."""
-    return bias_gelu(x, None, approximate)
+    return bias_gelu(x, None, approximate, backend=backend)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tpzoo.models import (
     BertForSequenceClassification,

@@ -56,8 +56,19 @@ def test_unknown_backend_value_is_named(monkeypatch):
 def test_backend_choice_for_cpu_tensors(monkeypatch, env, expected):
     monkeypatch.setenv("TPZOO_KERNELS", env)
     x = torch.randn(4)
-    assert dispatch.backend_for(x) == expected
+    assert dispatch.backend_for(x.device) == expected
     assert (dispatch.triton_kernels(x, "activations") is None) == (expected == "torch")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backend_keyword_overrides_the_environment(monkeypatch, backend):
+    monkeypatch.setenv("TPZOO_KERNELS", "triton" if backend == "torch" else "torch")
+    x = torch.randn(4)
+    assert dispatch.backend_for(x.device, backend) == backend
+    assert (dispatch.triton_kernels(x, "activations", backend) is None) == (backend == "torch")
+    assert torch.allclose(K.gelu(x, backend=backend), torch.nn.functional.gelu(x), atol=1e-6)
+    with pytest.raises(ValueError, match="backend='cuda' is not a backend"):
+        K.gelu(x, backend="cuda")
 
 
 def test_empty_tensors_take_the_torch_path(monkeypatch):

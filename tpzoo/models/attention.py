@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpzoo.models import fused
+from tpzoo import kernels as K
 from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, init_method_normal
 
@@ -97,9 +97,9 @@ class ParallelAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2))                     # [b, n/tp, s, s]
         kernels = self.config.kernels
         if causal:
-            probs = fused.scaled_causal_softmax(scores, scale, kernels)
+            probs = K.scaled_causal_softmax(scores, scale, backend=kernels)
         else:
-            probs = fused.scaled_masked_softmax(scores, mask, scale, kernels)
+            probs = K.scaled_masked_softmax(scores, mask, scale, backend=kernels)
         if p > 0:
             with rng:
                 probs = F.dropout(probs, p, training=True)

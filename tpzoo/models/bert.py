@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tpzoo import kernels as K
 from tpzoo.models import fused
 from tpzoo.models.attention import padding_mask
 from tpzoo.models.base import StagedModel
@@ -89,7 +90,7 @@ class BertLMHead(nn.Module):
     def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None) -> Tensor:
         c = self.config
         y, bias = self.dense(hidden)                                              # [b, s, h/tp]
-        y = fused.bias_gelu(y, bias, fused.gelu_approximate(c.activation), c.kernels)
+        y = K.bias_gelu(y, bias, fused.gelu_approximate(c.activation), backend=c.kernels)
         y = self.layernorm(gather_from_tp_region(y, self.mesh.tp_group))         # [b, s, h]
         logits = vocab_parallel_logits(y, weight, self.output_bias.bias, self.mesh, sequence_parallel=False)
         return lm_output(logits, labels, c.vocab_size, self.mesh)

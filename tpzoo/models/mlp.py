@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from tpzoo import kernels as K
 from tpzoo.models import fused
 from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, init_method_normal
@@ -40,7 +41,7 @@ class ParallelMLP(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if self.fuse_bias:
             y, bias = self.dense_h_to_4h(x)                                      # [b, s, f/tp], [f/tp]
-            y = fused.bias_gelu(y, bias, self.approximate, self.config.kernels)
+            y = K.bias_gelu(y, bias, self.approximate, backend=self.config.kernels)
         else:
-            y = fused.bias_gelu(self.dense_h_to_4h(x), None, self.approximate, self.config.kernels)
+            y = K.bias_gelu(self.dense_h_to_4h(x), None, self.approximate, backend=self.config.kernels)
         return self.dense_4h_to_h(y)                                             # [b, s, h], [h]

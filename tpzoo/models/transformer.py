@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tpzoo.models import fused
+from tpzoo import kernels as K
 from tpzoo.models.attention import ParallelAttention
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.mlp import ParallelMLP
@@ -45,7 +45,7 @@ class LayerNorm(nn.Module):
             p.sequence_parallel = sequence_parallel
 
     def forward(self, x: Tensor) -> Tensor:
-        return fused.layer_norm(x, self.weight, self.bias, self.eps, self.kernels)
+        return K.layer_norm(x, self.weight, self.bias, self.eps, backend=self.kernels)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, sequence_parallel={self.weight.sequence_parallel}"
