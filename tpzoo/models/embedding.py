@@ -137,9 +137,6 @@ def vocab_parallel_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, m
 def lm_output(logits: Tensor, labels: Tensor | None, vocab_size: int, mesh: ParallelMesh) -> Tensor:
     """This rank's logits [b, s, V'/tp] -> per-token loss [b, s] (float32, 0 where labels == -100),
     or with no labels the logits over the real vocabulary [b, s, V] (gathered)."""
-    if labels is not None and mesh.tp_size == 1:  # one rank holds the whole vocabulary: PyTorch's fused loss
-        real = logits if logits.shape[-1] == vocab_size else logits[..., :vocab_size]
-        return F.cross_entropy(real.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
     if labels is not None:
         return vocab_parallel_cross_entropy(logits, labels, vocab_size=vocab_size, tp_group=mesh.tp_group)
     return gather_from_tp_region(logits, mesh.tp_group)[..., :vocab_size]

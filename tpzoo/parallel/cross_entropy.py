@@ -37,20 +37,23 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         start = dist.get_rank(group) * part
         n_real = min(max(vocab_size - start, 0), part)
         padding = torch.arange(part, device=logits.device) >= n_real
-        z = logits.float().masked_fill(padding, float("-inf"))
+        z = logits.float()
+        if n_real < part:  # a copy: the caller's logits stay as they are
+            z = z.masked_fill(padding, float("-inf"))
         zmax = z.amax(dim=-1)
         dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=group)
-        z = z - zmax.unsqueeze(-1)
+        z = z - zmax.unsqueeze(-1)  # from here on z is ours: in-place ops save passes over [tokens, V/tp]
 
         ignored = target == ignore_index
         _check_targets(target, ignored | ((target >= 0) & (target < vocab_size)), vocab_size, ignore_index)
         local = target - start
         here = (local >= 0) & (local < n_real) & ~ignored
         local = local.masked_fill(~here, 0)
-        exp = z.exp()
-        stats = [z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~here, 0.0), exp.sum(dim=-1)]
+        stats = [z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~here, 0.0)]
         if label_smoothing:
             stats.append(z.masked_fill(padding, 0.0).sum(dim=-1))
+        exp = z.exp_()
+        stats.insert(1, exp.sum(dim=-1))
         stats = torch.stack(stats)
         dist.all_reduce(stats, group=group)
         log_z = stats[1].log()
@@ -67,10 +70,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor):
         softmax, local, here, ignored, padding = ctx.saved_tensors
         eps = ctx.label_smoothing
-        grad = softmax.scatter_add(-1, local.unsqueeze(-1), -(1.0 - eps) * here.to(softmax.dtype).unsqueeze(-1))
+        # The saved softmax is used once (no double backward): turn it into the gradient in place.
+        grad = softmax.scatter_add_(-1, local.unsqueeze(-1), -(1.0 - eps) * here.to(softmax.dtype).unsqueeze(-1))
         if eps:
-            grad = grad - (eps / ctx.vocab_size) * (~padding).to(grad.dtype)
-        grad = grad.masked_fill(ignored.unsqueeze(-1), 0.0) * grad_loss.unsqueeze(-1)
+            grad.sub_((eps / ctx.vocab_size) * (~padding).to(grad.dtype))
+        grad.mul_(grad_loss.masked_fill(ignored, 0.0).unsqueeze(-1))
         return grad.to(ctx.dtype), None, None, None, None, None
 
 
