@@ -19,7 +19,7 @@ from tpzoo.parallel import (
     sync_sequence_parallel_grads,
     vocab_parallel_cross_entropy,
 )
-from tpzoo.parallel.collectives import all_gather, split
+from tpzoo.parallel.collectives import all_gather, all_reduce, gather_from_sequence_parallel_region, split
 from tpzoo.testing import spawn
 
 B, S, IN, OUT = 2, 8, 12, 20
@@ -165,6 +165,19 @@ def check_cross_entropy(tp_group, tp: int, vocab: int, label_smoothing: float, i
     assert_rel(local.grad, split(ref_grad, 2, tp_group), f"{tag} logits grad")
 
 
+def check_sequence_gather_backward(tp_group, tp: int) -> None:
+    """gather_from_sequence_parallel_region: reduce-scatter backward for partial grads, split for full ones."""
+    x, dy = seeded(15, B, S // tp, IN), seeded(16, B, S, IN)
+    rank_dy = dy * (1 + dist.get_rank(tp_group))  # a different partial gradient on every tp rank
+    for tp_output_grad, grad, expected in ((True, rank_dy, split(all_reduce(rank_dy, tp_group), 1, tp_group)),
+                                           (False, dy, split(dy, 1, tp_group))):
+        x_local = x.clone().requires_grad_()
+        y = gather_from_sequence_parallel_region(x_local, tp_group, tensor_parallel_output_grad=tp_output_grad)
+        assert_rel(y, all_gather(x, 1, tp_group), f"sequence gather tp={tp} output")
+        y.backward(grad)
+        assert_rel(x_local.grad, expected, f"sequence gather tp={tp} tp_output_grad={tp_output_grad} grad")
+
+
 def check_same_full_weights(tp_group, tp: int) -> None:
     """The same seed gives the same gathered weights at every tp: the dense N(0, 0.02^2) draw."""
     for cls, shape, dim in ((ColumnParallelLinear, (OUT, IN), 0), (RowParallelLinear, (OUT, IN), 1)):
@@ -257,6 +270,7 @@ def all_layer_checks() -> int:
         g = mesh.tp_group
         check_same_full_weights(g, tp)
         check_rng_streams(mesh)
+        check_sequence_gather_backward(g, tp)
         for gather_output in (False, True):
             for sp in (False, True):
                 check_column(g, tp, mesh.tp_rank, gather_output, sp)

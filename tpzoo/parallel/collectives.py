@@ -85,79 +85,51 @@ def reduce_scatter(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
     return out.movedim(0, dim)
 
 
-class _CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:
-        ctx.group = group
-        return x.view_as(x)
+def _identity(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
+    return x.view_as(x)
+
+
+def _sum(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
+    return all_reduce(x, group)
+
+
+class _Conjugate(torch.autograd.Function):
+    """Forward ``fwd(x, dim, group)``, backward its conjugate ``bwd(grad, dim, group)``."""
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        return all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:
-        return all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad, None
-
-
-class _SplitGather(torch.autograd.Function):
-    """Forward split along ``dim``, backward all-gather (or the reverse with ``gather=True``)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int, gather: bool) -> Tensor:
-        ctx.group, ctx.dim, ctx.gather = group, dim, gather
-        return all_gather(x, dim, group) if gather else split(x, dim, group)
+    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int, fwd, bwd) -> Tensor:
+        ctx.group, ctx.dim, ctx.bwd = group, dim, bwd
+        return fwd(x, dim, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        out = split(grad, ctx.dim, ctx.group) if ctx.gather else all_gather(grad, ctx.dim, ctx.group)
-        return out, None, None, None
-
-
-class _GatherReduceScatter(torch.autograd.Function):
-    """Forward all-gather along ``dim``, backward reduce-scatter (or the reverse with ``gather=False``)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int, gather: bool) -> Tensor:
-        ctx.group, ctx.dim, ctx.gather = group, dim, gather
-        return all_gather(x, dim, group) if gather else reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        out = reduce_scatter(grad, ctx.dim, ctx.group) if ctx.gather else all_gather(grad, ctx.dim, ctx.group)
-        return out, None, None, None
+        return ctx.bwd(grad, ctx.dim, ctx.group), None, None, None, None
 
 
 def copy_to_tp_region(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """f: identity forward, all-reduce backward. Enters a region where each rank computes a shard."""
-    return _CopyToTP.apply(x, resolve_tp_group(group))
+    return _Conjugate.apply(x, resolve_tp_group(group), -1, _identity, _sum)
 
 
 def reduce_from_tp_region(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """g: all-reduce forward, identity backward. Sums the partial results of a tp region."""
-    return _ReduceFromTP.apply(x, resolve_tp_group(group))
+    return _Conjugate.apply(x, resolve_tp_group(group), -1, _sum, _identity)
 
 
 def scatter_to_tp_region(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """[..., h] -> [..., h/tp]: keep this rank's slice of the last dim; all-gather backward."""
-    return _SplitGather.apply(x, resolve_tp_group(group), x.dim() - 1, False)
+    return _Conjugate.apply(x, resolve_tp_group(group), x.dim() - 1, split, all_gather)
 
 
 def gather_from_tp_region(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """[..., h/tp] -> [..., h]: all-gather the last dim; split backward."""
-    return _SplitGather.apply(x, resolve_tp_group(group), x.dim() - 1, True)
+    return _Conjugate.apply(x, resolve_tp_group(group), x.dim() - 1, all_gather, split)
 
 
 def scatter_to_sequence_parallel_region(x: Tensor, group: dist.ProcessGroup | None = None,
                                         dim: int = SEQ_DIM) -> Tensor:
     """[b, s, h] -> [b, s/tp, h]: keep this rank's slice of the sequence; all-gather backward."""
-    return _SplitGather.apply(x, resolve_tp_group(group), dim, False)
+    return _Conjugate.apply(x, resolve_tp_group(group), dim, split, all_gather)
 
 
 def gather_from_sequence_parallel_region(x: Tensor, group: dist.ProcessGroup | None = None, dim: int = SEQ_DIM,
@@ -168,13 +140,11 @@ def gather_from_sequence_parallel_region(x: Tensor, group: dist.ProcessGroup | N
     gradient is a partial sum, e.g. the input of a ColumnParallelLinear); a plain split when every
     rank computes the same full gradient (``tensor_parallel_output_grad=False``).
     """
-    group = resolve_tp_group(group)
-    if tensor_parallel_output_grad:
-        return _GatherReduceScatter.apply(x, group, dim, True)
-    return _SplitGather.apply(x, group, dim, True)
+    backward = reduce_scatter if tensor_parallel_output_grad else split
+    return _Conjugate.apply(x, resolve_tp_group(group), dim, all_gather, backward)
 
 
 def reduce_scatter_to_sequence_parallel_region(x: Tensor, group: dist.ProcessGroup | None = None,
                                                dim: int = SEQ_DIM) -> Tensor:
     """[b, s, h] partial sums -> [b, s/tp, h] summed: reduce-scatter the sequence; all-gather backward."""
-    return _GatherReduceScatter.apply(x, resolve_tp_group(group), dim, False)
+    return _Conjugate.apply(x, resolve_tp_group(group), dim, reduce_scatter, all_gather)
