@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from tpzoo import kernels as K
 from tpzoo.models.config import TransformerConfig
+from tpzoo.models.kv_cache import KVCache
 from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, init_method_normal
 
 
@@ -54,12 +55,13 @@ class ParallelAttention(nn.Module):
 
     With ``config.sequence_parallel`` the input and output are [b, s/tp, h]: the QKV projection
     all-gathers the sequence, the output projection reduce-scatters it. ``mask``: bool,
-    broadcastable to [b, n, s, s], True = masked out; causal models pass None.
+    broadcastable to [b, n, s, s], True = masked out; causal models pass None. ``cache``: the
+    keys and values of earlier tokens (decoding), kept under ``layer_number``.
     """
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh) -> None:
+    def __init__(self, config: TransformerConfig, mesh: ParallelMesh, layer_number: int = 0) -> None:
         super().__init__()
-        self.config, self.mesh = config, mesh
+        self.config, self.mesh, self.layer_number = config, mesh, layer_number
         tp = mesh.tp_size
         self.heads_per_rank = config.num_attention_heads // tp
         self.head_dim = config.head_dim
@@ -72,11 +74,13 @@ class ParallelAttention(nn.Module):
             config.hidden_size, config.hidden_size, init_method=init_method_normal(config.output_init_std),
             skip_bias_add=True, sequence_parallel=sp, tp_group=mesh.tp_group)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
         qkv = self.query_key_value(x)                                    # [b, s, 3h/tp]
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, self.heads_per_rank, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))              # [b, n/tp, s, d] each
+        if cache is not None:
+            k, v = cache.update(self.layer_number, k, v)                  # [b, n/tp, t + s, d]
         context = self.core_attention(q, k, v, mask)                      # [b, n/tp, s, d]
         context = context.transpose(1, 2).reshape(b, s, self.heads_per_rank * self.head_dim)
         return self.dense(context)
@@ -90,9 +94,13 @@ class ParallelAttention(nn.Module):
         # Each tp rank holds other heads: their dropout masks must differ, so draw from the "tp" stream.
         rng = self.mesh.rng.fork() if p > 0 else nullcontext()
         if self.backend == "sdpa":
+            keep = None if mask is None else ~mask
+            sq, sk = q.shape[2], k.shape[2]
+            if causal and sq != sk:  # decoding with cached keys: query i sees keys <= i + sk - sq
+                keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
             with rng:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask,
-                                                      dropout_p=p, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
+                                                      is_causal=causal and sq == sk)
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = torch.matmul(q, k.transpose(-1, -2))                     # [b, n/tp, s, s]
         kernels = self.config.kernels

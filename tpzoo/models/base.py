@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from tpzoo.models.config import TransformerConfig, check_tensor_parallel
+from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.transformer import TransformerLayer
 from tpzoo.parallel import ParallelMesh, get_mesh
 
@@ -104,10 +105,10 @@ class StagedModel(nn.Module):
         """True when this is the whole model (not a pipeline stage)."""
         return self.pre_process and self.post_process and len(self.layers) == self.config.num_layers
 
-    def run_layers(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
+    def run_layers(self, hidden: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]."""
         for layer in self.layers.values():
-            hidden = layer(hidden, mask)
+            hidden = layer(hidden, mask, cache)
         return hidden
 
     def extra_repr(self) -> str:

@@ -61,21 +61,22 @@ class Embedding(nn.Module):
         self.layernorm = (LayerNorm(config.hidden_size, config.layernorm_epsilon, config.sequence_parallel,
                                     config.kernels) if config.layernorm_position == "post" else None)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_offset: int = 0) -> Tensor:
+        """``position_offset``: the position of input_ids[:, 0] (tokens already decoded, see KVCache)."""
         c = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         s = input_ids.shape[1]
-        if s > c.max_position_embeddings:
-            raise ValueError(f"sequence length {s} exceeds max_position_embeddings={c.max_position_embeddings}; "
-                             f"feed at most {c.max_position_embeddings} tokens")
+        if position_offset + s > c.max_position_embeddings:
+            raise ValueError(f"sequence length {position_offset + s} exceeds max_position_embeddings="
+                             f"{c.max_position_embeddings}; feed at most {c.max_position_embeddings} tokens")
         if c.sequence_parallel and s % self.mesh.tp_size:
             raise ValueError(f"sequence length {s} is not divisible by tp={self.mesh.tp_size}: sequence "
                              f"parallelism splits the sequence; use a multiple of {self.mesh.tp_size}")
         if token_type_ids is not None and self.token_type_embeddings is None:
             raise ValueError("token_type_ids given but the config has type_vocab_size=0")
         words = self.word_embeddings(input_ids)                               # [b, s(/tp), h]
-        extra = self.position_embeddings.weight[:s].unsqueeze(0)              # [1, s, h]
+        extra = self.position_embeddings.weight[position_offset:position_offset + s].unsqueeze(0)  # [1, s, h]
         if self.token_type_embeddings is not None:
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             extra = extra + self.token_type_embeddings(types)                 # [b, s, h]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.embedding import Embedding, add_output_weight, lm_output, output_weight, vocab_parallel_logits
+from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.transformer import LayerNorm
 from tpzoo.parallel import ParallelMesh
 
@@ -56,9 +57,15 @@ class GPTModel(StagedModel):
     def build_head(self) -> nn.Module:
         return GPTHead(self.config, self.mesh, has_embedding=self.pre_process)
 
-    def forward(self, input_ids: Tensor, labels: Tensor | None = None) -> Tensor:
-        hidden = self.embedding(input_ids) if self.pre_process else input_ids
-        hidden = self.run_layers(hidden)
+    def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only)."""
+        if cache is not None and not self.is_whole:
+            raise ValueError("a KV cache needs the whole model (pre_process, post_process and every layer)")
+        offset = cache.length if cache is not None else 0
+        hidden = self.embedding(input_ids, position_offset=offset) if self.pre_process else input_ids
+        hidden = self.run_layers(hidden, None, cache)
+        if cache is not None:
+            cache.length += input_ids.shape[1]
         if not self.post_process:
             return hidden
         tied = self.embedding.word_embeddings.weight if self.pre_process and self.config.tie_word_embeddings else None

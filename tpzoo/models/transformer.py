@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from tpzoo import kernels as K
 from tpzoo.models.attention import ParallelAttention
 from tpzoo.models.config import TransformerConfig
+from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.mlp import ParallelMLP
 from tpzoo.parallel import ParallelMesh, RNGStatesTracker
 
@@ -91,23 +92,23 @@ class TransformerLayer(nn.Module):
         self.config, self.mesh, self.layer_number = config, mesh, layer_number
         sp, eps, kernels = config.sequence_parallel, config.layernorm_epsilon, config.kernels
         self.attention_norm = LayerNorm(config.hidden_size, eps, sp, kernels)
-        self.self_attention = ParallelAttention(config, mesh)
+        self.self_attention = ParallelAttention(config, mesh, layer_number)
         self.mlp_norm = LayerNorm(config.hidden_size, eps, sp, kernels)
         self.mlp = ParallelMLP(config, mesh)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         if self.config.recompute_activations and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, mask, use_reentrant=False,
+            return checkpoint(self._forward, x, mask, cache, use_reentrant=False,
                               context_fn=partial(_rng_contexts, self.mesh.rng))
-        return self._forward(x, mask)
+        return self._forward(x, mask, cache)
 
     def _bias_dropout_add(self, y: Tensor, bias: Tensor, residual: Tensor) -> Tensor:
         return residual + hidden_dropout(y + bias, self.config.hidden_dropout, self.training, self.mesh,
                                          self.config.sequence_parallel)
 
-    def _forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def _forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None) -> Tensor:
         if self.config.layernorm_position == "pre":
-            x = self._bias_dropout_add(*self.self_attention(self.attention_norm(x), mask), x)
+            x = self._bias_dropout_add(*self.self_attention(self.attention_norm(x), mask, cache), x)
             return self._bias_dropout_add(*self.mlp(self.mlp_norm(x)), x)
-        x = self.attention_norm(self._bias_dropout_add(*self.self_attention(x, mask), x))
+        x = self.attention_norm(self._bias_dropout_add(*self.self_attention(x, mask, cache), x))
         return self.mlp_norm(self._bias_dropout_add(*self.mlp(x), x))

@@ -1,0 +1,111 @@
+"""Text from a GPT: greedy, temperature, top-k and top-p sampling over a KV cache, at any tp.
+
+    python -m tpzoo.generate --load MODEL_DIR --tokenizer-model tok.model --prompt "the cat"
+    torchrun --standalone --nproc-per-node 2 -m tpzoo.generate --tp 2 --load MODEL_DIR ...
+
+Every tp rank sees the same gathered logits and draws from a generator seeded alike, so all
+ranks pick the same tokens; rank 0 prints. MODEL_DIR is a tpzoo model folder (``save_pretrained``
+or ``python -m tpzoo.convert from-hf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpzoo.models import GPTModel, KVCache
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """logits [b, V] with everything outside the top-k tokens and the top-p nucleus set to -inf."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p   # the tokens before already hold top_p
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: GPTModel, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, eos_id: int | None = None, seed: int = 0) -> Tensor:
+    """input_ids [b, s] -> [b, s + n], n <= max_new_tokens (fewer once every row has emitted ``eos_id``).
+
+    temperature 0 is greedy (argmax); otherwise sample softmax(logits / temperature) after top-k /
+    top-p filtering, from a generator seeded with ``seed``.
+    """
+    if model.config.sequence_parallel:
+        raise ValueError("generation decodes one token at a time: build the model with sequence_parallel=False")
+    if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0 and max_new_tokens >= 0; got "
+                         f"temperature={temperature}, top_p={top_p}, top_k={top_k}, max_new_tokens={max_new_tokens}")
+    limit = model.config.max_position_embeddings
+    if input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(f"prompt of {input_ids.shape[1]} tokens + max_new_tokens={max_new_tokens} exceeds "
+                         f"max_position_embeddings={limit}")
+    model.eval()
+    generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    cache, out, step = KVCache(), input_ids, input_ids
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        logits = model(step, cache=cache)[:, -1].float()                 # [b, V], the same on every tp rank
+        if temperature == 0:
+            token = logits.argmax(dim=-1)
+        else:
+            probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if eos_id is not None:
+            token = token.masked_fill(done, eos_id)
+            done |= token == eos_id
+        out = torch.cat([out, token[:, None]], dim=1)
+        step = token[:, None]
+        if eos_id is not None and bool(done.all()):
+            break
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tpzoo.data.tokenizer import load_tokenizer
+    from tpzoo.models.pretrained import from_pretrained
+    from tpzoo.parallel import init_mesh
+
+    parser = argparse.ArgumentParser(prog="python -m tpzoo.generate", description="text from a tpzoo GPT")
+    parser.add_argument("--load", required=True, help="tpzoo model folder (config.json + model.safetensors)")
+    parser.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer dir")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=int, default=1)
+    args = parser.parse_args(argv)
+    try:
+        tokenizer = load_tokenizer(args.tokenizer_model)
+        mesh = init_mesh(tp=args.tp)
+        model = from_pretrained(args.load, mesh)
+        if not isinstance(model, GPTModel):
+            raise ValueError(f"{args.load} holds a {type(model).__name__}; generation needs a GPT model folder")
+        ids = torch.tensor([tokenizer.encode(args.prompt)], device=mesh.device)
+        if ids.shape[1] == 0:
+            raise ValueError("the prompt encodes to no tokens; give a non-empty --prompt")
+        out = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, eos_id=tokenizer.eod, seed=args.seed)
+    except (ValueError, TypeError, FileNotFoundError, IndexError) as err:
+        print(f"python -m tpzoo.generate: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if dist.get_rank() == 0:
+        print(tokenizer.decode(out[0].tolist()))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
