@@ -9,8 +9,11 @@ between schedules so that every option value meets every mesh, schedule and mode
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import optimizer_state_bytes
@@ -19,13 +22,13 @@ from tpzoo.models import BertModel, GPTModel, full_state_dict, get_preset
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
-G, MBS, S, VOCAB, STEPS = 16, 1, 8, 101, 10
+G, S, VOCAB, STEPS = 16, 8, 101, 10
 TOL = 1e-5
 LR, WD, CLIP = 3e-3, 0.01, 0.5
 TINY = dict(num_layers=14, hidden_size=32, num_attention_heads=8, ffn_hidden_size=64, vocab_size=VOCAB,
             max_position_embeddings=S, hidden_dropout=0.0, attention_dropout=0.0, kernels="torch")
 MESHES = [(2, 2, 2), (1, 2, 4), (2, 4, 1), (4, 2, 1), (1, 8, 1), (1, 1, 8), (8, 1, 1)]  # (tp, pp, dp)
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
 
 
 def model_config(kind: str, **changes):
@@ -85,12 +88,13 @@ def weight_scale(state: dict) -> float:
 
 
 def train(kind: str, tp: int, pp: int, dp: int, schedule: str, steps: int = STEPS, **options):
-    """An engine on a fresh (tp, pp, dp) mesh; returns (engine, mesh, step results)."""
+    """An engine on a fresh (tp, pp, dp) mesh, max(pp, 2) micro-batches per step (the fewest that keep
+    every schedule busy and still accumulate); returns (engine, mesh, step results)."""
     model_options = {k: options.pop(k) for k in ("recompute_activations", "sequence_parallel") if k in options}
     config = model_config(kind, **model_options)
     mesh = init_mesh(tp=tp, pp=pp, dp=dp)
     engine = Engine(lambda **stage: build(kind, config, mesh, **stage), config,
-                    EngineConfig(micro_batch_size=MBS, global_batch_size=G, schedule=schedule, lr=LR,
+                    EngineConfig(micro_batch_size=G // (dp * max(pp, 2)), global_batch_size=G, schedule=schedule, lr=LR,
                                  weight_decay=WD, clip_grad=CLIP, **options), mesh)
     return engine, mesh, [engine.train_step(global_batch(kind, step)) for step in range(steps)]
 
@@ -114,26 +118,31 @@ def compare(engine: Engine, results, ref, tag: str, errors: dict) -> None:
             assert err <= TOL, f"{tag}: final {name} differs from single-rank (rel {err:.3g})"
 
 
-def variants(tp: int, pp: int) -> list[tuple[str, str, dict]]:
-    """(model, schedule, options): per schedule GPT and BERT, one with all options on, one with all off."""
-    schedules = SCHEDULES if pp > 1 else ("1f1b",)
+def variants(index: int, tp: int, pp: int) -> list[tuple[str, str, dict]]:
+    """(model, schedule, options) for mesh number ``index``: one run per schedule, cycling through
+    (GPT, all off), (BERT, all on), (GPT, on), (BERT, off), shifted per mesh, so that every mesh sees
+    both models and both values of ZeRO-1, recompute and sequence parallelism, and so does every schedule."""
+    schedules = SCHEDULES if pp > 1 else ("1f1b", "1f1b")
+    rows = [("gpt", False), ("bert", True), ("gpt", True), ("bert", False)]
     out = []
     for i, schedule in enumerate(schedules):
-        for j, kind in enumerate(("gpt", "bert")):
-            on = (i + j) % 2 == 1 or len(schedules) == 1 and j == 1
-            out.append((kind, schedule, dict(use_distributed_optimizer=on, recompute_activations=on,
-                                             sequence_parallel=on and tp > 1)))
+        kind, on = rows[(i + index) % len(rows)] if pp > 1 else rows[i]
+        out.append((kind, schedule, dict(use_distributed_optimizer=on, recompute_activations=on,
+                                         sequence_parallel=on and tp > 1)))
     return out
 
 
 def check_meshes(refs: dict) -> dict:
     errors: dict = {}
     zero_bytes: dict = {}
-    for tp, pp, dp in MESHES:
-        for kind, schedule, options in variants(tp, pp):
+    for index, (tp, pp, dp) in enumerate(MESHES):
+        for kind, schedule, options in variants(index, tp, pp):
             tag = f"{kind} tp={tp} pp={pp} dp={dp} {schedule} {options}"
+            t0 = time.perf_counter()
             engine, mesh, results = train(kind, tp, pp, dp, schedule, **options)
             compare(engine, results, refs[kind], tag, errors)
+            if dist.get_rank() == 0:
+                print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)
             if kind == "gpt":
                 zero_bytes[(dp, options["use_distributed_optimizer"])] = optimizer_state_bytes(engine.optimizer)
     return {"errors": errors, "zero_bytes": zero_bytes}
@@ -143,3 +152,56 @@ def test_engine_meshes_equal_single_rank(refs):
     out = spawn(check_meshes, 8, refs, timeout=600)
     print("max relative errors:", out[0]["errors"])
     print("optimizer state bytes on rank 0 (dp, zero):", out[0]["zero_bytes"])
+
+
+def check_precision(refs: dict) -> dict:
+    """fp16: an overflow injected on one rank skips the step on all and halves the scale; bf16 trains."""
+    engine, mesh, _ = train("gpt", 2, 2, 2, "1f1b", steps=0, precision="fp16")
+    before = [p.detach().clone() for p in engine.params]
+    victim = engine.params[0]
+    hook = victim.register_hook(lambda g: g * float("inf")) if dist.get_rank() == 5 else None
+    scale = engine.loss_scale
+    first = engine.train_step(global_batch("gpt", 0))
+    if hook is not None:
+        hook.remove()
+    assert first.skipped and engine.skipped_steps == 1 and engine.loss_scale == scale / 2, \
+        f"rank {dist.get_rank()}: the overflow step was not skipped everywhere (scale {engine.loss_scale})"
+    assert all(torch.equal(p, b) for p, b in zip(engine.params, before)), "a skipped step changed weights"
+    fp16 = [engine.train_step(global_batch("gpt", step)) for step in range(1, 4)]
+    assert not any(r.skipped for r in fp16)
+    _, _, bf16 = train("gpt", 2, 2, 2, "interleaved-1f1b", steps=4, precision="bf16")
+    ref = refs["gpt"][0]
+    for name, results, offset in (("fp16", fp16, 1), ("bf16", bf16, 0)):
+        for step, r in enumerate(results):
+            err = abs(r.loss - ref[step + offset]) / ref[step + offset]
+            assert err < 2e-2, f"{name} step {step + offset}: loss {r.loss} vs float32 {ref[step + offset]}"
+    return {"bf16 losses": [r.loss for r in bf16], "fp16 skipped": engine.skipped_steps}
+
+
+def test_engine_mixed_precision(refs):
+    out = spawn(check_precision, 8, refs, timeout=300)
+    print(out[0])
+
+
+@pytest.mark.parametrize("changes, pp, dp, message", [
+    (dict(global_batch_size=12, micro_batch_size=4), 1, 2, "global batch size 12 is not divisible by micro batch "
+                                                             "size x dp = 4 x 2 = 8"),
+    (dict(schedule="interleaved-1f1b", global_batch_size=8, micro_batch_size=2), 4, 2,
+     "needs at least pp=4 micro-batches per step, got 2"),
+    (dict(), 4, 1, "num_layers=7 cannot be split evenly into 4 pipeline stages"),
+    (dict(stage_layers=(3, 3)), 2, 1, "stage_layers=(3, 3) must give 2 stages (pp x virtual stages) summing to "
+                                      "num_layers=7"),
+    (dict(schedule="gpipe", virtual_stages=2), 2, 1, "virtual_stages=2 needs an interleaved schedule"),
+])
+def test_engine_misuse_fails_before_work(changes, pp, dp, message):
+    with pytest.raises(ValueError) as info:
+        check_fits(EngineConfig(**changes), 7, pp, dp)
+    assert message in str(info.value)
+
+
+def test_split_layers_weighs_embedding_and_head():
+    from tpzoo.engine.config import split_layers
+
+    assert [len(r) for r in split_layers(14, 8)] == [1, 2, 2, 2, 2, 2, 2, 1]
+    assert [len(r) for r in split_layers(8, 4)] == [2, 2, 2, 2]
+    assert split_layers(5, 2, (1, 4)) == [range(0, 1), range(1, 5)]

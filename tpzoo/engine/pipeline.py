@@ -44,6 +44,20 @@ SCHEDULE_CLASSES = {
 }
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: gloo sends only contiguous tensors, and
+    the zero-bubble schedules send a stage's input gradient as autograd left it (with sequence
+    parallelism a reduce-scatter's [b, s/tp, h] view of a [s/tp, b, h] buffer)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.contiguous()
+
+
 class StageModule(nn.Module):
     """One pipeline stage: hidden [b, s(/tp), h] (token ids [b, s] on the first stage) -> hidden, or on
     the last stage this micro-batch's share of the loss [1], sum(token losses) / (global token count)."""
@@ -66,8 +80,10 @@ class StageModule(nn.Module):
         extras = dict(self.feed[self.calls])
         self.calls += 1
         count = extras.pop("count")
-        out = self.model(x, **extras)
-        return (out.sum() / count).reshape(1) if self.model.post_process else out  # [1]: torch cats the outputs
+        out = self.model(x if not x.is_floating_point() else _ContiguousGrad.apply(x), **extras)
+        if self.model.post_process:
+            return (out.sum() / count).reshape(1)  # [1], not a scalar: torch concatenates the outputs
+        return out.contiguous()
 
 
 def build_chunks(build: Callable[..., StagedModel], layers: list[range], mesh: ParallelMesh) -> list[StageModule]:
