@@ -49,6 +49,7 @@ class EngineConfig:
     use_distributed_optimizer: bool = _field(False, _bool, "ZeRO-1: optimizer state sharded over dp")
     lr: float = _field(1e-3, _positive_float, "AdamW learning rate")
     weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
+    adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
     clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
     precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, bf16 autocast, or fp16 autocast + loss scaling")
     initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the loss scale to start from")

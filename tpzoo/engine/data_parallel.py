@@ -78,7 +78,7 @@ def build_optimizer(params: list[nn.Parameter], config: EngineConfig, dp_group: 
                     ) -> torch.optim.Optimizer:
     """AdamW, or with ``use_distributed_optimizer`` ZeRO-1: each dp rank keeps the AdamW state of
     about 1/dp of the parameters, steps those, and broadcasts them to the other dp ranks."""
-    options = dict(lr=config.lr, weight_decay=config.weight_decay)
+    options = dict(lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
     if config.use_distributed_optimizer:
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **options)
     return torch.optim.AdamW(params, **options)

@@ -47,11 +47,13 @@ SCHEDULE_CLASSES = {
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the gradient contiguous: gloo sends only contiguous tensors, and
     the zero-bubble schedules send a stage's input gradient as autograd left it (with sequence
-    parallelism a reduce-scatter's [b, s/tp, h] view of a [s/tp, b, h] buffer)."""
+    parallelism a reduce-scatter's [b, s/tp, h] view of a [s/tp, b, h] buffer). The forward copies:
+    those schedules detach a stage's output in place, which fails on a view of the input (a stage
+    with no layers)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        return x.view_as(x)
+        return x.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:

@@ -62,6 +62,9 @@ class Engine:
         self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)
         self.chunks: list[StageModule] = build_chunks(build, layers, mesh)
         self.params = [p for c in self.chunks for p in c.parameters()]
+        if not self.params:
+            raise ValueError(f"pp rank {mesh.pp_rank} holds no parameters with stage_layers={config.stage_layers}; "
+                             f"give every pp rank's stages at least one layer (or the embedding or head)")
         self.num_stages = len(layers)
         self.schedules: dict[int, object] = {}  # sequence length -> pipeline schedule (pp > 1)
         self.tied = TiedEmbeddingSync(self.chunks, mesh, config)
