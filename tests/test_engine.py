@@ -57,12 +57,12 @@ def global_batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     return dict(input_ids=ids, labels=labels, token_type_ids=types, attention_mask=mask)
 
 
-def reference(kind: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(kind: str) -> tuple[list[float], dict, list[float]]:
     """Single rank, no engine: the whole global batch in one forward, mean token loss, clip, AdamW."""
     mesh = init_mesh()
     model = build(kind, model_config(kind), mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, eps=EPS)
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         b = global_batch(kind, step)
         extras = {k: v for k, v in b.items() if k not in ("input_ids", "labels")}
@@ -70,10 +70,11 @@ def reference(kind: str) -> tuple[list[float], dict[str, torch.Tensor]]:
         loss = token_loss.sum() / (b["labels"] != -100).sum()
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
         opt.step()
         losses.append(loss.item())
-    return losses, {name: t.numpy() for name, t in full_state_dict(model).items()}  # numpy: crosses processes
+    state = {name: t.numpy() for name, t in full_state_dict(model).items()}  # numpy: crosses processes
+    return losses, state, norms
 
 
 def references() -> dict:
@@ -108,16 +109,17 @@ def train(kind: str, mesh, schedule: str, steps: int = STEPS, **options) -> tupl
 
 
 def compare(engine: Engine, results, ref, tag: str, errors: dict) -> None:
-    """Every step's loss within TOL relative; every final weight within TOL of the model's weight scale
+    """Every step's loss and gradient norm (before clipping) within TOL relative; every final weight within TOL of the model's weight scale
     (max |w - w_ref| / max |w_ref| over all weights: AdamW divides by sqrt(v), so parameters whose
     gradients are near zero (e.g. the key bias) turn float32 summation-order noise into visible
     updates, and a per-tensor relative error of such tensors measures that noise, not the engine)."""
-    ref_losses, ref_state = ref
+    ref_losses, ref_state, ref_norms = ref
     scale = weight_scale(ref_state)
-    for step, (r, expected) in enumerate(zip(results, ref_losses)):
-        err = abs(r.loss - expected) / abs(expected)
-        errors["loss"] = max(errors.get("loss", 0.0), err)
-        assert err <= TOL, f"{tag}: step {step} loss {r.loss} vs single-rank {expected} (rel {err:.3g})"
+    for step, (r, loss, norm) in enumerate(zip(results, ref_losses, ref_norms)):
+        for what, got, expected in (("loss", r.loss, loss), ("grad norm", r.grad_norm, norm)):
+            err = abs(got - expected) / abs(expected)
+            errors[what] = max(errors.get(what, 0.0), err)
+            assert err <= TOL, f"{tag}: step {step} {what} {got} vs single-rank {expected} (rel {err:.3g})"
     for chunk in engine.chunks:
         for name, t in full_state_dict(chunk.model, engine.mesh).items():
             source = "embedding.word_embeddings.weight" if name == "head.word_embeddings.weight" else name
@@ -155,6 +157,8 @@ def check_meshes(refs: dict) -> dict:
             t0 = time.perf_counter()
             engine, results = train(kind, mesh, schedule, **options)
             compare(engine, results, refs[kind], tag, errors)
+            if dp > 1 and "zero-bubble" not in schedule:
+                assert engine.reducer.overlapped == len(engine.reducer.buckets), f"{tag}: no overlap with backward"
             if dist.get_rank() == 0:
                 print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)
             held = torch.tensor([optimizer_state_bytes(engine.optimizer), adamw_bytes(engine)])
@@ -219,6 +223,19 @@ def test_engine_misuse_fails_before_work(changes, pp, dp, message):
     with pytest.raises(ValueError) as info:
         check_fits(EngineConfig(**changes), 7, pp, dp)
     assert message in str(info.value)
+
+
+def test_engine_variants_cover_every_option_on_every_mesh_and_schedule():
+    runs = [(mesh, kind, schedule, tuple(options.items())) for i, mesh in enumerate(MESHES)
+            for kind, schedule, options in variants(i, mesh[0], mesh[1])]
+    for option in ("use_distributed_optimizer", "recompute_activations", "sequence_parallel"):
+        for mesh in MESHES:
+            values = {dict(r[3])[option] for r in runs if r[0] == mesh}
+            assert values == ({False, True} if option != "sequence_parallel" or mesh[0] > 1 else {False}), (mesh, option)
+        for schedule in SCHEDULES:
+            assert {dict(r[3])[option] for r in runs if r[2] == schedule} == {False, True}, (schedule, option)
+    assert all({r[1] for r in runs if r[0] == mesh} == {"gpt", "bert"} for mesh in MESHES)
+    assert all({r[1] for r in runs if r[2] == schedule} == {"gpt", "bert"} for schedule in SCHEDULES)
 
 
 def test_split_layers_weighs_embedding_and_head():

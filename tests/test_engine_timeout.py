@@ -38,4 +38,5 @@ def step_with_a_stuck_peer() -> tuple[str, float] | None:
 def test_stuck_peer_fails_with_rank_and_timeout():
     message, seconds = spawn(step_with_a_stuck_peer, 2, timeout=120)[0]
     assert message.startswith("rank 0 (ParallelMesh(pp=2, dp=1, tp=1, rank=0: pp_rank=0"), message
+    assert "Timed out" in message, message
     assert seconds < 2 * TIMEOUT_S + 5, f"took {seconds:.1f}s with a {TIMEOUT_S}s timeout"

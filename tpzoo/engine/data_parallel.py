@@ -10,7 +10,9 @@ order backward produces them). A parameter is ready once it has had its m-th gra
 accumulation of the step (``register_post_accumulate_grad_hook``); a bucket whose parameters are
 all ready starts its all-reduce at once, while backward still runs on earlier layers, always in
 bucket order so every dp rank issues the same collectives in the same order. ``sync`` starts the
-rest (parameters that got no gradient or whose hooks did not fire) and waits for all.
+rest (parameters that got no gradient, or whose hook does not fire: the zero-bubble schedules
+compute weight gradients apart, without it) and waits for all; ``overlapped`` counts the buckets
+of the last step that started during backward.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class GradReducer:
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self.expected, self.seen, self.ready = 0, {}, [0] * len(self.buckets)
         self.pending: list[tuple[int, torch.Tensor, dist.Work]] = []
+        self.overlapped = 0
         if self.active:
             for p in params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
@@ -65,6 +68,7 @@ class GradReducer:
     def sync(self) -> None:
         if not self.active:
             return
+        self.overlapped = len(self.pending)
         for i in range(len(self.pending), len(self.buckets)):
             self._launch(i)
         for i, flat, work in self.pending:

@@ -21,6 +21,7 @@ The loss returned is the global-batch mean, the same number on every rank and ev
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -38,6 +39,7 @@ from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ParallelMesh, sync_sequence_parallel_grads
 
+logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -117,7 +119,7 @@ class Engine:
                 self.schedules[seq] = build_schedule(self.chunks, self.num_stages, self.config, self.m, self.mesh,
                                                      seq, self._loss_fn)
             self.schedules[seq].step(*((local,) if first else ()), target=local if last else None,
-                               losses=losses if last else None)
+                                     losses=losses if last else None)
             total = torch.stack(losses).sum().float() if last else torch.zeros((), device=self.mesh.device)
         for chunk in self.chunks:
             chunk.finish()
@@ -142,6 +144,9 @@ class Engine:
                 dist.all_reduce(loss, group=group)
             if self.scaler is not None and not self.scaler.unscale_and_check(self.params):
                 self.skipped_steps += 1
+                if dist.get_rank() == 0:
+                    logger.warning("fp16 overflow: step skipped on every rank (%d so far), loss scale now %g",
+                                   self.skipped_steps, self.loss_scale)
                 return StepResult(loss.item(), float("inf"), True)
             norm = clip_grad_norm(self.params, self.config.clip_grad, self.mesh)
             self.optimizer.step()
