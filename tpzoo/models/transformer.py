@@ -12,9 +12,8 @@ are marked ``sequence_parallel`` (their gradients are partial sums that
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -61,22 +60,26 @@ def hidden_dropout(x: Tensor, p: float, training: bool, mesh: ParallelMesh, sequ
         return F.dropout(x, p, training=True)
 
 
+class _Replay:
+    """Sets the tracker's streams back to ``saved`` for the block, then restores them. Re-enterable:
+    a zero-bubble schedule's split backward (input, then weights) recomputes a layer twice."""
+
+    def __init__(self, tracker: RNGStatesTracker) -> None:
+        self.tracker, self.saved, self.current = tracker, dict(tracker.states), {}
+
+    def __enter__(self) -> None:
+        self.current = dict(self.tracker.states)
+        self.tracker.states.update(self.saved)
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracker.states.update(self.current)
+
+
 def _rng_contexts(tracker: RNGStatesTracker) -> tuple[AbstractContextManager, AbstractContextManager]:
     """For ``checkpoint(context_fn=...)``: the recompute replays the tracker's streams from where the
     forward found them, so dropout under ``mesh.rng.fork()`` draws the same masks twice (checkpoint
     itself restores only the default generator)."""
-    saved = dict(tracker.states)
-
-    @contextmanager
-    def replay() -> Iterator[None]:
-        current = dict(tracker.states)
-        tracker.states.update(saved)
-        try:
-            yield
-        finally:
-            tracker.states.update(current)
-
-    return nullcontext(), replay()
+    return nullcontext(), _Replay(tracker)
 
 
 class TransformerLayer(nn.Module):

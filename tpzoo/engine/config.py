@@ -1,0 +1,122 @@
+"""``EngineConfig``: how one optimizer step runs on the ``pp x dp x tp`` mesh, one validated dataclass.
+
+Each field's check sits next to it; ``check_fits`` then ties the config to the mesh and the model
+(layers per stage, micro-batches per step) and raises before any work, naming the numbers:
+
+    global_batch_size = micro_batch_size x dp x m           m micro-batches per dp rank and step
+    chunks = pp x virtual_stages                            pipeline stages (model chunks)
+    units = num_layers (+ 2 when the embedding and head weigh as a layer each)   divisible by chunks
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import timedelta
+
+from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
+INTERLEAVED = ("interleaved-1f1b", "interleaved-zero-bubble")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _non_negative(v: object) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"must be a float >= 0, got {type(v).__name__} {v!r}"
+    return None if v >= 0 else f"must be >= 0, got {v}"
+
+
+def _stage_layers(v: object) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v):
+        return f"must be None or a tuple of ints >= 0 (layers per stage), got {v!r}"
+    return None
+
+
+@dataclass
+class EngineConfig:
+    """Batch, schedule, optimizer and precision of a training run (see docs/parallelism.md)."""
+
+    micro_batch_size: int = _field(1, _int(1), "sequences per micro-batch")
+    global_batch_size: int = _field(8, _int(1), "sequences per optimizer step, over all dp ranks")
+    schedule: str = _field("1f1b", _choice(*SCHEDULES), "pipeline schedule (ignored when pp = 1)")
+    virtual_stages: int | None = _field(None, _optional(_int(1)),
+                                        "model chunks per pp rank; None: 2 for interleaved schedules, else 1")
+    stage_layers: tuple[int, ...] | None = _field(None, _stage_layers,
+                                                  "explicit layers per stage (chunk); None: even split")
+    use_distributed_optimizer: bool = _field(False, _bool, "ZeRO-1: optimizer state sharded over dp")
+    lr: float = _field(1e-3, _positive_float, "AdamW learning rate")
+    weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
+    adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
+    clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
+    precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, bf16 autocast, or fp16 autocast + loss scaling")
+    initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the loss scale to start from")
+    bucket_mb: float = _field(25.0, _positive_float, "gradient all-reduce bucket size over dp, MiB")
+    timeout_s: float = _field(600.0, _positive_float, "timeout of the process groups the engine makes")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            problem = f.metadata["check"](getattr(self, f.name))
+            if problem:
+                raise ValueError(f"EngineConfig.{f.name} {problem}")
+        if self.virtual_stages is None:
+            self.virtual_stages = 2 if self.schedule in INTERLEAVED else 1
+        if self.virtual_stages > 1 and self.schedule not in INTERLEAVED:
+            raise ValueError(f"virtual_stages={self.virtual_stages} needs an interleaved schedule "
+                             f"({', '.join(INTERLEAVED)}), got schedule={self.schedule!r}")
+
+    @property
+    def timeout(self) -> timedelta:
+        return timedelta(seconds=self.timeout_s)
+
+
+def micro_batches(config: EngineConfig, dp: int) -> int:
+    """m = global_batch_size / (micro_batch_size x dp), or a ValueError naming the numbers."""
+    per_step = config.micro_batch_size * dp
+    if config.global_batch_size % per_step:
+        raise ValueError(f"global batch size {config.global_batch_size} is not divisible by micro batch size x dp = "
+                         f"{config.micro_batch_size} x {dp} = {per_step}; use a multiple of {per_step}")
+    return config.global_batch_size // per_step
+
+
+def split_layers(num_layers: int, chunks: int, stage_layers: tuple[int, ...] | None = None) -> list[range]:
+    """The layer numbers of each of ``chunks`` consecutive stages.
+
+    Explicit ``stage_layers`` must sum to ``num_layers``. Otherwise an even split of the layers, or,
+    when that does not divide, of the layers plus the embedding and the head weighing one layer each
+    (the first and last stage then hold one layer fewer): 14 layers on 8 stages -> 1, 2, ..., 2, 1.
+    """
+    if stage_layers is not None:
+        if len(stage_layers) != chunks or sum(stage_layers) != num_layers:
+            raise ValueError(f"stage_layers={stage_layers} must give {chunks} stages (pp x virtual stages) "
+                             f"summing to num_layers={num_layers}")
+        counts = list(stage_layers)
+    elif num_layers % chunks == 0:
+        counts = [num_layers // chunks] * chunks
+    elif (num_layers + 2) % chunks == 0 and chunks > 1:
+        per = (num_layers + 2) // chunks
+        counts = [per - 1] + [per] * (chunks - 2) + [per - 1]
+    else:
+        raise ValueError(f"num_layers={num_layers} cannot be split evenly into {chunks} pipeline stages "
+                         f"(pp x virtual stages), not even with the embedding and head as a layer each "
+                         f"({num_layers} + 2 = {num_layers + 2}); choose a layer count divisible by {chunks} "
+                         f"or give stage_layers explicitly")
+    starts = [sum(counts[:i]) for i in range(chunks)]
+    return [range(start, start + n) for start, n in zip(starts, counts)]
+
+
+def check_fits(config: EngineConfig, num_layers: int, pp: int, dp: int) -> tuple[int, list[range]]:
+    """(micro-batches per step, layers of every stage), or a ValueError before any work is done."""
+    m = micro_batches(config, dp)
+    chunks = pp * config.virtual_stages
+    if pp > 1 and config.schedule in INTERLEAVED and m < pp:
+        raise ValueError(f"the {config.schedule} schedule needs at least pp={pp} micro-batches per step, got "
+                         f"{m} (global batch {config.global_batch_size} / (micro batch {config.micro_batch_size} "
+                         f"x dp {dp})); raise the global batch size or lower the micro batch size")
+    if pp > 1 and config.schedule == "1f1b" and m < pp:
+        raise ValueError(f"the 1f1b schedule needs at least pp={pp} micro-batches per step, got {m}")
+    if pp == 1 and config.virtual_stages > 1:
+        raise ValueError(f"virtual_stages={config.virtual_stages} needs pp > 1 (interleaving splits a pipeline)")
+    return m, split_layers(num_layers, chunks, config.stage_layers)
