@@ -20,26 +20,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tpzoo.models.embedding import VocabParallelBias
-from tpzoo.parallel import ColumnParallelLinear, ParallelMesh, RowParallelLinear, VocabParallelEmbedding
+from tpzoo.parallel import ParallelMesh
 from tpzoo.parallel.collectives import all_gather
 
 
-def tp_partitions(model: nn.Module) -> dict[str, tuple[int, int]]:
-    """name -> (partition dim, full size along it) for every tensor-parallel parameter of ``model``."""
+def tp_partitions(model: nn.Module, tp: int) -> dict[str, tuple[int, int]]:
+    """name -> (partition dim, full size along it) for every parameter marked ``tp_shard_dim``.
+
+    The full size is tp x the shard, less the vocabulary padding where the owning module has a real
+    vocabulary size (``num_embeddings``: VocabParallelEmbedding, VocabParallelBias).
+    """
     out: dict[str, tuple[int, int]] = {}
-    for prefix, module in model.named_modules():
-        p = f"{prefix}." if prefix else ""
-        if isinstance(module, ColumnParallelLinear):
-            out[p + "weight"] = (0, module.out_features)
-            if module.bias is not None:
-                out[p + "bias"] = (0, module.out_features)
-        elif isinstance(module, RowParallelLinear):
-            out[p + "weight"] = (1, module.in_features)
-        elif isinstance(module, VocabParallelEmbedding):
-            out[p + "weight"] = (0, module.num_embeddings)
-        elif isinstance(module, VocabParallelBias):
-            out[p + "bias"] = (0, module.num_embeddings)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        dim = getattr(p, "tp_shard_dim", None)
+        if dim is not None:
+            owner = model.get_submodule(name.rpartition(".")[0])
+            out[name] = (dim, getattr(owner, "num_embeddings", p.shape[dim] * tp))
     return out
 
 
@@ -57,13 +53,15 @@ def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int
 
 def full_state_dict(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """The model's state dict with every shard gathered and padding dropped (see module docstring)."""
-    return gather_full(model.state_dict(), tp_partitions(model), mesh or model.mesh)
+    mesh = mesh or model.mesh
+    return gather_full(model.state_dict(), tp_partitions(model, mesh.tp_size), mesh)
 
 
 def full_grads(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """Each parameter's gradient gathered like ``full_state_dict`` (parameters without one are left out)."""
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return gather_full(grads, tp_partitions(model), mesh or model.mesh)
+    mesh = mesh or model.mesh
+    return gather_full(grads, tp_partitions(model, mesh.tp_size), mesh)
 
 
 def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor:
@@ -89,7 +87,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
         raise KeyError(f"state dict does not fit {type(model).__name__}: missing {missing[:8]}"
                        f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
                        f"{' ...' if len(unexpected) > 8 else ''}")
-    partitions = tp_partitions(model)
+    partitions = tp_partitions(model, mesh.tp_size)
     for name, target in own.items():
         value = state[name]
         if name in partitions:
