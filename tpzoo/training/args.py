@@ -1,0 +1,154 @@
+"""The flags ``pretrain.py`` and ``finetune.py`` share (Megatron-LM's names, ``shared/CONTRACT.md``
+section 1), and what they turn into: the mesh, the ``TransformerConfig`` and the ``EngineConfig``.
+
+    parser = command_parser("pretrain.py", "Pretrain a GPT or BERT on the pp x dp x tp mesh.")
+    add_model_args(parser); add_parallel_args(parser); add_optimizer_args(parser); add_precision_args(parser)
+    args = parser.parse_args()
+    config = model_config(args)                       # the preset, overridden by the model flags given
+    engine = engine_config(args)                      # batch, schedule, optimizer, precision
+
+Flags a script does not want to default are None until given; ``model_config`` applies only
+those given. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, NoReturn
+
+from tpzoo.engine.config import SCHEDULES, EngineConfig
+from tpzoo.models.config import ATTENTION_BACKENDS, KERNEL_BACKENDS, TransformerConfig
+from tpzoo.models.presets import PRESETS, get_preset
+
+# flag -> TransformerConfig field, for the model flags that override a preset
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
+               "hidden_dropout", "attention_dropout")
+DEFAULT_PRESET = {"gpt": "gpt-tiny", "bert": "bert-tiny"}
+MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def command_parser(prog: str, description: str) -> CommandParser:
+    return CommandParser(prog=prog, description=description,
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
+    """Run ``main``; a ValueError/TypeError/FileNotFoundError/KeyError (bad input) becomes
+    ``prog: error: <message>`` on stderr and exit status 2, without a traceback."""
+    try:
+        return main()
+    except MISUSE as err:
+        message = " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split())
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
+    """``--model --preset`` and the shape flags that override the preset (None = the preset's)."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", choices=tuple(DEFAULT_PRESET), default=default_model)
+    g.add_argument("--preset", choices=tuple(PRESETS), help="model shape (default: gpt-tiny / bert-tiny)")
+    g.add_argument("--num-layers", type=_positive_int)
+    g.add_argument("--hidden-size", type=_positive_int)
+    g.add_argument("--num-attention-heads", type=_positive_int)
+    g.add_argument("--ffn-hidden-size", type=_positive_int, help="default 4 x hidden size")
+    g.add_argument("--seq-length", type=_positive_int, default=64, help="tokens per training sequence")
+    g.add_argument("--max-position-embeddings", type=_positive_int, help="default: the preset's")
+    g.add_argument("--hidden-dropout", type=float)
+    g.add_argument("--attention-dropout", type=float)
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    """Mesh sizes (``tp x pp x dp`` = world size; dp inferred when omitted) and the parallel options."""
+    g = parser.add_argument_group("parallel")
+    g.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=_positive_int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", type=_positive_int, default=1)
+    g.add_argument("--data-parallel-size", "--dp", dest="dp", type=_positive_int,
+                   help="default: world size / (tp x pp)")
+    g.add_argument("--virtual-pipeline-model-parallel-size", "--vpp", dest="vpp", type=_positive_int,
+                   help="model chunks per pp rank (interleaved schedules; default 2 for them)")
+    g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over dp")
+
+
+def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below."""
+    d = dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
+             lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234, **defaults)
+    g = parser.add_argument_group("batch and optimizer")
+    g.add_argument("--micro-batch-size", type=_positive_int, default=d["micro_batch_size"])
+    g.add_argument("--global-batch-size", type=_positive_int, default=d["global_batch_size"])
+    g.add_argument("--train-iters", type=_positive_int, default=d["train_iters"])
+    g.add_argument("--lr", type=float, default=d["lr"])
+    g.add_argument("--min-lr", type=float, default=d["min_lr"])
+    g.add_argument("--lr-warmup-iters", type=_non_negative_int, default=d["lr_warmup_iters"])
+    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default=d["lr_decay_style"])
+    g.add_argument("--weight-decay", type=float, default=d["weight_decay"])
+    g.add_argument("--clip-grad", type=float, default=d["clip_grad"], help="global gradient norm; 0 = off")
+    g.add_argument("--seed", type=_non_negative_int, default=d["seed"])
+
+
+def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("precision and speed")
+    dtype = g.add_mutually_exclusive_group()
+    dtype.add_argument("--bf16", action="store_true", help="bf16 autocast, fp32 master weights")
+    dtype.add_argument("--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling")
+    g.add_argument("--recompute-activations", action="store_true", help="recompute each layer in backward")
+    g.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+
+
+def model_config(args: argparse.Namespace, base: TransformerConfig | None = None, **changes: Any
+                 ) -> TransformerConfig:
+    """``base`` (default: ``--preset``, else the model's tiny preset) with the model flags given,
+    the run options (seed, kernels, recompute, sequence parallelism) and ``changes`` applied."""
+    if base is None:
+        base = get_preset(args.preset or DEFAULT_PRESET[args.model])
+    if base.model_type != args.model:
+        raise ValueError(f"--preset {args.preset} is a {base.model_type} model but --model is {args.model}; "
+                         f"drop one of them or make them agree")
+    given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
+    config = base.replace(**given, seed=args.seed, kernels=args.kernels, attention_backend=args.attention_backend,
+                          recompute_activations=args.recompute_activations,
+                          sequence_parallel=args.sequence_parallel, **changes)
+    if args.seq_length > config.max_position_embeddings:
+        raise ValueError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+                         f"{config.max_position_embeddings}; lower the first or raise the second")
+    return config
+
+
+def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
+    """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (and ``changes``)."""
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    return EngineConfig(**{
+        **dict(micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
+               schedule=args.pipeline_schedule, virtual_stages=args.vpp,
+               use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
+               weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision),
+        **changes})
