@@ -12,6 +12,7 @@ and checks atomicity, errors and model folders.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
@@ -258,3 +259,39 @@ def test_single_rank_resume_atomic_saves_and_errors(trained):
     root, out = trained
     result = spawn(one_rank, 1, str(root), out["refs"], timeout=300)[0]
     print("max relative errors:", result["errors"], "\nseconds:", result["timing"])
+
+
+def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
+    """docs/checkpoints.md runs as shown, ``ckpt`` being the GPT saved on (2, 2, 2): generation gives the
+    same greedy text at tp=1 and tp=2, and to-hf writes the checkpoint's weights."""
+    from test_models_docs import blocks, run
+    from transformers import GPT2LMHeadModel
+
+    from tpzoo.data.demo import demo_data
+
+    root, out = trained
+    (tmp_path / "ckpt").symlink_to(root / "gpt")
+    (tmp_path / "tok.model").symlink_to(demo_data()[0])
+    for code in blocks("checkpoints.md", "python"):
+        done = run([sys.executable, "-c", code], tmp_path)
+        assert done.returncode == 0, f"python block failed:\n{done.stderr[-3000:]}"
+    outputs = {}
+    for command in (line for block in blocks("checkpoints.md", "bash") for line in block.splitlines()):
+        done = run(["bash", "-c", command], tmp_path)
+        assert done.returncode == 0, f"`{command}` failed:\n{done.stderr[-3000:]}"
+        outputs[command.split()[0]] = outputs.get(command.split()[0], []) + [done.stdout.strip()]
+    one, two = outputs["python"][0], outputs["torchrun"][0]
+    assert one.startswith("the cat") and len(one) > len("the cat") and two == one, (one, two)
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "ckpt-hf")
+    assert np.array_equal(hf.transformer.wte.weight.detach().numpy(),
+                          out["refs"]["gpt"]["state"][0]["embedding.word_embeddings.weight"])
+
+
+def test_convert_misuse_is_one_line(tmp_path, capsys):
+    from tpzoo.convert.__main__ import main
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["to-hf", str(tmp_path / "empty"), str(tmp_path / "out")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and "empty holds no tpzoo checkpoint" in lines[0], lines
