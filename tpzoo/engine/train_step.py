@@ -40,6 +40,7 @@ from tpzoo.engine.pipeline import LOSS_LABELS, StageModule, TiedEmbeddingSync, b
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ParallelMesh, sync_sequence_parallel_grads
+from tpzoo.parallel.health import DEFAULT_WAIT_S, roll_call
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -153,6 +154,7 @@ class Engine:
                 return StepResult(loss.item(), float("inf"), True)
             norm = clip_grad_norm(self.params, self.config.clip_grad, self.mesh)
             self.optimizer.step()
-        except RuntimeError as e:  # a dead or stuck peer: say which rank saw it, and where it sits
-            raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {e}") from e
+        except RuntimeError as e:  # a dead or stuck peer: a roll call names it (see tpzoo.parallel.health)
+            who = roll_call(min(DEFAULT_WAIT_S, self.config.timeout_s)).describe(self.mesh)
+            raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {who}; {e}") from e
         return StepResult(loss.item(), norm.item(), False)
