@@ -30,7 +30,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tpzoo.parallel.mesh import ParallelMesh
+from tpzoo.parallel.mesh import DIMS, ParallelMesh
 
 PREFIX = "tpzoo/rollcall"
 DEFAULT_WAIT_S = 5.0
@@ -64,7 +64,7 @@ def _coordinates(mesh: ParallelMesh, rank: int) -> str:
     where = (mesh.device_mesh.mesh == rank).nonzero()
     if not len(where):
         return "not in the mesh"
-    return ", ".join(f"{dim}_rank={i}" for dim, i in zip(("pp", "dp", "tp"), where[0].tolist()))
+    return ", ".join(f"{dim}_rank={i}" for dim, i in zip(DIMS, where[0].tolist()))
 
 
 def roll_call(wait_s: float = DEFAULT_WAIT_S) -> RollCall:
