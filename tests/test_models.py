@@ -163,6 +163,20 @@ def check_recompute(mesh, x) -> None:
             assert not torch.equal(results[0]["logits"], logits_of(kind, model.eval(), x)), f"{kind}: dropout is off"
 
 
+def check_binary_loss(mesh, x) -> None:
+    """BertModel given next_sentence_label: (per-token MLM loss, per-sequence cross entropy of the binary
+    logits, 0 where ignored); a label of the wrong shape raises naming the sizes."""
+    model = BertModel(config_of("bert"), mesh, add_binary_head=True).eval()
+    y = torch.tensor([1, -100])
+    mlm, nsp = model(x["ids"], x["types"], x["mask"], labels=x["mlm"], next_sentence_label=y)
+    _, logits = model(x["ids"], x["types"], x["mask"], return_binary_logits=True)
+    assert torch.equal(mlm, model(x["ids"], x["types"], x["mask"], labels=x["mlm"]))
+    expected = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    assert nsp.shape == (2,) and nsp[1] == 0 and torch.allclose(nsp, expected, rtol=1e-6, atol=0), (nsp, expected)
+    with pytest.raises(ValueError, match=r"next_sentence_label must be \[b\] = \[2\] .* got \(1,\)"):
+        model(x["ids"], labels=x["mlm"], next_sentence_label=y[:1])
+
+
 def check_misuse(mesh) -> None:
     """At tp=4: sizes tp cannot split, and inputs the model cannot take, raise errors naming the numbers."""
     with pytest.raises(ValueError, match="num_attention_heads=2 is not divisible by the tensor-parallel size tp=4"):
@@ -235,6 +249,7 @@ def all_model_checks(tmp: str) -> dict[str, float]:
         source = "embedding.word_embeddings.weight" if name == "head.word_embeddings.weight" else name
         assert torch.equal(t, saved[source]), f"last stage loads {name} differently"
     check_parameter_counts(mesh)
+    check_binary_loss(mesh, x)
     check_misuse(mesh)
     return errors.max
 
