@@ -21,7 +21,8 @@ def parser() -> argparse.ArgumentParser:
     p = command_parser(PROG, "Pretrain a GPT or BERT on the pp x dp x tp mesh (docs/training.md).")
     add_model_args(p)
     add_parallel_args(p)
-    add_optimizer_args(p, train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_iters=30)
+    add_optimizer_args(p, micro_batch_size=8, global_batch_size=32, train_iters=300, lr=3e-3, min_lr=3e-4,
+                       lr_warmup_iters=30)
     add_precision_args(p)
     add_data_args(p)
     add_run_args(p)

@@ -14,6 +14,7 @@ those given. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -47,7 +48,8 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         return main()
     except MISUSE as err:
         message = " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split())
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line is enough
+            print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -68,6 +68,9 @@ def train(run: Run) -> Summary:
         metrics.print(f"resumed from {run.loaded_from} at iteration {run.iteration} "
                       f"(consumed samples {run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
         summary.val_loss = val
+        if run.lr_schedule_changes:
+            metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}); "
+                          f"the flags' schedule applies from iteration {run.iteration + 1} on")
     while run.iteration < args.train_iters:
         run.iteration += 1
         lr = run.schedule.apply(engine.optimizer, run.iteration)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class Run:
     iteration: int = 0              # optimizer steps done
     consumed_samples: int = 0       # train samples read so far: the data position
     loaded_from: Path | None = None
+    lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
@@ -134,4 +135,5 @@ def build_run(args: argparse.Namespace) -> Run:
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint, engine)
         run.iteration, run.consumed_samples, run.loaded_from = loaded["iteration"], loaded["consumed_samples"], checkpoint
+        run.lr_schedule_changes = schedule.changes_from(loaded["lr_schedule"])
     return run
