@@ -22,10 +22,12 @@ def commands(path: str | Path) -> list[str]:
     return [line for block in blocks(path, "bash") for line in block.splitlines() if line.strip()]
 
 
-def clean_env() -> dict[str, str]:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "2"}
+def clean_env(threads: int = 2) -> dict[str, str]:
+    """os.environ without torchrun's variables, this venv first on PATH, ``threads`` OpenMP threads
+    per process."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": str(threads)}
     return {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
 
 
-def run(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=clean_env(), timeout=timeout)
+def run(command: list[str], cwd: Path, timeout: float = 300, threads: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=clean_env(threads), timeout=timeout)

@@ -7,22 +7,35 @@ import subprocess
 import sys
 from pathlib import Path
 
-from doc_helpers import ROOT, run
+from doc_helpers import ROOT, clean_env
 
 PRETRAIN = str(ROOT / "pretrain.py")
 # a model small enough for 8 gloo ranks on 2 cores; float32, no dropout: the same losses on every mesh
 TINY = ("--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --global-batch-size 8 "
         "--micro-batch-size 1 --hidden-dropout 0 --attention-dropout 0 --lr-warmup-iters 2 --log-interval 1").split()
 MESH_FLAGS = ("--tp", "--pp", "--dp")
+# one OpenMP thread per process: the tiny models gain nothing from more, and 8 ranks x 2 threads on
+# 2 cores spin-wait each other to a crawl
+THREADS = 1
 
 
 def command(flags: list[str], mesh: tuple[int, int, int] = (1, 1, 1)) -> list[str]:
-    """pretrain.py with ``flags`` at ``mesh`` (tp, pp, dp): one process, or torchrun --standalone."""
-    sizes = [arg for name, size in zip(MESH_FLAGS, mesh) for arg in (name, str(size))]
+    """pretrain.py with ``flags``: one process (no mesh flags added), or at ``mesh`` (tp, pp, dp) under
+    torchrun --standalone."""
     world = mesh[0] * mesh[1] * mesh[2]
-    launch = [sys.executable] if world == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                  f"--nproc-per-node={world}"]
-    return launch + [PRETRAIN, *flags, *sizes]
+    if world == 1:
+        return [sys.executable, PRETRAIN, *flags]
+    sizes = [arg for name, size in zip(MESH_FLAGS, mesh) for arg in (name, str(size))]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", PRETRAIN,
+            *flags, *sizes]
+
+
+def env() -> dict[str, str]:
+    return clean_env(THREADS)
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env(), timeout=timeout)
 
 
 def pretrain(flags: list[str], cwd: Path, mesh: tuple[int, int, int] = (1, 1, 1)) -> subprocess.CompletedProcess:

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from doc_helpers import clean_env
-from pretrain_helpers import TINY, command, metrics, pretrain, rel, run
+from pretrain_helpers import TINY, command, env, metrics, pretrain, rel, run
 
 ITERS, SAVED = 12, 6
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 3 --eval-iters 2 --save-interval {SAVED}".split()
@@ -75,7 +74,7 @@ def wait_for_save_then_kill(proc: subprocess.Popen, save_dir: Path, timeout: flo
 def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
     flags = TINY + "--train-iters 150 --eval-interval 25 --eval-iters 2 --save-interval 10".split()
     pretrain(flags + ["--save", "whole"], tmp_path)
-    proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=clean_env(),
+    proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     saved = wait_for_save_then_kill(proc, tmp_path / "killed")
     assert saved < 150
@@ -88,14 +87,12 @@ def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
 
 @pytest.mark.parametrize("flags, problem", [
     ("--lr -1", "--lr -1.0 must be > 0"),
-    ("--train-iters 0", "expected an integer >= 1"),
     ("--tp 2", "world size 1 is not divisible by tp x pp"),
     ("--global-batch-size 10 --micro-batch-size 4", "global batch size 10 is not divisible"),
     ("--data-path nowhere/corpus", "nowhere/corpus"),
     ("--load empty", "holds no tpzoo checkpoint"),
     ("--load {single} --hidden-size 64", "hidden_size: checkpoint 32, flags 64"),
-    ("--load {single} --model bert", "holds a gpt model but --model is bert"),
-], ids=["lr", "iters", "world", "batch", "data", "no-checkpoint", "other-model", "other-kind"])
+], ids=["lr", "world", "batch", "data", "no-checkpoint", "other-model"])
 def test_misuse_ends_in_one_line_and_exit_2(runs, flags, problem, tmp_path):
     (tmp_path / "empty").mkdir()
     args = TINY + flags.format(single=runs / "single").split() + ["--save", "out"]

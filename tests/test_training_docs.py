@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import sys
 
-from doc_helpers import ROOT, commands, run
-from pretrain_helpers import metrics
+from doc_helpers import ROOT, commands
+from pretrain_helpers import metrics, run
 
 QUICK_ITERS = 20
 

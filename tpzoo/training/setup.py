@@ -105,16 +105,9 @@ def build_model(args: argparse.Namespace, config: TransformerConfig, mesh: Paral
     return BertModel(config, mesh, add_binary_head=False, **stage)
 
 
-def check_run_args(args: argparse.Namespace) -> LRSchedule:
-    """Flag values argparse cannot check alone; returns the lr schedule."""
-    if args.eval_interval and args.eval_iters < 1:
-        raise ValueError("--eval-iters must be >= 1 when --eval-interval is set")
-    return LRSchedule.from_args(args)
-
-
 def build_run(args: argparse.Namespace) -> Run:
     """Everything a run needs, checked before any training; resumes from ``--load`` if given."""
-    schedule = check_run_args(args)
+    schedule = LRSchedule.from_args(args)
     checkpoint = resolve_checkpoint(args.load) if args.load else None
     saved = read_meta(checkpoint) if checkpoint else None
     mesh = init_mesh(args.tp, args.pp, args.dp)
