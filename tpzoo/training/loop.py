@@ -20,7 +20,7 @@ from tpzoo.data.demo import unigram_entropy
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.engine.evaluate import eval_loss
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
-from tpzoo.training.setup import Run, global_batch
+from tpzoo.training.setup import Run
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
 
@@ -37,7 +37,7 @@ def validation_loss(run: Run, iteration: int) -> float:
     """Mean loss of the ``--eval-iters`` valid batches of evaluation ``iteration // eval_interval``."""
     g, n = run.engine.config.global_batch_size, run.args.eval_iters
     first = iteration // run.args.eval_interval * n
-    losses = [eval_loss(run.engine, global_batch(run.valid, (first + j) * g, g)) for j in range(n)]
+    losses = [eval_loss(run.engine, run.batch(run.valid, (first + j) * g)) for j in range(n)]
     return sum(losses) / len(losses)
 
 
@@ -75,9 +75,7 @@ def train(run: Run) -> Summary:
         run.iteration += 1
         lr = run.schedule.apply(engine.optimizer, run.iteration)
         start = time.perf_counter()
-        batch = global_batch(run.train, run.consumed_samples, g)
-        batch.pop("next_sentence_label", None)
-        result = engine.train_step(batch)
+        result = engine.train_step(run.batch(run.train, run.consumed_samples))
         run.consumed_samples += g
         metrics.step(tokens, time.perf_counter() - start)
         last = run.iteration == args.train_iters

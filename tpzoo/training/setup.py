@@ -52,6 +52,13 @@ class Run:
     loaded_from: Path | None = None
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
 
+    def batch(self, dataset: Any, start: int) -> dict[str, torch.Tensor]:
+        """The global batch of ``dataset`` from sample ``start`` on, as the engine takes it (the
+        sentence-order label dropped: BERT is built without its binary head)."""
+        batch = global_batch(dataset, start, self.engine.config.global_batch_size)
+        batch.pop("next_sentence_label", None)
+        return batch
+
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
         return dict(model=self.args.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
