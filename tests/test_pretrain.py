@@ -35,7 +35,8 @@ def test_8_ranks_log_the_single_process_losses(runs):
     assert sorted(one) == sorted(three) == list(range(1, ITERS + 1))
     assert [i for i in one if "val_loss" in one[i]] == [3, 6, 9, 12]
     worst = max(rel(three[i][key], one[i][key]) for i in one for key in ("loss", "val_loss") if key in one[i])
-    assert worst <= LOSS_TOL, f"largest relative loss difference (2,2,2) vs (1,1,1): {worst:.2e}"
+    print(f"largest relative loss difference (2,2,2) vs (1,1,1): {worst:.2e}")
+    assert worst <= LOSS_TOL
     assert [one[i]["lr"] for i in one] == [three[i]["lr"] for i in one]
     assert one[ITERS]["loss"] < one[1]["loss"] - 0.2
     assert (runs / "3d" / "latest").read_text().strip() == f"iter_{ITERS:07d}"
@@ -47,10 +48,11 @@ def test_resume_on_another_mesh_continues_the_run(runs, mesh, tmp_path):
     found = re.search(rf"resumed from \S+ at iteration {SAVED} \(consumed samples 48\): val loss (\S+)", done.stdout)
     assert found, done.stdout
     saved, resumed = metrics(runs / "3d"), metrics(tmp_path / "resumed")
-    assert rel(float(found.group(1)), saved[SAVED]["val_loss"]) <= VAL_TOL
+    val_diff = rel(float(found.group(1)), saved[SAVED]["val_loss"])
     assert sorted(resumed) == list(range(SAVED + 1, ITERS + 1))
     worst = max(rel(resumed[i][key], saved[i][key]) for i in resumed for key in ("loss", "val_loss") if key in saved[i])
-    assert worst <= LOSS_TOL, f"resumed at {mesh}: largest relative loss difference {worst:.2e}"
+    print(f"resumed at {mesh}: val loss relative difference {val_diff:.1e}, largest loss difference {worst:.2e}")
+    assert val_diff <= VAL_TOL and worst <= LOSS_TOL
 
 
 def wait_for_save_then_kill(proc: subprocess.Popen, save_dir: Path, timeout: float = 120.0) -> int:
@@ -77,6 +79,7 @@ def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
     proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     saved = wait_for_save_then_kill(proc, tmp_path / "killed")
+    print(f"killed after the checkpoint at iteration {saved}")
     assert saved < 150
     pretrain(flags + ["--save", "killed", "--load", "killed"], tmp_path)
     fields = ("loss", "lr", "grad_norm", "val_loss")
