@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
-from tpzoo.checkpoint.tensors import finish_load, load_targets, model_entries, split_by_fit
+from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
@@ -97,7 +97,7 @@ def load_model(path: str | Path, mesh: ParallelMesh | None = None, *, model_clas
         targets = load_targets(entries, mesh)
         dcp.load(targets, checkpoint_id=folder)
         finish_load(entries, targets, mesh)
-        fresh = sorted(e.key.removeprefix("model.") for e in rest)
+        fresh = sorted(e.key.removeprefix(MODEL_PREFIX) for e in rest)
     if fresh:
         logger.warning("%s from %s: %d parameters not in the checkpoint (or of another shape) keep their fresh "
                        "init: %s", type(model).__name__, path, len(fresh), ", ".join(fresh))

@@ -4,7 +4,9 @@
     python -m tpzoo.convert to-hf TPZOO_DIR OUT_DIR    # tpzoo -> a folder from_pretrained opens
 
 A tpzoo model folder holds the full weights, so it loads at any tensor-parallel size
-(``tpzoo.models.pretrained.from_pretrained``). Misuse exits with status 2 and one line on stderr.
+(``tpzoo.models.pretrained.from_pretrained``). to-hf also takes a training checkpoint (a ``--save``
+dir or an iter_NNNNNNN folder, any mesh): it is loaded whole at tp=1 in this process. Misuse exits
+with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from torch import Tensor
 
 from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
 from tpzoo.convert.mapping import ARCHITECTURES, ConversionError
-from tpzoo.models.pretrained import read_pretrained, write_pretrained
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.pretrained import CONFIG_FILE, model_options, read_pretrained, write_pretrained
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,12 +35,30 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="direction", required=True, metavar="{from-hf,to-hf}", parser_class=_Parser)
     for name, src, what in (("from-hf", "HF_DIR", "Hugging Face folder (config.json + model.safetensors) -> "
                              "tpzoo model folder"),
-                            ("to-hf", "TPZOO_DIR", "tpzoo model folder -> Hugging Face folder")):
+                            ("to-hf", "TPZOO_DIR", "tpzoo model folder or training checkpoint -> Hugging Face "
+                             "folder")):
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("source", metavar=src, type=Path, help="folder to read")
         p.add_argument("out", metavar="OUT_DIR", type=Path, help="folder to write (new or empty)")
         p.add_argument("--overwrite", action="store_true", help="write into OUT_DIR even if it holds files")
     return parser
+
+
+def read_training_checkpoint(path: Path) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+    """(class name, options, config, full state dict) of a training checkpoint, like ``read_pretrained``:
+    the whole model loaded at tp=1 in this process (a one-rank process group, closed again)."""
+    import torch.distributed as dist
+
+    from tpzoo.checkpoint import load_model, resolve_checkpoint
+    from tpzoo.models.sharding import full_state_dict
+    from tpzoo.parallel import init_mesh
+
+    folder = resolve_checkpoint(path)  # before starting a process group: a wrong path fails fast
+    try:
+        model = load_model(folder, init_mesh(device_type="cpu"))
+        return type(model).__name__, model_options(model), model.config, full_state_dict(model)
+    finally:
+        dist.destroy_process_group()
 
 
 def _fail(message: str) -> NoReturn:
@@ -55,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             write_pretrained(args.out, class_name, options, config, state)
             what = f"tpzoo {class_name}"
         else:
-            class_name, options, config, state = read_pretrained(args.source)
+            read = read_pretrained if (args.source / CONFIG_FILE).is_file() else read_training_checkpoint
+            class_name, options, config, state = read(args.source)
             hf_config, hf_state, tied = tpzoo_to_hf(class_name, options, config, state)
             write_hf(args.out, hf_config, hf_state, tied)
             what = f"Hugging Face {hf_config.architectures[0]}"
