@@ -36,6 +36,10 @@ from tpzoo.engine.config import EngineConfig
 from tpzoo.models.base import StagedModel
 from tpzoo.parallel import ParallelMesh
 
+# the label keys of a batch, in the order a model returns their per-element losses when given them
+# (BERT: per-token MLM loss [b, s], per-sequence binary-head loss [b]); each is divided by its global count
+LOSS_LABELS = ("labels", "next_sentence_label")
+
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -62,7 +66,8 @@ class _ContiguousGrad(torch.autograd.Function):
 
 class StageModule(nn.Module):
     """One pipeline stage: hidden [b, s(/tp), h] (token ids [b, s] on the first stage) -> hidden, or on
-    the last stage this micro-batch's share of the loss [1], sum(token losses) / (global token count)."""
+    the last stage this micro-batch's share of the loss [1]: for each label key of ``LOSS_LABELS`` in
+    the batch, sum(its per-element losses) / (its non-ignored count in the global batch), added up."""
 
     def __init__(self, model: StagedModel) -> None:
         super().__init__()
@@ -71,7 +76,8 @@ class StageModule(nn.Module):
         self.calls = 0
 
     def start(self, feed: list[dict[str, Tensor]]) -> None:
-        """The extras of the step's micro-batches, in order (``labels`` and ``count`` on the last stage)."""
+        """The extras of the step's micro-batches, in order (the labels and their global ``counts``, one
+        per label key present, are read by the last stage)."""
         self.feed, self.calls = feed, 0
 
     def finish(self) -> None:
@@ -81,11 +87,16 @@ class StageModule(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         extras = dict(self.feed[self.calls])
         self.calls += 1
-        count = extras.pop("count")
+        counts = extras.pop("counts")
         out = self.model(x if not x.is_floating_point() else _ContiguousGrad.apply(x), **extras)
-        if self.model.post_process:
-            return (out.sum() / count).reshape(1)  # [1], not a scalar: torch concatenates the outputs
-        return out.contiguous()
+        if not self.model.post_process:
+            return out.contiguous()
+        losses = out if isinstance(out, tuple) else (out,)
+        if len(losses) != len(counts):
+            raise ValueError(f"{type(self.model).__name__} returned {len(losses)} losses for the {len(counts)} label "
+                             f"keys of the batch ({', '.join(k for k in LOSS_LABELS if k in extras)}); it must return "
+                             f"one per-element loss per label key")
+        return sum(loss.sum() / n for loss, n in zip(losses, counts)).reshape(1)  # [1]: torch concatenates these
 
 
 def build_chunks(build: Callable[..., StagedModel], layers: list[range], mesh: ParallelMesh) -> list[StageModule]:

@@ -7,8 +7,9 @@
 The step, on every rank:
 
     1. dp rank d takes sequences [d G/dp, (d+1) G/dp) of the global batch, in m micro-batches;
-       N = non-ignored labels (!= -100) of the whole global batch
-    2. forward + backward of every micro-batch, each contributing sum(token losses) / N:
+       N_k = non-ignored entries (!= -100) of label key k of the whole global batch: ``labels``
+       (tokens, or sequences for a classifier), ``next_sentence_label`` (sequences; BERT's binary head)
+    2. forward + backward of every micro-batch, each contributing sum_k sum(losses of k) / N_k:
        directly when pp = 1, else through the pipeline schedule (``pipeline``); under bf16 or fp16
        autocast, parameters and gradients stay float32, the fp16 loss is multiplied by the scale
     3. gradients summed over dp (``GradReducer``), tied embedding over first+last stage, sequence-
@@ -16,7 +17,8 @@ The step, on every rank:
     4. fp16: unscale, skip the step on every rank if any rank overflowed (the scale drops)
     5. clip to ``clip_grad`` by the global norm (``grads.clip_grad_norm``), optimizer step (ZeRO-1 or not)
 
-The loss returned is the global-batch mean, the same number on every rank and every mesh.
+The loss returned is the global-batch mean (plus the binary head's sequence mean), the same number
+on every rank and every mesh.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.grads import clip_grad_norm
 from tpzoo.engine.loss_scale import DynamicLossScaler
-from tpzoo.engine.pipeline import StageModule, TiedEmbeddingSync, build_chunks, build_schedule
+from tpzoo.engine.pipeline import LOSS_LABELS, StageModule, TiedEmbeddingSync, build_chunks, build_schedule
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.parallel import ParallelMesh, sync_sequence_parallel_grads
+from tpzoo.parallel.health import DEFAULT_WAIT_S, roll_call
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -46,7 +49,7 @@ AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class StepResult:
-    loss: float          # mean token loss of the global batch (before this step's update)
+    loss: float          # global-batch mean loss of each label key, added up (before this step's update)
     grad_norm: float     # global gradient norm before clipping (inf/nan on a skipped fp16 step)
     skipped: bool        # fp16 overflow: no update this step
 
@@ -89,14 +92,14 @@ class Engine:
         g, mbs = self.config.global_batch_size, self.config.micro_batch_size
         if batch["input_ids"].shape[0] != g:
             raise ValueError(f"the batch holds {batch['input_ids'].shape[0]} sequences, the global batch size is {g}")
-        count = (batch["labels"] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+        counts = [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in LOSS_LABELS if k in batch]
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
         for k in range(self.m):
             rows = slice(start + k * mbs, start + (k + 1) * mbs)
             mb = {name: t[rows].to(self.mesh.device) for name, t in batch.items()}
             ids.append(mb.pop("input_ids"))
-            extras.append({**mb, "count": count})
+            extras.append({**mb, "counts": counts})
         return ids, extras
 
     def _forward_backward(self, ids: list[Tensor], extras: list[dict[str, Tensor]]) -> Tensor:
@@ -126,7 +129,8 @@ class Engine:
         return total
 
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
-        """One optimizer step over ``batch`` (input_ids, labels, and BERT's token_type_ids, attention_mask)."""
+        """One optimizer step over ``batch`` (input_ids, labels, and BERT's token_type_ids, attention_mask,
+        next_sentence_label)."""
         ids, extras = self._feeds(batch)
         self.optimizer.zero_grad(set_to_none=True)
         self.reducer.start(self.m)
@@ -150,6 +154,7 @@ class Engine:
                 return StepResult(loss.item(), float("inf"), True)
             norm = clip_grad_norm(self.params, self.config.clip_grad, self.mesh)
             self.optimizer.step()
-        except RuntimeError as e:  # a dead or stuck peer: say which rank saw it, and where it sits
-            raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {e}") from e
+        except RuntimeError as e:  # a dead or stuck peer: a roll call names it (see tpzoo.parallel.health)
+            who = roll_call(min(DEFAULT_WAIT_S, self.config.timeout_s)).describe(self.mesh)
+            raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {who}; {e}") from e
         return StepResult(loss.item(), norm.item(), False)

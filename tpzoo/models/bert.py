@@ -5,14 +5,17 @@ and the heads, every matrix multiply tensor-parallel.
     logits = model(input_ids, token_type_ids, attention_mask)          # MLM logits [b, s, V]
     loss = model(input_ids, token_type_ids, attention_mask, labels)    # per-token MLM loss [b, s]
     mlm, nsp = model(input_ids, ..., return_binary_logits=True)        # + next-sentence logits [b, 2]
+    mlm, nsp = model(input_ids, ..., labels, next_sentence_label=y)   # per-token [b, s], per-sequence [b] loss
 
     clf = BertForSequenceClassification(config)                        # config.num_labels classes
     logits = clf(input_ids, token_type_ids, attention_mask)            # [b, num_labels]
     loss = clf(input_ids, token_type_ids, attention_mask, labels=y)    # per-example loss [b]
 
-attention_mask: 1 = token, 0 = padding (Hugging Face's convention); labels: -100 = no MLM target.
+attention_mask: 1 = token, 0 = padding (Hugging Face's convention); labels: -100 = no MLM target;
+next_sentence_label [b]: 0 = B follows A, 1 = B is random or swapped, -100 = no target.
 The next-sentence (or sentence-order) logits come from the pooled first token, as in Hugging
-Face's BertForPreTraining; the pretraining loss adds their cross entropy to the MLM loss.
+Face's BertForPreTraining; the pretraining loss adds their mean cross entropy (over the sequences)
+to the mean MLM loss (over the masked tokens), as Megatron's lm_loss + sop_loss.
 """
 
 from __future__ import annotations
@@ -110,14 +113,22 @@ class BertHead(nn.Module):
         add_output_weight(self, config, mesh, has_embedding)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None,
-                return_binary_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                return_binary_logits: bool = False, next_sentence_label: Tensor | None = None
+                ) -> Tensor | tuple[Tensor, Tensor]:
         hidden = _gather_sequence(hidden, self.config, self.mesh)
         out = self.lm_head(hidden, output_weight(self, self.config, embedding_weight), labels)
-        if not return_binary_logits:
+        if not return_binary_logits and next_sentence_label is None:
             return out
         if not hasattr(self, "binary_head"):
-            raise ValueError("return_binary_logits=True needs a BertModel built with add_binary_head=True")
-        return out, self.binary_head(self.pooler(hidden))
+            raise ValueError("return_binary_logits=True or next_sentence_label needs a BertModel built with "
+                             "add_binary_head=True")
+        logits = self.binary_head(self.pooler(hidden))                            # [b, 2]
+        if next_sentence_label is None:
+            return out, logits
+        if labels is None or next_sentence_label.shape != hidden.shape[:1]:
+            raise ValueError(f"next_sentence_label must be [b] = [{hidden.shape[0]}] and come with the MLM labels, "
+                             f"got {tuple(next_sentence_label.shape)} with labels={labels is not None}")
+        return out, F.cross_entropy(logits.float(), next_sentence_label, reduction="none")
 
 
 class BertClassificationHead(nn.Module):
@@ -157,8 +168,11 @@ class BertModel(_BertBase):
     word embeddings; with ``add_binary_head`` the pooler and the NSP/SOP head, as BertForPreTraining).
 
     forward(input_ids [b, s], token_type_ids [b, s] | None, attention_mask [b, s] | None,
-    labels [b, s] | None, return_binary_logits=False) -> MLM logits [b, s, V] | per-token loss
-    [b, s], or (that, binary logits [b, 2]). Stages: see ``StagedModel``.
+    labels [b, s] | None, return_binary_logits=False, next_sentence_label [b] | None) -> MLM logits
+    [b, s, V] | per-token loss [b, s], or (that, binary logits [b, 2]); with labels and
+    next_sentence_label (per-token MLM loss [b, s], per-sequence binary loss [b]), float32, 0 where
+    a label is -100: one loss per label, in the order the engine divides them by their global
+    counts (``tpzoo.engine.pipeline.LOSS_LABELS``). Stages: see ``StagedModel``.
     """
 
     ties_output_to_embedding = True
@@ -172,12 +186,13 @@ class BertModel(_BertBase):
         return BertHead(self.config, self.mesh, self.pre_process, self.add_binary_head)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                labels: Tensor | None = None, return_binary_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                labels: Tensor | None = None, return_binary_logits: bool = False,
+                next_sentence_label: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         hidden = self.encode(input_ids, token_type_ids, attention_mask)
         if not self.post_process:
             return hidden
         tied = self.embedding.word_embeddings.weight if self.pre_process and self.config.tie_word_embeddings else None
-        return self.head(hidden, labels, tied, return_binary_logits)
+        return self.head(hidden, labels, tied, return_binary_logits, next_sentence_label)
 
 
 class BertForSequenceClassification(_BertBase):
