@@ -67,7 +67,7 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
     mesh = engine.mesh
     ids, extras = engine._feeds(batch)
     for e in extras:
-        e.pop("count")
+        e.pop("counts")
         if logits:
             e.pop("labels")
     modes = [chunk.training for chunk in engine.chunks]

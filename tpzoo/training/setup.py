@@ -53,11 +53,8 @@ class Run:
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
 
     def batch(self, dataset: Any, start: int) -> dict[str, torch.Tensor]:
-        """The global batch of ``dataset`` from sample ``start`` on, as the engine takes it (the
-        sentence-order label dropped: BERT is built without its binary head)."""
-        batch = global_batch(dataset, start, self.engine.config.global_batch_size)
-        batch.pop("next_sentence_label", None)
-        return batch
+        """The global batch of ``dataset`` from sample ``start`` on (BERT's sentence-order label included)."""
+        return global_batch(dataset, start, self.engine.config.global_batch_size)
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
@@ -109,7 +106,7 @@ def build_model(args: argparse.Namespace, config: TransformerConfig, mesh: Paral
     """One pipeline stage of the ``--model`` (``stage``: pre_process, post_process, layers)."""
     if args.model == "gpt":
         return GPTModel(config, mesh, **stage)
-    return BertModel(config, mesh, add_binary_head=False, **stage)
+    return BertModel(config, mesh, **stage)
 
 
 def build_run(args: argparse.Namespace) -> Run:
