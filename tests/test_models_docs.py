@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from doc_helpers import ROOT, blocks, commands, run
 
 from tpzoo.models import format_presets
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["models.md", "conversion.md"]
-
-
-def blocks(doc: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", (ROOT / "docs" / doc).read_text(), re.S)
-
-
-def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "2"}
-    env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
 def check_bench(out: str) -> None:
@@ -40,12 +27,12 @@ def check_bench(out: str) -> None:
 @pytest.mark.parametrize("doc", DOCS)
 def test_doc_commands_and_python_blocks_run(doc, tmp_path):
     (tmp_path / "bench").symlink_to(ROOT / "bench")
-    python_blocks, bash_blocks = blocks(doc, "python"), blocks(doc, "bash")
-    assert python_blocks and bash_blocks, f"{doc}: no examples found"
+    python_blocks, shell = blocks(doc, "python"), commands(doc)
+    assert python_blocks and shell, f"{doc}: no examples found"
     for code in python_blocks:
         done = run([sys.executable, "-c", code], tmp_path)
         assert done.returncode == 0, f"{doc} python block failed:\n{code}\n{done.stderr[-3000:]}"
-    for command in (line for block in bash_blocks for line in block.splitlines() if line.strip()):
+    for command in shell:
         done = run(["bash", "-c", command], tmp_path)
         assert done.returncode == 0, f"{doc}: `{command}` failed:\n{done.stderr[-3000:]}"
         if command == "python -m tpzoo.models":

@@ -14,6 +14,7 @@ those given. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -47,7 +48,8 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         return main()
     except MISUSE as err:
         message = " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split())
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line is enough
+            print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -99,8 +101,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below."""
-    d = dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
-             lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234, **defaults)
+    d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
+                lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
     g = parser.add_argument_group("batch and optimizer")
     g.add_argument("--micro-batch-size", type=_positive_int, default=d["micro_batch_size"])
     g.add_argument("--global-batch-size", type=_positive_int, default=d["global_batch_size"])
@@ -152,3 +154,19 @@ def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
                use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
                weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision),
         **changes})
+
+
+def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Checkpointing, evaluation and logging: ``--save --save-interval --load --eval-interval
+    --eval-iters --log-interval --log-dir`` (``defaults`` override the values below)."""
+    d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
+    g = parser.add_argument_group("run")
+    g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
+    g.add_argument("--save-interval", type=_positive_int, default=d["save_interval"],
+                   help="save every N iterations (default: only at the end)")
+    g.add_argument("--load", metavar="DIR", help="resume from the newest checkpoint in DIR (or DIR/iter_N)")
+    g.add_argument("--eval-interval", type=_non_negative_int, default=d["eval_interval"],
+                   help="validation loss every N iterations and at the end; 0 = never")
+    g.add_argument("--eval-iters", type=_positive_int, default=d["eval_iters"], help="global batches per evaluation")
+    g.add_argument("--log-interval", type=_positive_int, default=d["log_interval"], help="log every N iterations")
+    g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl and TensorBoard events (default: the --save dir)")

@@ -1,0 +1,45 @@
+"""Pretrain a GPT or BERT on the pp x dp x tp mesh: ``python pretrain.py`` (a tiny GPT on the demo
+corpus, a few minutes on a CPU) or ``torchrun --nproc-per-node N pretrain.py --tp .. --pp ..``.
+Flags, schedule, metrics and checkpoints: docs/training.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# OpenMP threads that spin while they wait crawl (20-50x slower steps) on a CPU shared with other
+# processes; waiting threads that sleep cost nothing measurable. Set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch.distributed as dist  # noqa: E402
+
+from tpzoo.data.build import add_data_args  # noqa: E402
+from tpzoo.training.args import (add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
+                                 add_precision_args, add_run_args, command_parser, exit_on_misuse)
+from tpzoo.training.loop import Summary, train  # noqa: E402
+from tpzoo.training.setup import build_run  # noqa: E402
+
+PROG = "pretrain.py"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = command_parser(PROG, "Pretrain a GPT or BERT on the pp x dp x tp mesh (docs/training.md).")
+    add_model_args(p)
+    add_parallel_args(p)
+    add_optimizer_args(p, micro_batch_size=8, global_batch_size=32, train_iters=300, lr=3e-3, min_lr=3e-4,
+                       lr_warmup_iters=30)
+    add_precision_args(p)
+    add_data_args(p)
+    add_run_args(p)
+    return p
+
+
+def main() -> Summary:
+    args = parser().parse_args()
+    summary = train(exit_on_misuse(PROG, lambda: build_run(args)))
+    dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""pretrain.py end to end on the CPU: the same losses on every mesh, resuming on another mesh, after
+a SIGKILL, and misuse that ends in one line and exit status 2.
+
+One single-process run and one 8-rank run at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 train the same
+tiny GPT for 12 iterations (float32, no dropout), saving at 6. The 8-rank checkpoint at 6 is then
+resumed at (1, 1, 1), (4, 2, 1) and (1, 4, 2) (3 more launches): the val loss right after loading
+and the training losses 7..12 must match the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from pretrain_helpers import TINY, command, env, metrics, pretrain, rel, run
+
+ITERS, SAVED = 12, 6
+FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 3 --eval-iters 2 --save-interval {SAVED}".split()
+LOSS_TOL, VAL_TOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pretrain")
+    pretrain(FLAGS + ["--save", "single"], root)
+    pretrain(FLAGS + ["--save", "3d", "--use-distributed-optimizer"], root, (2, 2, 2))
+    return root
+
+
+def test_8_ranks_log_the_single_process_losses(runs):
+    one, three = metrics(runs / "single"), metrics(runs / "3d")
+    assert sorted(one) == sorted(three) == list(range(1, ITERS + 1))
+    assert [i for i in one if "val_loss" in one[i]] == [3, 6, 9, 12]
+    worst = max(rel(three[i][key], one[i][key]) for i in one for key in ("loss", "val_loss") if key in one[i])
+    print(f"largest relative loss difference (2,2,2) vs (1,1,1): {worst:.2e}")
+    assert worst <= LOSS_TOL
+    assert [one[i]["lr"] for i in one] == [three[i]["lr"] for i in one]
+    assert one[ITERS]["loss"] < one[1]["loss"] - 0.2
+    assert (runs / "3d" / "latest").read_text().strip() == f"iter_{ITERS:07d}"
+
+
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (4, 2, 1), (1, 4, 2)], ids=lambda m: "tp%d-pp%d-dp%d" % m)
+def test_resume_on_another_mesh_continues_the_run(runs, mesh, tmp_path):
+    done = pretrain(FLAGS + ["--load", str(runs / "3d" / f"iter_{SAVED:07d}"), "--save", "resumed"], tmp_path, mesh)
+    found = re.search(rf"resumed from \S+ at iteration {SAVED} \(consumed samples 48\): val loss (\S+)", done.stdout)
+    assert found, done.stdout
+    saved, resumed = metrics(runs / "3d"), metrics(tmp_path / "resumed")
+    val_diff = rel(float(found.group(1)), saved[SAVED]["val_loss"])
+    assert sorted(resumed) == list(range(SAVED + 1, ITERS + 1))
+    worst = max(rel(resumed[i][key], saved[i][key]) for i in resumed for key in ("loss", "val_loss") if key in saved[i])
+    print(f"resumed at {mesh}: val loss relative difference {val_diff:.1e}, largest loss difference {worst:.2e}")
+    assert val_diff <= VAL_TOL and worst <= LOSS_TOL
+
+
+def wait_for_save_then_kill(proc: subprocess.Popen, save_dir: Path, timeout: float = 120.0) -> int:
+    """SIGKILL ``proc`` once a checkpoint exists and a later iteration was logged; returns the
+    iteration of that checkpoint."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before it could be killed"
+        latest = save_dir / "latest"
+        if latest.is_file() and (save_dir / "metrics.jsonl").is_file():
+            saved = int(latest.read_text().strip().split("_")[1])
+            if max(metrics(save_dir), default=0) > saved:
+                proc.kill()
+                proc.wait()
+                return saved
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("no checkpoint appeared in time")
+
+
+def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
+    flags = TINY + "--train-iters 150 --eval-interval 25 --eval-iters 2 --save-interval 10".split()
+    pretrain(flags + ["--save", "whole"], tmp_path)
+    proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = wait_for_save_then_kill(proc, tmp_path / "killed")
+    print(f"killed after the checkpoint at iteration {saved}")
+    assert saved < 150
+    pretrain(flags + ["--save", "killed", "--load", "killed"], tmp_path)
+    fields = ("loss", "lr", "grad_norm", "val_loss")
+    whole, resumed = metrics(tmp_path / "whole"), metrics(tmp_path / "killed")
+    assert sorted(resumed) == sorted(whole)
+    assert [[r.get(f) for f in fields] for r in resumed.values()] == [[r.get(f) for f in fields] for r in whole.values()]
+
+
+@pytest.mark.parametrize("flags, problem", [
+    ("--lr -1", "--lr -1.0 must be > 0"),
+    ("--tp 2", "world size 1 is not divisible by tp x pp"),
+    ("--global-batch-size 10 --micro-batch-size 4", "global batch size 10 is not divisible"),
+    ("--data-path nowhere/corpus", "nowhere/corpus"),
+    ("--load empty", "holds no tpzoo checkpoint"),
+    ("--load {single} --hidden-size 64", "hidden_size: checkpoint 32, flags 64"),
+], ids=["lr", "world", "batch", "data", "no-checkpoint", "other-model"])
+def test_misuse_ends_in_one_line_and_exit_2(runs, flags, problem, tmp_path):
+    (tmp_path / "empty").mkdir()
+    args = TINY + flags.format(single=runs / "single").split() + ["--save", "out"]
+    done = run(command(args), tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("pretrain.py: error: "), done.stderr
+    assert problem in done.stderr
+    assert not (tmp_path / "out").exists(), "misuse must stop before any training"

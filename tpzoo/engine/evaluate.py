@@ -1,0 +1,121 @@
+"""Forward-only passes of a global batch through the engine's chunks: validation loss, logits.
+
+    outputs = forward_only(engine, batch)                  # this dp rank's micro-batches, every pp rank
+    loss = eval_loss(engine, batch)                        # global-batch mean token loss, no update
+    logits = eval_logits(engine, batch)                    # [G, ...] over dp, on every rank
+
+No backward and no training schedule: with pp > 1 every micro-batch walks the stages in order,
+stage i (chunk i // pp of pp rank i % pp) receiving its input [mbs, s(/tp), h] (float32) from
+stage i - 1 and sending its output to stage i + 1 over ``mesh.pp_group``, blocking. Every rank
+walks micro-batches and stages in the same order, so the sends and receives pair up. Each stage
+gets its micro-batch's extras as in ``train_step`` (``engine._feeds``); the chunks run under
+no_grad, in eval mode (dropout off; each chunk's mode is restored afterwards), under the
+engine's autocast. The last stage's outputs are broadcast to the other ranks of its pp group.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpzoo.engine.train_step import AUTOCAST, IGNORE_INDEX, Engine
+
+
+def _pp_rank_of(engine: Engine, pp_rank: int) -> int:
+    return dist.get_global_rank(engine.mesh.pp_group, pp_rank)
+
+
+def _stage_input(engine: Engine, stage: int, ids: Tensor) -> Tensor:
+    """Stage ``stage``'s input for this micro-batch: the token ids [mbs, s] on stage 0, else the
+    previous stage's hidden states [mbs, s(/tp), h] received from its pp rank."""
+    if stage == 0:
+        return ids
+    mesh, c = engine.mesh, engine.chunks[0].model.config
+    seq = ids.shape[1] // (mesh.tp_size if c.sequence_parallel else 1)
+    hidden = torch.empty(ids.shape[0], seq, c.hidden_size, device=mesh.device)
+    dist.recv(hidden, src=_pp_rank_of(engine, (stage - 1) % mesh.pp_size), group=mesh.pp_group)
+    return hidden
+
+
+def _broadcast_last(engine: Engine, out: Tensor | None) -> Tensor:
+    """The last stage's output (float32, any shape) on every rank of the pp group: shape, then data."""
+    mesh = engine.mesh
+    if mesh.pp_size == 1:
+        return out.float()
+    src = _pp_rank_of(engine, (engine.num_stages - 1) % mesh.pp_size)
+    ndim = torch.tensor([out.dim() if out is not None else 0], device=mesh.device)
+    dist.broadcast(ndim, src=src, group=mesh.pp_group)
+    shape = torch.tensor(out.shape if out is not None else [0] * int(ndim), dtype=torch.long, device=mesh.device)
+    dist.broadcast(shape, src=src, group=mesh.pp_group)
+    data = out.float().contiguous() if out is not None else torch.empty(shape.tolist(), device=mesh.device)
+    dist.broadcast(data, src=src, group=mesh.pp_group)
+    return data
+
+
+def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = False) -> list[Tensor]:
+    """The last stage's model outputs (float32) for each of this dp rank's ``engine.m`` micro-batches,
+    on every rank of the pp group (and the same on the tp ranks).
+
+    ``batch`` is a global batch as ``train_step`` takes it (input_ids [G, s], labels, BERT's extras).
+    ``logits=False``: the model's outputs given the labels: per-token losses [mbs, s] (GPT, BERT MLM)
+    or per-example losses [mbs] (sequence classification). ``logits=True``: the labels are withheld
+    and the outputs are logits: [mbs, s, V] or [mbs, num_labels].
+    """
+    mesh = engine.mesh
+    ids, extras = engine._feeds(batch)
+    for e in extras:
+        e.pop("counts")
+        if logits:
+            e.pop("labels")
+    modes = [chunk.training for chunk in engine.chunks]
+    autocast = (torch.autocast(mesh.device.type, dtype=AUTOCAST[engine.config.precision])
+                if engine.config.precision in AUTOCAST else nullcontext())
+    last = engine.num_stages - 1
+    outputs = []
+    try:
+        for chunk in engine.chunks:
+            chunk.eval()
+        with torch.no_grad(), autocast:
+            for x, extra in zip(ids, extras):
+                out = None
+                for stage in range(mesh.pp_rank, engine.num_stages, mesh.pp_size):
+                    # stages of other pp ranks in between are theirs to run; ours wait in recv
+                    y = engine.chunks[stage // mesh.pp_size].model(_stage_input(engine, stage, x), **extra)
+                    if stage < last:
+                        dist.send(y.float().contiguous(), dst=_pp_rank_of(engine, (stage + 1) % mesh.pp_size),
+                                  group=mesh.pp_group)
+                    else:
+                        out = y
+                outputs.append(_broadcast_last(engine, out))
+    finally:
+        for chunk, mode in zip(engine.chunks, modes):
+            chunk.train(mode)
+    return outputs
+
+
+def gather_dp(engine: Engine, outputs: list[Tensor]) -> Tensor:
+    """This dp rank's micro-batch outputs [mbs, ...] each -> the whole global batch's [G, ...], in
+    batch order (dp rank d holds rows [d G/dp, (d+1) G/dp)), on every rank."""
+    local = torch.cat(outputs)
+    parts = [torch.empty_like(local) for _ in range(engine.mesh.dp_size)]
+    dist.all_gather(parts, local, group=engine.mesh.dp_group)
+    return torch.cat(parts)
+
+
+def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:
+    """The global-batch mean loss as ``train_step`` reports it (sum of the losses of the non-ignored
+    labels / their count), without updating anything: the same number on every rank and mesh."""
+    count = (batch["labels"] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+    outputs = forward_only(engine, batch)
+    loss = torch.stack([out.sum() / count.to(out.device) for out in outputs]).sum()
+    dist.all_reduce(loss, group=engine.mesh.dp_group)
+    return loss.item()
+
+
+def eval_logits(engine: Engine, batch: dict[str, Tensor]) -> Tensor:
+    """The logits of the whole global batch on every rank: [G, num_labels] for a sequence classifier,
+    [G, s, V] for a language model."""
+    return gather_dp(engine, forward_only(engine, batch, logits=True))
