@@ -152,3 +152,19 @@ def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
                use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
                weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision),
         **changes})
+
+
+def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Checkpointing, evaluation and logging: ``--save --save-interval --load --eval-interval
+    --eval-iters --log-interval --log-dir`` (``defaults`` override the values below)."""
+    d = dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10, **defaults)
+    g = parser.add_argument_group("run")
+    g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
+    g.add_argument("--save-interval", type=_positive_int, default=d["save_interval"],
+                   help="save every N iterations (default: only at the end)")
+    g.add_argument("--load", metavar="DIR", help="resume from the newest checkpoint in DIR (or DIR/iter_N)")
+    g.add_argument("--eval-interval", type=_non_negative_int, default=d["eval_interval"],
+                   help="validation loss every N iterations and at the end; 0 = never")
+    g.add_argument("--eval-iters", type=_positive_int, default=d["eval_iters"], help="global batches per evaluation")
+    g.add_argument("--log-interval", type=_positive_int, default=d["log_interval"], help="log every N iterations")
+    g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl and TensorBoard events (default: the --save dir)")

@@ -1,0 +1,154 @@
+"""What a training run reports: ``metrics.jsonl``, a tqdm bar or plain lines, TensorBoard events, MFU.
+
+    metrics = Metrics(log_dir, train_iters, log_interval, start=iteration, flops_per_token=..., peak_flops=...)
+    metrics.step(tokens, seconds)                       # after every train step
+    metrics.log(iteration, loss=..., lr=..., grad_norm=..., val_loss=None, last=False)
+    metrics.close()
+
+Each line of ``metrics.jsonl`` is one logged iteration: ``iteration``, ``loss`` (the global-batch
+mean of that iteration), ``lr``, ``grad_norm``, ``tokens_per_sec`` (over the train steps since the
+previous line), ``val_loss`` on eval lines and ``mfu`` where the device's peak is known. Only the
+rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.presets import num_parameters
+
+# dense peak FLOP/s per GPU (no sparsity) by device-name fragment, first match wins: bf16, fp16, fp32
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", dict(bf16=989e12, fp16=989e12, fp32=67e12)),
+    ("H100 PCIe", dict(bf16=756e12, fp16=756e12, fp32=51e12)),
+    ("H100", dict(bf16=989e12, fp16=989e12, fp32=67e12)),
+    ("A100", dict(bf16=312e12, fp16=312e12, fp32=19.5e12)),
+    ("L40S", dict(bf16=362e12, fp16=362e12, fp32=91.6e12)),
+    ("L4", dict(bf16=121e12, fp16=121e12, fp32=30.3e12)),
+    ("V100", dict(fp16=125e12, fp32=15.7e12)),
+    ("T4", dict(fp16=65e12, fp32=8.1e12)),
+]
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of one ``device`` at ``precision`` (fp32/bf16/fp16), or None (CPU, unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peaks.get(precision) for fragment, peaks in PEAK_FLOPS if fragment in name), None)
+
+
+def flops_per_token(config: TransformerConfig, seq_length: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 x parameters + 12 x layers x hidden x seq
+    for the attention scores (PaLM's count; the full, not the causal, score matrix)."""
+    return 6.0 * num_parameters(config) + 12.0 * config.num_layers * config.hidden_size * seq_length
+
+
+def _tensorboard(log_dir: Path) -> Any:
+    """A SummaryWriter when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(log_dir))
+
+
+def format_line(record: dict[str, Any], train_iters: int) -> str:
+    """One plain log line: ``iteration 10/100 | loss 4.2107 | lr 1.00e-03 | ...``."""
+    parts = [f"iteration {record['iteration']}/{train_iters}"]
+    for key, fmt in (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3f"),
+                     ("tokens_per_sec", ",.0f"), ("mfu", ".1%")):
+        if record.get(key) is not None:
+            parts.append(f"{key.replace('_', ' ')} {record[key]:{fmt}}")
+    return " | ".join(parts)
+
+
+def _iteration(line: str) -> float:
+    """The iteration of a metrics.jsonl line; inf for a line cut short by a killed run."""
+    try:
+        return json.loads(line)["iteration"]
+    except (ValueError, KeyError):
+        return float("inf")
+
+
+def open_metrics(path: Path, start: int) -> Any:
+    """``path`` opened for appending, keeping only its lines up to iteration ``start`` (a resumed run
+    replaces what the run it resumes logged after its checkpoint)."""
+    kept = []
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if _iteration(line) <= start]
+    path.write_text("".join(line + "\n" for line in kept))
+    return open(path, "a", encoding="utf-8")
+
+
+class Metrics:
+    """The run's log: metrics.jsonl (appended to on resume), the bar or plain lines, TensorBoard."""
+
+    def __init__(self, log_dir: str | Path, train_iters: int, log_interval: int, *, start: int = 0,
+                 flops_per_token: float = 0.0, peak_flops: float | None = None, world_size: int = 1,
+                 enabled: bool = True, interactive: bool | None = None) -> None:
+        self.train_iters, self.log_interval, self.enabled = train_iters, log_interval, enabled
+        self.flops_per_token, self.peak = flops_per_token, (peak_flops * world_size if peak_flops else None)
+        self.tokens, self.seconds = 0, 0.0
+        self.file = self.writer = self.bar = None
+        if not enabled:
+            return
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open_metrics(self.log_dir / "metrics.jsonl", start)
+        self.writer = _tensorboard(self.log_dir)
+        if sys.stderr.isatty() if interactive is None else interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=train_iters, initial=start, unit="it", dynamic_ncols=True)
+
+    def print(self, text: str) -> None:
+        """A line on stdout (above the bar when there is one); rank 0 only."""
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(text, flush=True)
+
+    def step(self, tokens: int, seconds: float) -> None:
+        """Count one train step of ``tokens`` tokens that took ``seconds``."""
+        self.tokens += tokens
+        self.seconds += seconds
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def log(self, iteration: int, *, loss: float, lr: float, grad_norm: float, val_loss: float | None = None,
+            last: bool = False) -> dict[str, Any] | None:
+        """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it."""
+        if not (iteration % self.log_interval == 0 or val_loss is not None or last):
+            return None
+        speed = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        record: dict[str, Any] = dict(iteration=iteration, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_sec=speed)
+        if val_loss is not None:
+            record["val_loss"] = val_loss
+        if self.peak:
+            record["mfu"] = speed * self.flops_per_token / self.peak
+        self.tokens, self.seconds = 0, 0.0
+        if not self.enabled:
+            return record
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "iteration":
+                    self.writer.add_scalar(f"train/{key}" if key != "val_loss" else "valid/loss", value, iteration)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
+            if val_loss is not None:
+                self.bar.write(format_line(record, self.train_iters))
+        else:
+            print(format_line(record, self.train_iters), flush=True)
+        return record
+
+    def close(self) -> None:
+        for handle in (self.bar, self.writer, self.file):
+            if handle is not None:
+                handle.close()

@@ -1,0 +1,136 @@
+"""What a pretraining run is built from, before its first step: the checkpoint to resume (checked
+against the flags), the mesh, the data, the model config and the engine.
+
+    run = build_run(args)        # raises ValueError/FileNotFoundError on misuse, before any training
+    run.engine, run.train, run.valid, run.schedule, run.iteration, run.consumed_samples
+
+Global batch k of the train split is samples [c, c + G) where c = consumed samples (k G when the
+batch size never changed), the same on every mesh and after a resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tpzoo.checkpoint import load_checkpoint, read_meta, resolve_checkpoint
+from tpzoo.data.build import build_datasets, resolve_data, samples_needed
+from tpzoo.data.tokenizer import Tokenizer
+from tpzoo.engine import Engine
+from tpzoo.models import BertModel, GPTModel
+from tpzoo.models.config import TransformerConfig
+from tpzoo.parallel import ParallelMesh, init_mesh
+from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.lr_schedule import LRSchedule
+
+# TransformerConfig fields a resumed run may change: they do not shape the weights
+RUN_FIELDS = ("seed", "kernels", "attention_backend", "recompute_activations", "sequence_parallel",
+              "hidden_dropout", "attention_dropout")
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    mesh: ParallelMesh
+    tokenizer: Tokenizer
+    data_prefix: str
+    config: TransformerConfig
+    engine: Engine
+    schedule: LRSchedule
+    train: Any                      # map-style dataset of dicts of [s] tensors
+    valid: Any                      # likewise, or None without evaluation
+    save_dir: Path
+    log_dir: Path
+    iteration: int = 0              # optimizer steps done
+    consumed_samples: int = 0       # train samples read so far: the data position
+    loaded_from: Path | None = None
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint records besides the tensors (JSON-able)."""
+        return dict(model=self.args.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
+                    data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
+                    lr_schedule=self.schedule.state_dict(), args=vars(self.args))
+
+
+def global_batch(dataset: Any, start: int, size: int) -> dict[str, torch.Tensor]:
+    """Samples [start, start + size) of ``dataset`` stacked per key: ``input_ids`` [size, s] etc."""
+    samples = [dataset[i] for i in range(start, start + size)]
+    return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+
+def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> list[str]:
+    """``field checkpoint X, flags Y`` for each weight-shaping field that differs."""
+    a, b = saved.to_dict(), wanted.to_dict()
+    return [f"{k}: checkpoint {a[k]}, flags {b[k]}" for k in a if k not in RUN_FIELDS and a[k] != b[k]]
+
+
+def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: dict[str, Any] | None
+                         ) -> TransformerConfig:
+    """The flags' model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta)
+    the checkpoint's config is the base, and any shape the flags change is a ValueError."""
+    if saved is None:
+        return model_config(args, vocab_size=tokenizer.vocab_size)
+    if saved["model"] != args.model:
+        raise ValueError(f"--load {args.load} holds a {saved['model']} model but --model is {args.model}; "
+                         f"pass --model {saved['model']}")
+    stored = TransformerConfig.from_dict(saved["model_config"])
+    config = model_config(args, None if args.preset else stored, vocab_size=tokenizer.vocab_size)
+    differ = differing_fields(stored, config)
+    if differ:
+        raise ValueError(f"--load {args.load} holds another model than the flags ask for ({'; '.join(differ)}); "
+                         f"drop the model flags that differ or start a new run without --load")
+    return config
+
+
+def default_run_dir(model: str) -> Path:
+    """runs/<model>-<time of rank 0>, the same on every rank."""
+    name = [f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+def build_model(args: argparse.Namespace, config: TransformerConfig, mesh: ParallelMesh, **stage: Any
+                ) -> GPTModel | BertModel:
+    """One pipeline stage of the ``--model`` (``stage``: pre_process, post_process, layers)."""
+    if args.model == "gpt":
+        return GPTModel(config, mesh, **stage)
+    return BertModel(config, mesh, add_binary_head=False, **stage)
+
+
+def check_run_args(args: argparse.Namespace) -> LRSchedule:
+    """Flag values argparse cannot check alone; returns the lr schedule."""
+    if args.eval_interval and args.eval_iters < 1:
+        raise ValueError("--eval-iters must be >= 1 when --eval-interval is set")
+    return LRSchedule.from_args(args)
+
+
+def build_run(args: argparse.Namespace) -> Run:
+    """Everything a run needs, checked before any training; resumes from ``--load`` if given."""
+    schedule = check_run_args(args)
+    checkpoint = resolve_checkpoint(args.load) if args.load else None
+    saved = read_meta(checkpoint) if checkpoint else None
+    mesh = init_mesh(args.tp, args.pp, args.dp)
+    tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
+    config = resolve_model_config(args, tokenizer, saved)
+    engine_cfg = engine_config(args)
+    g = engine_cfg.global_batch_size
+    consumed = saved["consumed_samples"] if saved else 0
+    train_iters_left = max(0, args.train_iters - (saved["iteration"] if saved else 0))
+    needed = samples_needed(args.train_iters, g, args.eval_interval, args.eval_iters)
+    needed = (max(needed[0], consumed + train_iters_left * g), needed[1], needed[2])
+    train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split)
+    engine = Engine(lambda **stage: build_model(args, config, mesh, **stage), config, engine_cfg, mesh)
+    save_dir = Path(args.save) if args.save else default_run_dir(args.model)
+    run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, train, valid, save_dir,
+              Path(args.log_dir) if args.log_dir else save_dir)
+    if checkpoint is not None:
+        loaded = load_checkpoint(checkpoint, engine)
+        run.iteration, run.consumed_samples, run.loaded_from = loaded["iteration"], loaded["consumed_samples"], checkpoint
+    return run
