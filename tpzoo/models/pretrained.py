@@ -24,7 +24,7 @@ from tpzoo.models.base import StagedModel
 from tpzoo.models.bert import BertForSequenceClassification, BertModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.gpt import GPTModel
-from tpzoo.models.sharding import full_state_dict, load_full_state_dict
+from tpzoo.models.sharding import full_state_dict, load_full_state_dict, source_name
 from tpzoo.parallel import ParallelMesh, get_mesh
 
 FORMAT = "tpzoo-model"
@@ -94,6 +94,14 @@ def save_pretrained(model: StagedModel, path: str | Path) -> Path:
     return Path(path)
 
 
+def load_state(model: StagedModel, state: dict[str, Tensor], *, strict: bool = True) -> list[str]:
+    """Load a full state dict into ``model`` or a stage of it (a last stage's tied copy of the word
+    embedding takes the embedding's weight); ``strict=False`` returns the parameters left as they were
+    (see ``load_full_state_dict``)."""
+    picked = {k: state[source_name(k)] for k in model.state_dict() if source_name(k) in state}
+    return load_full_state_dict(model, picked, strict=strict)
+
+
 def from_pretrained(path: str | Path, mesh: ParallelMesh | None = None, **stage: Any) -> StagedModel:
     """Build the saved model for ``mesh`` (default ``get_mesh()``), any tp, and load its weights.
 
@@ -101,9 +109,5 @@ def from_pretrained(path: str | Path, mesh: ParallelMesh | None = None, **stage:
     """
     class_name, options, config, state = read_pretrained(path)
     model = build_model(class_name, config, mesh if mesh is not None else get_mesh(), **options, **stage)
-    own = model.state_dict()
-    picked = {k: state[k] for k in own if k in state}
-    if "head.word_embeddings.weight" in own:  # a last stage's copy of the tied embedding
-        picked["head.word_embeddings.weight"] = state["embedding.word_embeddings.weight"]
-    load_full_state_dict(model, picked)
+    load_state(model, state)
     return model

@@ -23,6 +23,15 @@ from torch import Tensor, nn
 from tpzoo.parallel import ParallelMesh
 from tpzoo.parallel.collectives import all_gather
 
+# A last pipeline stage's copy of the tied word embedding (``embedding.add_output_weight``): saved
+# state holds only the first stage's weight, and the copy is loaded from it.
+TIED_COPY, TIED_SOURCE = "head.word_embeddings.weight", "embedding.word_embeddings.weight"
+
+
+def source_name(name: str) -> str:
+    """The name under which saved state holds parameter ``name`` (the tied copy reads the embedding's)."""
+    return TIED_SOURCE if name == TIED_COPY else name
+
 
 def tp_partitions(model: nn.Module, tp: int) -> dict[str, tuple[int, int]]:
     """name -> (partition dim, full size along it) for every parameter marked ``tp_shard_dim``.
@@ -77,24 +86,44 @@ def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor
     return full.narrow(dim, mesh.tp_rank * local_size, local_size)
 
 
+def full_shape(local: Tensor, partition: tuple[int, int] | None) -> tuple[int, ...]:
+    """The full (unpadded) shape of a tensor shaped like a parameter whose shard is ``local``."""
+    shape = list(local.shape)
+    if partition is not None:
+        shape[partition[0]] = partition[1]
+    return tuple(shape)
+
+
 @torch.no_grad()
-def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: ParallelMesh | None = None) -> None:
-    """Copy a full state dict (any tp wrote it) into this rank's shards; keys must match exactly."""
+def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: ParallelMesh | None = None, *,
+                         strict: bool = True) -> list[str]:
+    """Copy a full state dict (any tp wrote it) into this rank's shards.
+
+    ``strict``: the keys must match exactly and the shapes fit. Otherwise the parameters that ``state``
+    lacks or holds in another full shape keep their values, and their names are returned (sorted).
+    """
     mesh = mesh or model.mesh
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
+    if strict and (missing or unexpected):
         raise KeyError(f"state dict does not fit {type(model).__name__}: missing {missing[:8]}"
                        f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
                        f"{' ...' if len(unexpected) > 8 else ''}")
     partitions = tp_partitions(model, mesh.tp_size)
+    kept = list(missing)
     for name, target in own.items():
-        value = state[name]
-        if name in partitions:
-            dim, size = partitions[name]
+        if name not in state:
+            continue
+        value, partition = state[name], partitions.get(name)
+        if not strict and tuple(value.shape) != full_shape(target, partition):
+            kept.append(name)
+            continue
+        if partition is not None:
+            dim, size = partition
             if value.shape[dim] != size:
                 raise ValueError(f"{name}: full size {size} along dim {dim} expected, got shape {tuple(value.shape)}")
             value = shard(value, dim, target.shape[dim], mesh)
         if value.shape != target.shape:
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(target.shape)}")
         target.copy_(value)
+    return sorted(kept)

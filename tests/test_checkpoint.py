@@ -1,0 +1,260 @@
+"""Checkpoints: save on (tp, pp, dp) = (2, 2, 2), resume on other meshes exactly, atomic saves, load_model.
+
+One 8-rank spawn trains three runs 5 steps each on (2, 2, 2), saving after step 3: GPT (fp32, ZeRO-1),
+BERT (fp16 loss scaling, plain AdamW) and GPT with dropout. Then on (4, 2, 1) and (1, 4, 2) (ZeRO-1
+on or off) a fresh engine loads the GPT and BERT checkpoints: full weights and every parameter's
+optimizer state equal the saved ones bit for bit, and 2 more steps give the uninterrupted run's
+losses; the dropout run resumes on (2, 2, 2) with its RNG and matches exactly. ``load_model``
+rebuilds the saved models at tp 1 and 2 and as pipeline stages. A 1-rank spawn resumes on (1, 1, 1)
+and checks atomicity, errors and model folders.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from tpzoo.checkpoint import latest_iteration, load_checkpoint, load_model, read_meta, resolve_checkpoint, save_checkpoint
+from tpzoo.checkpoint.optimizer import local_optimizer
+from tpzoo.engine import Engine, EngineConfig
+from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, full_state_dict, get_preset
+from tpzoo.models.pretrained import save_pretrained
+from tpzoo.models.sharding import gather_full, load_full_state_dict, source_name, tp_partitions
+from tpzoo.parallel import init_mesh, manual_seed
+from tpzoo.testing import spawn
+
+G, S, SAVE_AT, STEPS = 16, 8, 3, 5
+LR, WD, CLIP, EPS = 3e-3, 0.01, 0.5, 1e-6
+VOCAB = {"gpt": 500, "bert": 101}  # not multiples of 128: the padded vocabulary differs per tp
+RUNS = {"gpt": ("gpt", "fp32", True, 0.0), "bert": ("bert", "fp16", False, 0.0), "dropout": ("gpt", "fp32", False, 0.1)}
+RESUMES = {(4, 2, 1): {"gpt": False, "bert": False}, (1, 4, 2): {"gpt": False, "bert": True}}  # ZeRO-1 on resume
+FP16_TOL = 2e-5  # fp16 autocast: another tp rounds the matmuls differently (measured 4e-6)
+
+
+def model_config(kind: str, dropout: float = 0.0):
+    return get_preset(f"{kind}-tiny", num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                      vocab_size=VOCAB[kind], max_position_embeddings=16, hidden_dropout=dropout,
+                      attention_dropout=dropout, kernels="torch")
+
+
+def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(0, VOCAB[kind], (G, S), generator=g)
+    if kind == "gpt":
+        return dict(input_ids=ids, labels=torch.cat([ids[:, 1:], torch.full((G, 1), -100)], 1))
+    mask = (torch.arange(S) < torch.randint(S // 2, S + 1, (G, 1), generator=g)).long()
+    labels = torch.where((torch.rand(G, S, generator=g) < 0.3) & (mask == 1), ids, -100)
+    return dict(input_ids=ids, labels=labels, token_type_ids=(torch.arange(S) >= S // 2).long().expand(G, S).clone(),
+                attention_mask=mask)
+
+
+def make_engine(run: str, mesh, zero: bool) -> Engine:
+    kind, precision, _, dropout = RUNS[run]
+    config = model_config(kind, dropout)
+    cls = GPTModel if kind == "gpt" else BertModel
+    return Engine(lambda **stage: cls(config, mesh, **stage), config,
+                  EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G, lr=LR,
+                               weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, precision=precision,
+                               initial_loss_scale=2.0**10, use_distributed_optimizer=zero), mesh)
+
+
+def train(engine: Engine, run: str, steps: range) -> list[float]:
+    return [engine.train_step(batch(RUNS[run][0], step)).loss for step in steps]
+
+
+def gathered_state(engine: Engine) -> tuple[dict, dict]:
+    """(full weights, full optimizer states by parameter) of the whole model, merged over all ranks."""
+    mesh, inner = engine.mesh, local_optimizer(engine.optimizer)
+    weights, optim = {}, {}
+    for chunk in engine.chunks:
+        weights.update({k: v.numpy() for k, v in full_state_dict(chunk.model, mesh).items()})
+        partitions = tp_partitions(chunk.model, mesh.tp_size)
+        for name, p in chunk.model.named_parameters():
+            if p in inner.state:
+                state = inner.state[p]
+                parts = {k: partitions[name] for k, v in state.items() if name in partitions and v.shape == p.shape}
+                optim[name] = {k: v.numpy() for k, v in gather_full(state, parts, mesh).items()}
+    merged = [None] * dist.get_world_size()
+    dist.all_gather_object(merged, (weights, optim))
+    return {k: v for w, _ in merged for k, v in w.items()}, {k: v for _, o in merged for k, v in o.items()}
+
+
+def assert_same_state(engine: Engine, saved: tuple[dict, dict], tag: str) -> None:
+    """Bitwise: every weight and every parameter's optimizer state (a tied copy against the embedding's)."""
+    for now, before, what in zip(gathered_state(engine), saved, ("weights", "optimizer state")):
+        assert {source_name(k) for k in now} == {source_name(k) for k in before}, f"{tag}: {what} names differ"
+        for name, value in now.items():
+            ref = before[source_name(name)]
+            same = (all(np.array_equal(value[k], ref[k]) for k in ref) and value.keys() == ref.keys()
+                    if isinstance(ref, dict) else np.array_equal(value, ref))
+            assert same, f"{tag}: {what} of {name} differs from the saved one"
+
+
+def check_losses(got: list[float], expected: list[float], tol: float, tag: str, errors: dict) -> None:
+    for step, (a, b) in enumerate(zip(got, expected), SAVE_AT):
+        err = abs(a - b) / abs(b)
+        errors[tag] = max(errors.get(tag, 0.0), err)
+        assert err <= tol, f"{tag}: step {step} loss {a} vs uninterrupted {b} (rel {err:.3g})"
+
+
+def uninterrupted(root: str) -> dict:
+    """The three runs on (2, 2, 2): 5 steps, saved after step 3; their losses and saved states."""
+    mesh = init_mesh(tp=2, pp=2, dp=2)
+    refs = {}
+    for run, (kind, _, zero, _) in RUNS.items():
+        manual_seed(7, mesh)
+        engine = make_engine(run, mesh, zero)
+        first = train(engine, run, range(SAVE_AT))
+        t0 = time.perf_counter()
+        save_checkpoint(f"{root}/{run}", SAVE_AT, engine, meta={"consumed_samples": SAVE_AT * G, "run": run})
+        seconds = time.perf_counter() - t0
+        refs[run] = dict(state=gathered_state(engine), rng=torch.get_rng_state(), save_s=seconds,
+                         scaler=engine.scaler.state_dict() if engine.scaler else None,
+                         losses=first + train(engine, run, range(SAVE_AT, STEPS)))
+    return refs
+
+
+def resume(root: str, run: str, mesh, zero: bool, ref: dict, tol: float, errors: dict, timing: dict) -> Engine:
+    manual_seed(99, mesh)  # another seed: only a restored RNG gives the uninterrupted run's dropout masks
+    engine = make_engine(run, mesh, zero)
+    t0 = time.perf_counter()
+    meta = load_checkpoint(f"{root}/{run}", engine)
+    timing[f"load {run} {mesh.tp_size, mesh.pp_size, mesh.dp_size}"] = time.perf_counter() - t0
+    tag = f"{run} resumed on tp={mesh.tp_size} pp={mesh.pp_size} dp={mesh.dp_size} zero={zero}"
+    assert meta["iteration"] == SAVE_AT and meta["consumed_samples"] == SAVE_AT * G and meta["run"] == run, meta
+    same_mesh = meta["checkpoint"]["mesh"] == {"pp": mesh.pp_size, "dp": mesh.dp_size, "tp": mesh.tp_size}
+    assert torch.equal(torch.get_rng_state(), ref["rng"]) == same_mesh, f"{tag}: RNG restored iff on the same mesh"
+    assert_same_state(engine, ref["state"], tag)
+    assert (engine.scaler.state_dict() if engine.scaler else None) == ref["scaler"], tag
+    check_losses(train(engine, run, range(SAVE_AT, STEPS)), ref["losses"][SAVE_AT:], tol, tag, errors)
+    return engine
+
+
+def logits(model, kind: str) -> torch.Tensor:
+    b = batch(kind, 99)
+    extras = {k: v for k, v in b.items() if k not in ("input_ids", "labels")}
+    with torch.no_grad():
+        return model.eval()(b["input_ids"], **extras)
+
+
+def check_load_model(root: str, refs: dict) -> dict:
+    """load_model at tp 1 and 2 gives the trained model's logits; pipeline stages; a new head for BERT."""
+    out = {}
+    reference = GPTModel(model_config("gpt"), init_mesh(tp=1))
+    load_full_state_dict(reference, {k: torch.from_numpy(v) for k, v in refs["gpt"]["state"][0].items()
+                                     if not k.startswith("head.word")})
+    expected = logits(reference, "gpt")
+    for tp in (1, 2):
+        got = logits(load_model(f"{root}/gpt/iter_0000003", init_mesh(tp=tp)), "gpt")
+        out[f"load_model tp={tp} logits rel err"] = err = ((got - expected).abs().max() / expected.abs().max()).item()
+        assert err <= (0 if tp == 1 else 1e-5), f"tp={tp}: logits differ by {err:.3g}"
+    stage = load_model(f"{root}/bert", init_mesh(tp=2, pp=4, dp=1))
+    assert len(stage.layers) == 1 and stage.pre_process == (stage.mesh.pp_rank == 0)
+    for name, value in full_state_dict(stage).items():
+        assert np.array_equal(value.numpy(), refs["bert"]["state"][0][source_name(name)]), name
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("tpzoo.checkpoint").addHandler(handler)
+    clf = load_model(f"{root}/bert", init_mesh(tp=2), model_class=BertForSequenceClassification,
+                     config_overrides={"num_labels": 3})
+    assert clf.config.num_labels == 3 and logits(clf, "bert").shape == (G, 3)
+    assert len(records) == 1 and "2 parameters" in records[0] and "head.classifier.bias, head.classifier.weight" \
+        in records[0], records
+    for name, value in full_state_dict(clf).items():
+        if not name.startswith("head.classifier"):  # the pooler comes from BertModel's binary head
+            assert np.array_equal(value.numpy(), refs["bert"]["state"][0][name]), name
+    return out
+
+
+def eight_ranks(root: str) -> dict:
+    refs = uninterrupted(root)
+    errors: dict = {}
+    timing = {f"save {run}": ref["save_s"] for run, ref in refs.items()}
+    for (tp, pp, dp), zeros in RESUMES.items():
+        mesh = init_mesh(tp=tp, pp=pp, dp=dp)
+        for run, zero in zeros.items():
+            resume(root, run, mesh, zero, refs[run], 1e-6 if run == "gpt" else FP16_TOL, errors, timing)
+    mesh = init_mesh(tp=2, pp=2, dp=2)
+    resume(root, "dropout", mesh, False, refs["dropout"], 0.0, errors, timing)
+    errors.update(check_load_model(root, refs))
+    return dict(refs=refs, errors=errors, timing=timing)
+
+
+
+def one_rank(root: str, refs: dict) -> dict:
+    """(1, 1, 1): resume both; atomicity of a save that fails; errors; load_model from a model folder."""
+    errors: dict = {}
+    timing: dict = {}
+    mesh = init_mesh()
+    resume(root, "bert", mesh, False, refs["bert"], FP16_TOL, errors, timing)
+    engine = resume(root, "gpt", mesh, True, refs["gpt"], 1e-6, errors, timing)
+
+    import tpzoo.checkpoint.save as save_module
+
+    save_dir = f"{root}/atomic"
+    save_checkpoint(save_dir, 1, engine, meta={})
+    publish = save_module.publish
+
+    def dies(partial, final):
+        raise RuntimeError("killed before publishing")
+
+    save_module.publish = dies
+    with pytest.raises(RuntimeError, match="killed before publishing"):
+        save_checkpoint(save_dir, 2, engine, meta={})
+    save_module.publish = publish
+    assert (resolve_checkpoint(save_dir).name, latest_iteration(save_dir)) == ("iter_0000001", 1)
+    assert (mesh.device.type, (resolve_checkpoint(save_dir).parent / "iter_0000002.partial").is_dir()) == ("cpu", True)
+    assert load_checkpoint(save_dir, engine)["iteration"] == 1
+    for iteration in (3, 3):  # the second save of 3 replaces the first
+        save_checkpoint(save_dir, iteration, engine, meta={"again": iteration})
+    names = sorted(p.name for p in resolve_checkpoint(save_dir).parent.iterdir())
+    assert names == ["iter_0000001", "iter_0000003", "latest"], names
+
+    bert = make_engine("bert", mesh, False)
+    with pytest.raises(ValueError, match=r"another model than the engine's \(class: checkpoint GPTModel, model "
+                                         r"BertModel; options: .*; model_type: checkpoint 'gpt', model 'bert'; "
+                                         r"vocab_size: checkpoint 500, model 101"):
+        load_checkpoint(save_dir, bert)
+    with pytest.raises(FileNotFoundError, match=f"checkpoint {root}/missing does not exist"):
+        load_checkpoint(f"{root}/missing", bert)
+    with pytest.raises(ValueError, match=f"{root}/atomic/iter_0000003/.. holds no tpzoo checkpoint|"
+                                         f"{root} holds no tpzoo checkpoint"):
+        load_model(root)
+
+    folder = save_pretrained(load_model(f"{root}/gpt"), f"{root}/folder")
+    again = load_model(folder)
+    for name, value in full_state_dict(again).items():
+        assert np.array_equal(value.numpy(), refs["gpt"]["state"][0][name]), name
+    with pytest.raises(ValueError, match="is a model folder .* load its weights with tpzoo.checkpoint.load_model"):
+        load_checkpoint(folder, engine)
+    return dict(errors=errors, timing=timing)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple:
+    root = tmp_path_factory.mktemp("checkpoints")
+    t0 = time.perf_counter()
+    out = spawn(eight_ranks, 8, str(root), timeout=600)[0]
+    out["timing"]["8-rank spawn"] = time.perf_counter() - t0
+    return root, out
+
+
+def test_resume_on_other_meshes_is_exact(trained):
+    root, out = trained
+    print("max relative errors:", out["errors"], "\nseconds:", {k: round(v, 2) for k, v in out["timing"].items()})
+    meta = read_meta(root / "gpt")  # no process group needed
+    assert meta["iteration"] == 3 and meta["checkpoint"]["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
+    assert meta["checkpoint"]["model"]["class"] == "GPTModel" and meta["checkpoint"]["optimizer"]["zero"]
+    assert read_meta(root / "bert")["checkpoint"]["loss_scaler"]["scale"] == 2.0**10
+
+
+def test_single_rank_resume_atomic_saves_and_errors(trained):
+    root, out = trained
+    result = spawn(one_rank, 1, str(root), out["refs"], timeout=300)[0]
+    print("max relative errors:", result["errors"], "\nseconds:", result["timing"])

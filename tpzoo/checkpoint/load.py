@@ -1,0 +1,68 @@
+"""``load_checkpoint``: resume an engine from a checkpoint written on any mesh (DCP reshards)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+from tpzoo.checkpoint.model import check_model_matches
+from tpzoo.checkpoint.optimizer import install_states, optimizer_targets, restore_param_groups
+from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
+from tpzoo.checkpoint.rng import restore_rng, rng_targets
+from tpzoo.checkpoint.save import mesh_shape
+from tpzoo.checkpoint.tensors import finish_load, load_targets, model_entries, split_by_fit
+from tpzoo.engine.train_step import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = True) -> dict[str, Any]:
+    """Restore ``engine`` from the checkpoint at ``path`` (a save dir, following ``latest``, or an iter
+    folder) and return its meta (the caller's meta, "iteration" and "checkpoint").
+
+    Collective. Any saved tp/pp/dp and ZeRO setting loads onto any current one. Restores the model,
+    with ``load_optimizer`` the optimizer state, its hyperparameters and the loss scaler, and the RNG
+    states when the saved mesh shape equals the current one (otherwise they stay as they are, and a
+    warning says so: per-rank streams have no counterpart on another layout). ValueError when the
+    checkpoint's model differs from the engine's (naming the fields) or ``path`` holds no checkpoint.
+    """
+    start = time.perf_counter()
+    folder = resolve_checkpoint(path)
+    meta = read_meta(folder)
+    record = meta["checkpoint"]
+    check_model_matches(record["model"], engine.chunks[0].model, folder)
+    saved = FileSystemReader(folder).read_metadata().state_dict_metadata
+    mesh = engine.mesh
+    entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(c.model, mesh, loading=True)],
+                                    saved)
+    if missing:
+        raise ValueError(f"checkpoint {folder} lacks {len(missing)} parameters of the engine's model "
+                         f"({', '.join(e.key for e in missing[:5])}); it is incomplete or of another model")
+    states: dict = {}
+    if load_optimizer:
+        optim_entries, states = optimizer_targets(engine, saved)
+        entries += optim_entries
+    same_mesh = record["mesh"] == mesh_shape(engine)
+    rng = rng_targets(saved) if same_mesh else {}
+    targets = load_targets(entries, mesh)
+    dcp.load({**targets, **rng}, checkpoint_id=folder)
+    finish_load(entries, targets, mesh)
+    install_states(engine, states)
+    if load_optimizer:
+        restore_param_groups(engine.optimizer, record["optimizer"]["param_groups"])
+        if engine.scaler is not None and record["loss_scaler"] is not None:
+            engine.scaler.load_state_dict(record["loss_scaler"])
+    restore_rng(mesh, rng)
+    if dist.get_rank() == 0:
+        if not same_mesh:
+            logger.warning("checkpoint %s was saved on mesh %s, this one is %s: RNG states not restored (dropout "
+                           "masks will differ from an uninterrupted run)", folder, record["mesh"], mesh_shape(engine))
+        logger.info("loaded checkpoint %s (iteration %d) in %.2fs", folder, meta["iteration"],
+                    time.perf_counter() - start)
+    return meta

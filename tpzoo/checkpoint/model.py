@@ -1,0 +1,104 @@
+"""The model in a checkpoint: what meta.json records to rebuild it, the check that an engine's model
+matches it, and ``load_model`` (weights only, any mesh, training checkpoints and model folders)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
+from tpzoo.checkpoint.tensors import finish_load, load_targets, model_entries, split_by_fit
+from tpzoo.engine.config import split_layers
+from tpzoo.models.base import StagedModel
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.pretrained import CONFIG_FILE, MODEL_CLASSES, load_state, model_options, read_pretrained
+from tpzoo.parallel import ParallelMesh, get_mesh
+
+logger = logging.getLogger(__name__)
+# config fields that change how a run computes, not which weights the model has: they may differ
+# between the checkpoint and the model it is loaded into
+RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "attention_backend", "kernels",
+                         "recompute_activations", "sequence_parallel", "init_method_std", "seed"})
+
+
+def model_record(model: StagedModel) -> dict[str, Any]:
+    """meta.json's "model": {"class", "options" (constructor options), "config" (TransformerConfig dict)}."""
+    return {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict()}
+
+
+def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path) -> None:
+    """ValueError naming every difference between the saved model and ``model`` that changes its weights."""
+    problems = []
+    if record["class"] != type(model).__name__:
+        problems.append(f"class: checkpoint {record['class']}, model {type(model).__name__}")
+    if record["options"] != model_options(model):
+        problems.append(f"options: checkpoint {record['options']}, model {model_options(model)}")
+    saved, own = TransformerConfig.from_dict(record["config"]).to_dict(), model.config.to_dict()
+    problems += [f"{k}: checkpoint {saved[k]!r}, model {own[k]!r}" for k in own
+                 if k not in RUN_OPTIONS and saved[k] != own[k]]
+    if problems:
+        raise ValueError(f"checkpoint {folder} holds another model than the engine's ({'; '.join(problems)}); "
+                         f"build the model with the checkpoint's settings (tpzoo.checkpoint.read_meta) or load "
+                         f"just its weights with tpzoo.checkpoint.load_model")
+
+
+def _build(class_name: str, options: dict[str, Any], config: TransformerConfig, mesh: ParallelMesh,
+           model_class: type | None, config_overrides: dict[str, Any] | None, stage: dict[str, Any]) -> StagedModel:
+    """The saved model (or ``model_class``) with ``config_overrides``, as this pp rank's stage of an even
+    split when pp > 1 and ``stage`` is not given. The saved constructor options apply to the saved class only."""
+    if model_class is None:
+        if class_name not in MODEL_CLASSES:
+            raise ValueError(f"unknown model class {class_name!r}; known: {', '.join(MODEL_CLASSES)}")
+        model_class = MODEL_CLASSES[class_name]
+    elif not (isinstance(model_class, type) and issubclass(model_class, StagedModel)):
+        raise TypeError(f"model_class must be a StagedModel subclass, got {model_class!r}")
+    if model_class.__name__ != class_name:
+        options = {}
+    config = config.replace(**(config_overrides or {}))
+    if not stage and mesh.pp_size > 1:
+        layers = split_layers(config.num_layers, mesh.pp_size)[mesh.pp_rank]
+        stage = dict(pre_process=mesh.pp_rank == 0, post_process=mesh.pp_rank == mesh.pp_size - 1, layers=layers)
+    return model_class(config, mesh, **options, **stage)
+
+
+def load_model(path: str | Path, mesh: ParallelMesh | None = None, *, model_class: type | None = None,
+               config_overrides: dict[str, Any] | None = None, **stage: Any) -> StagedModel:
+    """Build the saved model for ``mesh`` (default ``get_mesh()``) and load its weights, whatever mesh saved them.
+
+    ``path``: a training checkpoint (save dir or iter folder; collective: every rank calls this) or a
+    tpzoo model folder (config.json + model.safetensors). Any tp; with pp > 1 this pp rank's stage of
+    an even split, or the stage that ``stage`` (pre_process, post_process, layers) names.
+    ``model_class`` replaces the saved class (BertModel -> BertForSequenceClassification) and/or
+    ``config_overrides`` change the config (e.g. {"num_labels": 3}); then parameters whose names and
+    shapes match load and the others keep their seeded init, listed in a warning. Without either, every
+    parameter must load.
+    """
+    mesh = mesh if mesh is not None else get_mesh()
+    strict = model_class is None and not config_overrides
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        class_name, options, config, state = read_pretrained(path)
+        model = _build(class_name, options, config, mesh, model_class, config_overrides, stage)
+        fresh = load_state(model, state, strict=strict)
+    else:
+        folder = resolve_checkpoint(path)
+        record = read_meta(folder)["checkpoint"]["model"]
+        model = _build(record["class"], record["options"], TransformerConfig.from_dict(record["config"]), mesh,
+                       model_class, config_overrides, stage)
+        saved = FileSystemReader(folder).read_metadata().state_dict_metadata
+        entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)
+        if strict and rest:
+            raise ValueError(f"checkpoint {folder} lacks {len(rest)} of the model's parameters "
+                             f"({', '.join(e.key for e in rest[:5])}{' ...' if len(rest) > 5 else ''})")
+        targets = load_targets(entries, mesh)
+        dcp.load(targets, checkpoint_id=folder)
+        finish_load(entries, targets, mesh)
+        fresh = sorted(e.key.removeprefix("model.") for e in rest)
+    if fresh:
+        logger.warning("%s from %s: %d parameters not in the checkpoint (or of another shape) keep their fresh "
+                       "init: %s", type(model).__name__, path, len(fresh), ", ".join(fresh))
+    return model

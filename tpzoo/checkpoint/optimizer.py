@@ -1,0 +1,100 @@
+"""Optimizer state in a checkpoint: each parameter's state (AdamW: ``step``, ``exp_avg``, ``exp_avg_sq``)
+keyed "optim.<global parameter name>.<state name>", tensors shaped like the parameter stored like it
+(``tensors``), scalars (``step``) as plain replicated tensors.
+
+The layout does not depend on dp, ZeRO-1 or tp: under ZeRO-1 (``ZeroRedundancyOptimizer``) each dp
+rank holds the state of the parameters it owns and writes just those; at load each rank fills the
+state of the parameters it owns now, whatever dp and ZeRO setting wrote them. The two copies of a
+tied word embedding (first and last pipeline stage) step alike, so the first stage's state is saved
+and both load it. The param groups' hyperparameters (lr, betas, ...) go to meta.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from tpzoo.checkpoint.tensors import Entry
+from tpzoo.engine.train_step import Engine
+from tpzoo.models.sharding import TIED_COPY, full_shape, source_name, tp_partitions
+
+logger = logging.getLogger(__name__)
+OPTIM_PREFIX = "optim."
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer holding this rank's state: ZeRO-1's inner one, or ``optimizer`` itself."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def _named_parameters(engine: Engine) -> Iterator[tuple[str, nn.Parameter, tuple[int, int] | None]]:
+    """(global name, parameter, tp partition) of every parameter of this rank's chunks."""
+    for chunk in engine.chunks:
+        partitions = tp_partitions(chunk.model, engine.mesh.tp_size)
+        for name, p in chunk.model.named_parameters():
+            yield name, p, partitions.get(name)
+
+
+def optimizer_entries(engine: Engine) -> list[Entry]:
+    """The state this rank holds, for saving (none before the first step)."""
+    state = local_optimizer(engine.optimizer).state
+    return [Entry(f"{OPTIM_PREFIX}{name}.{key}", value, partition if value.shape == p.shape else None)
+            for name, p, partition in _named_parameters(engine) if name != TIED_COPY and p in state
+            for key, value in state[p].items() if torch.is_tensor(value)]
+
+
+def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry], dict[nn.Parameter, dict]]:
+    """For loading: entries over new state tensors for every parameter this rank's optimizer steps now
+    and the checkpoint holds state of, and those states (parameter -> {state name: tensor}) to install
+    once filled. ``saved``: the checkpoint's ``Metadata.state_dict_metadata``."""
+    by_param: dict[str, dict[str, TensorStorageMetadata]] = defaultdict(dict)
+    for key, meta in saved.items():
+        if key.startswith(OPTIM_PREFIX) and isinstance(meta, TensorStorageMetadata):
+            name, _, state_name = key[len(OPTIM_PREFIX):].rpartition(".")
+            by_param[name][state_name] = meta
+    owned = {p for group in local_optimizer(engine.optimizer).param_groups for p in group["params"]}
+    entries, states = [], {}
+    for name, p, partition in _named_parameters(engine):
+        if p not in owned or source_name(name) not in by_param:
+            continue
+        states[p] = {}
+        for state_name, meta in by_param[source_name(name)].items():
+            like_param = tuple(meta.size) == full_shape(p, partition)
+            t = (torch.zeros_like(p, memory_format=torch.contiguous_format) if like_param
+                 else torch.zeros(tuple(meta.size), dtype=meta.properties.dtype))
+            states[p][state_name] = t
+            entries.append(Entry(f"{OPTIM_PREFIX}{source_name(name)}.{state_name}", t,
+                                 partition if like_param else None))
+    return entries, states
+
+
+def install_states(engine: Engine, states: dict[nn.Parameter, dict[str, Tensor]]) -> None:
+    """Replace the optimizer state of the loaded parameters."""
+    target = local_optimizer(engine.optimizer).state
+    for p, state in states.items():
+        target[p] = state
+
+
+def param_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The JSON-able hyperparameters of each param group (everything but the parameters)."""
+    return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups]
+
+
+def restore_param_groups(optimizer: torch.optim.Optimizer, saved: list[dict[str, Any]]) -> None:
+    """Set the saved hyperparameters (lr, betas, ...) on the optimizer's groups (ZeRO-1 passes them on
+    to its inner optimizer at the next step)."""
+    if len(saved) != len(optimizer.param_groups):
+        logger.warning("checkpoint has %d optimizer param groups, the optimizer %d: hyperparameters not restored",
+                       len(saved), len(optimizer.param_groups))
+        return
+    for group, values in zip(optimizer.param_groups, saved):
+        for k, v in values.items():
+            if k in group:
+                group[k] = tuple(v) if isinstance(group[k], tuple) else v

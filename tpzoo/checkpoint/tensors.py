@@ -1,0 +1,114 @@
+"""How one rank's tensors go into a DCP checkpoint so that any mesh can read them back.
+
+Every tensor shaped like a parameter (the weight itself, AdamW's exp_avg / exp_avg_sq) is stored by
+the parameter's global name, which does not depend on tp or pp (``StagedModel``), as its *full*
+tensor, in one of three ways:
+
+    parameter                              stored as                          at load
+    tp shard, full size = tp x local       DTensor Shard(dim) on the tp mesh  DCP reads just this rank's rows
+      (column/row-parallel weights, the    (each tp rank writes its chunk)
+       per-head fused QKV, column biases)
+    tp shard of the padded vocabulary      full unpadded tensor, gathered     full tensor read, rank's slice
+      (VocabParallelEmbedding weights,       over tp (replicated: DCP writes    kept (``sharding.shard``)
+       vocab-parallel output bias)           it once)
+    replicated (LayerNorms, row biases)    plain tensor (written once)        read in place
+
+The vocabulary cannot be a DTensor: it is padded to a multiple of 128 x tp, so rank r's shard holds
+rows r V'/tp ... of a padded tensor whose size depends on tp, not a ``torch.chunk`` piece of the
+unpadded [V, h] one; storing it padded would tie the checkpoint to the tp that wrote it.
+Identical items on several ranks (dp replicas, tp peers of a replicated tensor) are written once:
+DCP's save planner deduplicates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor, Shard
+
+from tpzoo.models.base import StagedModel
+from tpzoo.models.sharding import TIED_COPY, full_shape, gather_full, shard, source_name, tp_partitions
+from tpzoo.parallel import ParallelMesh
+
+MODEL_PREFIX = "model."
+
+
+@dataclass
+class Entry:
+    """One checkpoint item and this rank's tensor for it.
+
+    ``local`` is what the rank holds (a tp shard for partitioned parameters) and is written into in
+    place at load; ``partition`` is (tp dim, full unpadded size) from ``tp_partitions``, None when
+    replicated.
+    """
+
+    key: str
+    local: Tensor
+    partition: tuple[int, int] | None = None
+
+    def padded(self, mesh: ParallelMesh) -> bool:
+        """A shard of the padded vocabulary (its full size is not tp x its local size)."""
+        return self.partition is not None and self.partition[1] != self.local.shape[self.partition[0]] * mesh.tp_size
+
+    def full_shape(self) -> tuple[int, ...]:
+        return full_shape(self.local, self.partition)
+
+    def dtensor(self, mesh: ParallelMesh) -> DTensor:
+        """``local`` as this rank's chunk of a DTensor sharded over the tp mesh (no copy)."""
+        return DTensor.from_local(self.local.detach(), mesh.device_mesh["tp"], [Shard(self.partition[0])],
+                                  run_check=False)
+
+
+def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = False) -> list[Entry]:
+    """Entries for the parameters of a model (or pipeline stage), keyed "model.<global name>".
+
+    Saving leaves out a last stage's copy of the tied word embedding (the first stage's weight is
+    saved); loading keys that copy by the embedding's name, so both copies read the same weight.
+    """
+    partitions = tp_partitions(model, mesh.tp_size)
+    return [Entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in model.state_dict().items()
+            if loading or name != TIED_COPY]
+
+
+def save_items(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
+    """key -> what ``dcp.save`` writes (see the module docstring). Collective over tp: the padded
+    vocabulary tensors are gathered, in ``entries``' order (the same on every tp rank)."""
+    padded = [e for e in entries if e.padded(mesh)]
+    full = gather_full({e.key: e.local for e in padded}, {e.key: e.partition for e in padded}, mesh)
+    return {e.key: full[e.key] if e.key in full else e.dtensor(mesh) if e.partition else e.local.detach()
+            for e in entries}
+
+
+def load_targets(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
+    """key -> what ``dcp.load`` fills: DTensors and replicated tensors over the entries' own storage,
+    a new full tensor for each padded one (``finish_load`` copies its slice in)."""
+    out: dict[str, Tensor] = {}
+    for e in entries:
+        if e.padded(mesh):
+            out[e.key] = torch.empty(e.full_shape(), dtype=e.local.dtype, device=e.local.device)
+        else:
+            out[e.key] = e.dtensor(mesh) if e.partition else e.local.detach()
+    return out
+
+
+@torch.no_grad()
+def finish_load(entries: list[Entry], targets: dict[str, Tensor], mesh: ParallelMesh) -> None:
+    """Copy this rank's slice of each loaded full padded-vocabulary tensor into its shard."""
+    for e in entries:
+        if e.padded(mesh):
+            dim = e.partition[0]
+            e.local.copy_(shard(targets[e.key], dim, e.local.shape[dim], mesh))
+
+
+def split_by_fit(entries: list[Entry], saved: dict[str, object]) -> tuple[list[Entry], list[Entry]]:
+    """(entries the checkpoint holds with the same full shape, the others). ``saved``: the checkpoint's
+    ``Metadata.state_dict_metadata``."""
+    fits, rest = [], []
+    for e in entries:
+        meta = saved.get(e.key)
+        ok = isinstance(meta, TensorStorageMetadata) and tuple(meta.size) == e.full_shape()
+        (fits if ok else rest).append(e)
+    return fits, rest
