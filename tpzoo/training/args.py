@@ -100,8 +100,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below
     (``train_iters=None`` leaves ``--train-iters`` out: finetune.py counts epochs)."""
-    d = dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
-             lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234, **defaults)
+    d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
+                lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
     g = parser.add_argument_group("batch and optimizer")
     g.add_argument("--micro-batch-size", type=_positive_int, default=d["micro_batch_size"])
     g.add_argument("--global-batch-size", type=_positive_int, default=d["global_batch_size"])
@@ -159,7 +159,7 @@ def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Checkpointing, evaluation and logging: ``--save --save-interval --load --eval-interval
     --eval-iters --log-interval --log-dir`` (``defaults`` override the values below)."""
-    d = dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10, **defaults)
+    d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
     g = parser.add_argument_group("run")
     g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
     g.add_argument("--save-interval", type=_positive_int, default=d["save_interval"],

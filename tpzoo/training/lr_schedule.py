@@ -4,7 +4,7 @@ Iterations count from 1 (the step that makes iteration ``i`` uses ``lr_at(i)``),
 
     i <= W:       lr * i / W                                     (W = warmup_iters)
     i >  W:       min_lr + (lr - min_lr) * f((i - W) / (D - W))  (D = decay_iters, usually --train-iters)
-                  f = 1 (constant), 1 - r (linear), (1 + cos(pi r)) / 2 (cosine); r clipped to [0, 1]
+                  f = 1 (constant), 1 - r (linear), (1 + cos(pi r)) / 2 (cosine); r = 1 from D on
 
 The schedule is a pure function of the iteration, so resuming needs only the iteration; its
 settings travel in the checkpoint's meta (``state_dict``) so that a resumed run can say when the
@@ -39,9 +39,6 @@ class LRSchedule:
             raise ValueError(f"--lr {self.lr} must be > 0")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"--min-lr {self.min_lr} must lie in [0, --lr {self.lr}]")
-        if self.warmup_iters > self.decay_iters:
-            raise ValueError(f"--lr-warmup-iters {self.warmup_iters} exceeds the {self.decay_iters} training "
-                             f"iterations; lower it or raise --train-iters")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LRSchedule:
@@ -52,9 +49,10 @@ class LRSchedule:
         """The learning rate of the step that makes ``iteration`` (1-based)."""
         if iteration <= self.warmup_iters:
             return self.lr * iteration / self.warmup_iters
-        if self.style == "constant" or self.decay_iters == self.warmup_iters:
+        if self.style == "constant":
             return self.lr
-        ratio = min(1.0, (iteration - self.warmup_iters) / (self.decay_iters - self.warmup_iters))
+        ratio = 1.0 if iteration >= self.decay_iters else (
+            (iteration - self.warmup_iters) / (self.decay_iters - self.warmup_iters))
         factor = 1.0 - ratio if self.style == "linear" else 0.5 * (1.0 + math.cos(math.pi * ratio))
         return self.min_lr + (self.lr - self.min_lr) * factor
 

@@ -25,7 +25,7 @@ from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models import BertModel, GPTModel
 from tpzoo.models.config import TransformerConfig
-from tpzoo.parallel import ParallelMesh, init_mesh
+from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.training.args import engine_config, model_config
 from tpzoo.training.lr_schedule import LRSchedule
 
@@ -117,6 +117,7 @@ def build_run(args: argparse.Namespace) -> Run:
     checkpoint = resolve_checkpoint(args.load) if args.load else None
     saved = read_meta(checkpoint) if checkpoint else None
     mesh = init_mesh(args.tp, args.pp, args.dp)
+    manual_seed(args.seed, mesh)
     tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
     config = resolve_model_config(args, tokenizer, saved)
     engine_cfg = engine_config(args)
