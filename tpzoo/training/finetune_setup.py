@@ -26,7 +26,7 @@ from tpzoo.engine import Engine
 from tpzoo.models import BertForSequenceClassification
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
-from tpzoo.parallel import ParallelMesh, init_mesh
+from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
 from tpzoo.training.args import engine_config, model_config
 from tpzoo.training.lr_schedule import LRSchedule
@@ -133,15 +133,13 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
         changes = {}
     ecfg = engine_config(args)
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
-    if args.lr_warmup_iters > total:
-        raise ValueError(f"--lr-warmup-iters {args.lr_warmup_iters} exceeds the {total} iterations of --epochs "
-                         f"{args.epochs}; lower it or raise --epochs")
     schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style)
     args.model, args.preset = saved.model_type, None  # what model_config checks the flags against
     config = model_config(args, saved, **changes)
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
     model_class = BertForSequenceClassification if kind == "classification" else None
     mesh = init_mesh(args.tp, args.pp, args.dp)
+    manual_seed(args.seed, mesh)
     engine = Engine(lambda **stage: load_model(args.load, mesh, model_class=model_class, config_overrides=overrides,
                                                **stage), config, ecfg, mesh)
     save_dir = Path(args.save) if args.save else None
