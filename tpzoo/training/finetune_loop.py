@@ -3,9 +3,9 @@ logging, and the best checkpoint.
 
 Epoch e (1-based) visits every training sample once, in the order ``epoch_order(n, --seed, e)``,
 in global batches of ``--global-batch-size`` (the last one padded with ignored samples, so every
-mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each epoch the whole validation set is scored
-(``validate``) and logged with the epoch's last iteration; with ``--save`` the best evaluation's
-checkpoint is kept (``BestCheckpoint``: accuracy for a classifier, validation loss for a causal LM).
+mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each
+epoch the whole validation set is scored (``validate``) and logged with the epoch's last
+iteration; with ``--save`` the best evaluation's checkpoint is kept (``BestCheckpoint``: accuracy for a classifier, validation loss for a causal LM).
 """
 
 from __future__ import annotations
