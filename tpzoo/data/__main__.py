@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--binary-head", choices=("sop", "nsp", "none"), default="sop")
 
     p = sub.add_parser("demo", help="build (once) and print the demo tokenizer, datasets and task files")
-    p.add_argument("--export", metavar="DIR", help="also copy the corpus (corpus.jsonl) and task files into DIR")
+    p.add_argument("--export", metavar="DIR",
+                   help="also copy the tokenizer (tokenizer.model), the corpus (corpus.jsonl) and task files into DIR")
     return parser
 
 
@@ -140,7 +141,7 @@ def _demo(export: str | None) -> None:
     tok_path, gpt = demo_data("gpt")
     if export:
         os.makedirs(export, exist_ok=True)
-        for path in [demo_dir() / "corpus.jsonl", *demo_task()]:
+        for path in [tok_path, demo_dir() / "corpus.jsonl", *demo_task()]:
             shutil.copy(path, export)
     vocab = load_tokenizer(tok_path).vocab_size
     print(

@@ -100,13 +100,15 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below."""
+    """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below
+    (``train_iters=None`` leaves ``--train-iters`` out: finetune.py counts epochs)."""
     d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
                 lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
     g = parser.add_argument_group("batch and optimizer")
     g.add_argument("--micro-batch-size", type=_positive_int, default=d["micro_batch_size"])
     g.add_argument("--global-batch-size", type=_positive_int, default=d["global_batch_size"])
-    g.add_argument("--train-iters", type=_positive_int, default=d["train_iters"])
+    if d["train_iters"] is not None:
+        g.add_argument("--train-iters", type=_positive_int, default=d["train_iters"])
     g.add_argument("--lr", type=float, default=d["lr"])
     g.add_argument("--min-lr", type=float, default=d["min_lr"])
     g.add_argument("--lr-warmup-iters", type=_non_negative_int, default=d["lr_warmup_iters"])

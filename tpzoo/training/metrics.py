@@ -62,10 +62,13 @@ def _tensorboard(log_dir: Path) -> Any:
 def format_line(record: dict[str, Any], train_iters: int) -> str:
     """One plain log line: ``iteration 10/100 | loss 4.2107 | lr 1.00e-03 | ...``."""
     parts = [f"iteration {record['iteration']}/{train_iters}"]
-    for key, fmt in (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3f"),
-                     ("tokens_per_sec", ",.0f"), ("mfu", ".1%")):
+    formats = {"loss": ".4f", "val_loss": ".4f", "lr": ".2e", "grad_norm": ".3f", "tokens_per_sec": ",.0f",
+               "mfu": ".1%"}
+    for key, fmt in formats.items():
         if record.get(key) is not None:
             parts.append(f"{key.replace('_', ' ')} {record[key]:{fmt}}")
+    parts += [f"{key.replace('_', ' ')} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+              for key, value in record.items() if key not in formats and key != "iteration"]  # callers' extras
     return " | ".join(parts)
 
 
@@ -121,14 +124,16 @@ class Metrics:
             self.bar.update(1)
 
     def log(self, iteration: int, *, loss: float, lr: float, grad_norm: float, val_loss: float | None = None,
-            last: bool = False) -> dict[str, Any] | None:
-        """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it."""
+            last: bool = False, **extra: float) -> dict[str, Any] | None:
+        """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it.
+        ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy, f1, perplexity)."""
         if not (iteration % self.log_interval == 0 or val_loss is not None or last):
             return None
         speed = self.tokens / self.seconds if self.seconds > 0 else 0.0
         record: dict[str, Any] = dict(iteration=iteration, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_sec=speed)
         if val_loss is not None:
             record["val_loss"] = val_loss
+        record.update(extra)
         if self.peak:
             record["mfu"] = speed * self.flops_per_token / self.peak
         self.tokens, self.seconds = 0, 0.0
@@ -139,7 +144,8 @@ class Metrics:
         if self.writer is not None:
             for key, value in record.items():
                 if key != "iteration":
-                    self.writer.add_scalar(f"train/{key}" if key != "val_loss" else "valid/loss", value, iteration)
+                    tag = "valid/loss" if key == "val_loss" else f"valid/{key}" if key in extra else f"train/{key}"
+                    self.writer.add_scalar(tag, value, iteration)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
             if val_loss is not None:

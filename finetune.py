@@ -1,0 +1,54 @@
+"""Fine-tune a pretrained tpzoo checkpoint (or a converted Hugging Face model) on the pp x dp x tp
+mesh: a BERT becomes a sequence classifier (``--task demo``, a GLUE folder, or csv/tsv/jsonl files),
+a GPT fine-tunes as a causal LM on jsonl text. ``python finetune.py --load CKPT --task demo`` or
+``torchrun --nproc-per-node N finetune.py ...``. Flags, data and checkpoints: docs/finetuning.md."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch.distributed as dist
+
+from tpzoo.data.tasks import TASKS
+from tpzoo.training.args import (_positive_int, add_optimizer_args, add_parallel_args,
+                                 add_precision_args, command_parser, exit_on_misuse)
+from tpzoo.training.finetune_loop import FinetuneSummary, finetune
+from tpzoo.training.finetune_setup import build_finetune
+
+PROG = "finetune.py"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT causal LM (docs/finetuning.md).")
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--load", metavar="CKPT", help="pretrained checkpoint (pretrain.py's --save dir or an iter "
+                   "folder) or tpzoo model folder (python -m tpzoo.convert from-hf); required")
+    g.add_argument("--task", choices=TASKS, help="a named classification task (GLUE ones read --data-dir)")
+    g.add_argument("--data-dir", metavar="DIR", help="the GLUE task's folder (train.tsv, dev.tsv)")
+    g.add_argument("--train-data", metavar="FILE", help="csv/tsv/jsonl: text, optional text_b, label (BERT); "
+                   "jsonl text (GPT)")
+    g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
+    g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
+    g.add_argument("--epochs", type=_positive_int, default=3)
+    g.add_argument("--seq-length", type=_positive_int, default=64, help="tokens per sample (longer ones are cut)")
+    g.add_argument("--hidden-dropout", type=float, help="default: the checkpoint's")
+    g.add_argument("--attention-dropout", type=float, help="default: the checkpoint's")
+    g.add_argument("--save", metavar="DIR", help="keep the best checkpoint (DIR/best) and the last (DIR/latest)")
+    g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl (default: the --save dir, else runs/)")
+    g.add_argument("--log-interval", type=_positive_int, default=10, help="log the train loss every N steps")
+    add_parallel_args(p)
+    add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=1e-4, lr_warmup_iters=10,
+                       lr_decay_style="linear")
+    add_precision_args(p)
+    return p
+
+
+def main() -> FinetuneSummary:
+    args = parser().parse_args()
+    summary = finetune(exit_on_misuse(PROG, lambda: build_finetune(args)))
+    dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()

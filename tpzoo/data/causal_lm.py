@@ -1,0 +1,57 @@
+"""Causal-LM fine-tuning samples from text files: every document's tokens, in windows.
+
+    dataset = CausalLMDataset(read_texts("train.jsonl"), tokenizer, seq_length=64)
+    dataset[0]   # {"input_ids": [64], "labels": [64]}: labels[t] = the token after input_ids[t]
+
+A document is its tokens followed by the end-of-document token, cut into windows of
+``seq_length + 1`` tokens that overlap by one, so every next-token target of the document is
+predicted exactly once; a short window is padded (ids with the pad token, labels with -100).
+Labels are aligned with positions, as ``GPTModel`` takes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tpzoo.data.sources import resolve_files, rows
+from tpzoo.engine.train_step import IGNORE_INDEX
+
+
+def read_texts(path: str, key: str = "text") -> list[str]:
+    """The non-empty ``key`` fields of a jsonl/csv/tsv file, in order."""
+    (path,) = resolve_files(path)
+    texts = []
+    for row in rows(path):
+        if key not in row:
+            raise ValueError(f"{path!r} has no field {key!r} (its fields are {sorted(row)}); "
+                             f"give every row a {key!r} field")
+        if isinstance(row[key], str) and row[key].strip():
+            texts.append(row[key])
+    if not texts:
+        raise ValueError(f"{path!r} holds no text; fill it or pick another file")
+    return texts
+
+
+class CausalLMDataset(torch.utils.data.Dataset):
+    """Samples ``{"input_ids": [s], "labels": [s]}`` (int64) of every document's windows, in order."""
+
+    def __init__(self, texts: list[str], tokenizer: Any, seq_length: int) -> None:
+        if tokenizer.eod is None:
+            raise ValueError(f"tokenizer {tokenizer.path!r} has no end-of-document token")
+        self.seq_length = seq_length
+        self.pad = tokenizer.pad if tokenizer.pad is not None else tokenizer.eod
+        self.windows: list[list[int]] = []
+        for text in texts:
+            tokens = tokenizer.encode(text) + [tokenizer.eod]
+            self.windows += [tokens[i:i + seq_length + 1] for i in range(0, len(tokens) - 1, seq_length)]
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        window = self.windows[i]
+        pad = self.seq_length + 1 - len(window)
+        return {"input_ids": torch.tensor(window[:-1] + [self.pad] * pad),
+                "labels": torch.tensor(window[1:] + [IGNORE_INDEX] * pad)}

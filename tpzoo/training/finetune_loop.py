@@ -1,0 +1,87 @@
+"""The fine-tuning loop over a built ``FinetuneRun``: epochs of train steps, a validation after each,
+logging, and the best checkpoint.
+
+Epoch e (1-based) visits every training sample once, in the order ``epoch_order(n, --seed, e)``,
+in global batches of ``--global-batch-size`` (the last one padded with ignored samples, so every
+mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each
+epoch the whole validation set is scored (``validate``) and logged with the epoch's last
+iteration; with ``--save`` the best evaluation's checkpoint is kept (``BestCheckpoint``: accuracy for a classifier, validation loss for a causal LM).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tpzoo.data.batches import epoch_order, global_batches, num_batches
+from tpzoo.engine.evaluate import eval_logits, eval_loss
+from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.training.best_checkpoint import BEST, BestCheckpoint
+from tpzoo.training.classification import classification_metrics
+from tpzoo.training.finetune_setup import FinetuneRun
+from tpzoo.training.metrics import Metrics
+
+# the metric that picks the best checkpoint, and whether higher is better
+BEST_BY = {"classification": ("accuracy", True), "causal-lm": ("val_loss", False)}
+
+
+@dataclass
+class FinetuneSummary:
+    epochs: list[dict[str, float]] = field(default_factory=list)   # each epoch's validation scores
+    best: float | None = None                                        # the best value of BEST_BY's metric
+    best_checkpoint: str | None = None                               # save_dir/best, with --save
+
+
+def validate(run: FinetuneRun) -> dict[str, float]:
+    """Scores of the whole validation set, the same on every rank: ``val_loss`` and ``accuracy`` (+ ``f1``
+    for two classes) of a classifier, ``val_loss`` (mean token loss) and ``perplexity`` of a causal LM."""
+    g = run.engine.config.global_batch_size
+    batches = list(global_batches(run.valid, g))
+    if run.kind == "classification":
+        logits = torch.cat([eval_logits(run.engine, b) for b in batches])
+        return classification_metrics(logits, torch.cat([b["labels"] for b in batches]))
+    counts = [(b["labels"] != IGNORE_INDEX).sum().item() for b in batches]
+    loss = sum(eval_loss(run.engine, b) * n for b, n in zip(batches, counts)) / sum(counts)
+    return {"val_loss": loss, "perplexity": math.exp(loss)}
+
+
+def finetune(run: FinetuneRun) -> FinetuneSummary:
+    """Train ``--epochs`` epochs on ``run.train``, validating after each; returns the scores."""
+    args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
+    g, n = engine.config.global_batch_size, len(run.train)
+    schedule = run.schedule
+    metrics = Metrics(run.log_dir, schedule.decay_iters, args.log_interval, enabled=rank0)
+    metric, higher = BEST_BY[run.kind]
+    keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
+    summary, iteration = FinetuneSummary(), 0
+    metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
+                  f"{len(run.valid)} validation samples, {num_batches(n, g)} steps per epoch")
+    for epoch in range(1, args.epochs + 1):
+        for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
+            iteration += 1
+            lr = schedule.apply(engine.optimizer, iteration)
+            start = time.perf_counter()
+            result = engine.train_step(batch)
+            metrics.step(batch["input_ids"].numel(), time.perf_counter() - start)
+            if iteration % num_batches(n, g):
+                metrics.log(iteration, loss=result.loss, lr=lr, grad_norm=result.grad_norm)
+        scores = validate(run)
+        summary.epochs.append(scores)
+        extra = {k: v for k, v in scores.items() if k != "val_loss"}
+        metrics.log(iteration, loss=result.loss, lr=lr, grad_norm=result.grad_norm, val_loss=scores["val_loss"],
+                    epoch=epoch, **extra)
+        if keeper is not None:
+            keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric],
+                          last=epoch == args.epochs)
+    best = (max if higher else min)(s[metric] for s in summary.epochs)
+    summary.best = best
+    summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None else None
+    metrics.print(f"best {metric} {best:.4f} (epoch {[s[metric] for s in summary.epochs].index(best) + 1})"
+                  + (f"; checkpoint {summary.best_checkpoint}" if keeper is not None else "")
+                  + f"; metrics {run.log_dir / 'metrics.jsonl'}")
+    metrics.close()
+    return summary

@@ -1,0 +1,147 @@
+"""What a fine-tuning run is built from, before its first step: the pretrained model (its kind from
+the checkpoint), the tokenizer, the task's data, the model config and the engine.
+
+    run = build_finetune(args)     # ValueError/FileNotFoundError on misuse, before any training
+    run.kind                       # "classification" (a BERT checkpoint) or "causal-lm" (a GPT one)
+    run.engine, run.train, run.valid, run.label_names
+
+``--load`` is a training checkpoint (``pretrain.py``'s or ``finetune.py``'s) or a tpzoo model folder
+(``python -m tpzoo.convert from-hf``). A BERT checkpoint becomes a ``BertForSequenceClassification``
+(encoder and, where saved, pooler loaded; a fresh head of ``num_labels`` = the task's classes); a
+GPT checkpoint stays a ``GPTModel`` for causal-LM fine-tuning.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpzoo.checkpoint import load_model, read_meta
+from tpzoo.data.causal_lm import CausalLMDataset, read_texts
+from tpzoo.data.tasks import TaskDataset, load_task, read_examples
+from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.engine import Engine
+from tpzoo.models import BertForSequenceClassification
+from tpzoo.models.config import TransformerConfig
+from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
+from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
+from tpzoo.data.batches import num_batches
+from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.lr_schedule import LRSchedule
+from tpzoo.training.setup import default_run_dir
+
+KINDS = {"bert": "classification", "gpt": "causal-lm"}
+
+
+@dataclass
+class FinetuneRun:
+    args: argparse.Namespace
+    mesh: ParallelMesh
+    kind: str                         # "classification" or "causal-lm"
+    tokenizer: Tokenizer
+    config: TransformerConfig         # the fine-tuned model's
+    engine: Engine
+    train: Any                        # map-style dataset of samples (TaskDataset / CausalLMDataset)
+    valid: Any
+    label_names: list[str] | None     # classification: the label of each class id
+    schedule: LRSchedule              # over epochs x batches per epoch iterations
+    save_dir: Path | None
+    log_dir: Path
+
+    def meta(self, **extra: Any) -> dict[str, Any]:
+        """What a checkpoint of this run records besides the tensors (JSON-able)."""
+        return dict(model=self.config.model_type, model_config=self.config.to_dict(),
+                    tokenizer=self.tokenizer.reference(), finetune=self.kind, label_names=self.label_names,
+                    args=vars(self.args), **extra)
+
+
+def saved_model(path: str) -> tuple[str, TransformerConfig, dict[str, Any]]:
+    """(class name, config, meta) of the model at ``path``: a model folder (meta {}) or a checkpoint."""
+    if (Path(path) / CONFIG_FILE).is_file():
+        class_name, _, config, _ = read_pretrained(path)
+        return class_name, config, {}
+    meta = read_meta(path)
+    record = meta["checkpoint"]["model"]
+    return record["class"], TransformerConfig.from_dict(record["config"]), meta
+
+
+def resolve_tokenizer(args: argparse.Namespace, meta: dict[str, Any], config: TransformerConfig) -> Tokenizer:
+    """``--tokenizer-model``, else the one the checkpoint records, else one inside the model folder."""
+    if args.tokenizer_model:
+        tokenizer = load_tokenizer(args.tokenizer_model)
+    elif "tokenizer" in meta:
+        tokenizer = load_tokenizer(**meta["tokenizer"])
+    else:
+        try:
+            tokenizer = load_tokenizer(args.load)
+        except FileNotFoundError:
+            raise ValueError(f"--load {args.load} names no tokenizer; pass --tokenizer-model FILE (the one the "
+                             f"model was trained with)") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; "
+                         f"pass the --tokenizer-model the model was trained with")
+    return tokenizer
+
+
+def classification_data(args: argparse.Namespace, tokenizer: Tokenizer) -> tuple[TaskDataset, TaskDataset, list[str]]:
+    """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``."""
+    if args.task:
+        train, names = load_task(args.task, "train", args.data_dir)
+        valid, _ = load_task(args.task, "valid", args.data_dir)
+    else:
+        train, names = read_examples(args.train_data)
+        valid, _ = read_examples(args.valid_data, names)
+    if len(names) < 2:
+        raise ValueError(f"the training data has only the label {names}; a classifier needs two or more")
+    return TaskDataset(train, tokenizer, args.seq_length), TaskDataset(valid, tokenizer, args.seq_length), names
+
+
+def check_data_args(args: argparse.Namespace, kind: str) -> None:
+    """Exactly one data source, and one that fits the checkpoint's kind."""
+    files = args.train_data is not None or args.valid_data is not None
+    if args.task and files:
+        raise ValueError("pass either --task or --train-data/--valid-data, not both")
+    if files and (args.train_data is None or args.valid_data is None):
+        raise ValueError("--train-data and --valid-data go together; pass both")
+    if not args.task and not files:
+        raise ValueError("no data: pass --task NAME or --train-data FILE --valid-data FILE")
+    if args.task and kind == "causal-lm":
+        raise ValueError(f"--load {args.load} holds a GPT model, which fine-tunes as a causal LM on "
+                         f"--train-data/--valid-data text files; --task {args.task} needs a BERT checkpoint")
+
+
+def build_finetune(args: argparse.Namespace) -> FinetuneRun:
+    """Everything a fine-tuning run needs, checked before any training."""
+    if not args.load:
+        raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
+    class_name, saved, meta = saved_model(args.load)
+    kind = KINDS[saved.model_type]
+    check_data_args(args, kind)
+    tokenizer = resolve_tokenizer(args, meta, saved)
+    if kind == "classification":
+        train, valid, names = classification_data(args, tokenizer)
+        if class_name == BertForSequenceClassification.__name__ and saved.num_labels != len(names):
+            raise ValueError(f"--load {args.load} is a classifier of {saved.num_labels} labels but the data has "
+                             f"{len(names)} ({names}); fine-tune a BERT encoder checkpoint instead")
+        changes: dict[str, Any] = dict(num_labels=len(names))
+    else:
+        train, valid = (CausalLMDataset(read_texts(path), tokenizer, args.seq_length)
+                        for path in (args.train_data, args.valid_data))
+        names = None
+        changes = {}
+    ecfg = engine_config(args)
+    total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
+    schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style)
+    args.model, args.preset = saved.model_type, None  # what model_config checks the flags against
+    config = model_config(args, saved, **changes)
+    overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
+    model_class = BertForSequenceClassification if kind == "classification" else None
+    mesh = init_mesh(args.tp, args.pp, args.dp)
+    manual_seed(args.seed, mesh)
+    engine = Engine(lambda **stage: load_model(args.load, mesh, model_class=model_class, config_overrides=overrides,
+                                               **stage), config, ecfg, mesh)
+    save_dir = Path(args.save) if args.save else None
+    log_dir = Path(args.log_dir) if args.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
+    return FinetuneRun(args, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir)
