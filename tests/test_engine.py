@@ -80,6 +80,13 @@ def global_batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     return dict(batch, labels=labels, next_sentence_label=sequence_labels)
 
 
+def mean_loss(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A single-rank model's outputs given ``batch``'s labels -> the mean loss of each label key (MLM
+    tokens; BERT's binary head: sequences), added up."""
+    labels = [batch[k] for k in ("labels", "next_sentence_label") if k in batch]
+    return sum(t.sum() / (y != -100).sum() for t, y in zip(out if isinstance(out, tuple) else (out,), labels))
+
+
 def reference(kind: str) -> tuple[list[float], dict, list[float]]:
     """Single rank, no engine: the whole global batch in one forward, the mean loss of each label key
     (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW."""
@@ -89,9 +96,7 @@ def reference(kind: str) -> tuple[list[float], dict, list[float]]:
     losses, norms = [], []
     for step in range(STEPS):
         b = global_batch(kind, step)
-        out = model(**b)
-        labels = [b[k] for k in ("labels", "next_sentence_label") if k in b]
-        loss = sum(t.sum() / (y != -100).sum() for t, y in zip(out if isinstance(out, tuple) else (out,), labels))
+        loss = mean_loss(model(**b), b)
         opt.zero_grad()
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())

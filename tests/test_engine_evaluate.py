@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from test_engine import G, S, build, global_batch, model_config
+from test_engine import G, S, build, global_batch, mean_loss, model_config
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.evaluate import eval_logits, eval_loss, forward_only
 from tpzoo.engine.train_step import Engine
@@ -28,7 +28,7 @@ RUNS = [(2, 2, 2, "1f1b", True), (1, 4, 2, "1f1b", False), (1, 4, 2, "interleave
 
 def classification_batch() -> dict[str, torch.Tensor]:
     """BERT inputs with labels [G], one of them ignored (-100)."""
-    batch = global_batch("bert", 7)
+    batch = {k: v for k, v in global_batch("bert", 7).items() if k != "next_sentence_label"}
     labels = torch.randint(0, LABELS, (G,), generator=torch.Generator().manual_seed(5))
     labels[3] = -100
     return {**batch, "labels": labels}
@@ -48,20 +48,18 @@ def batch_of(kind: str) -> dict[str, torch.Tensor]:
 
 
 def references() -> dict:
-    """Single rank, eval mode: mean token loss of GPT and BERT, classifier logits and mean loss."""
+    """Single rank, eval mode: mean loss of GPT and BERT (MLM + sentence order), classifier logits and mean loss."""
     mesh = init_mesh()
     out = {}
     with torch.no_grad():
         for kind in ("gpt", "bert", "clf"):
             model = build_model(kind, config_of(kind), mesh).eval()
             b = batch_of(kind)
-            extras = {k: v for k, v in b.items() if k not in ("input_ids", "labels")}
             if kind == "clf":
-                logits = model(b["input_ids"], **extras)
+                logits = model(**{k: v for k, v in b.items() if k != "labels"})
                 out[kind] = (F.cross_entropy(logits, b["labels"]).item(), logits.numpy())
             else:
-                loss = model(b["input_ids"], labels=b["labels"], **extras).sum() / (b["labels"] != -100).sum()
-                out[kind] = (loss.item(), None)
+                out[kind] = (mean_loss(model(**b), b).item(), None)
     return out
 
 
@@ -90,7 +88,7 @@ def check(refs: dict) -> dict:
                 assert err <= 1e-5, f"{tag}: logits differ from single-rank by {err:.3g}"
             elif kind == "gpt" and pp > 1:
                 outs = forward_only(engine, batch)  # per-token losses reach every pp rank
-                assert [tuple(o.shape) for o in outs] == [(G // (dp * pp), S)] * engine.m, f"{tag}: {outs}"
+                assert [tuple(o.shape) for (o,) in outs] == [(G // (dp * pp), S)] * engine.m, f"{tag}: {outs}"
             assert all(c.training for c in engine.chunks), f"{tag}: train mode not restored"
             assert all(torch.equal(p, b) for p, b in zip(engine.params, before)), f"{tag}: weights changed"
             if dist.get_rank() == 0:

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.engine.train_step import AUTOCAST, IGNORE_INDEX, Engine
+from tpzoo.engine.pipeline import LOSS_LABELS
+from tpzoo.engine.train_step import AUTOCAST, Engine, label_counts
 
 
 def _pp_rank_of(engine: Engine, pp_rank: int) -> int:
@@ -55,21 +56,25 @@ def _broadcast_last(engine: Engine, out: Tensor | None) -> Tensor:
     return data
 
 
-def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = False) -> list[Tensor]:
+def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = False) -> list[tuple[Tensor, ...]]:
     """The last stage's model outputs (float32) for each of this dp rank's ``engine.m`` micro-batches,
-    on every rank of the pp group (and the same on the tp ranks).
+    on every rank of the pp group (and the same on the tp ranks): one tuple per micro-batch.
 
     ``batch`` is a global batch as ``train_step`` takes it (input_ids [G, s], labels, BERT's extras).
-    ``logits=False``: the model's outputs given the labels: per-token losses [mbs, s] (GPT, BERT MLM)
-    or per-example losses [mbs] (sequence classification). ``logits=True``: the labels are withheld
-    and the outputs are logits: [mbs, s, V] or [mbs, num_labels].
+    ``logits=False``: the model's losses given the labels, one per label key of ``LOSS_LABELS`` in
+    the batch: per-token losses [mbs, s] (GPT, BERT MLM), then BERT's per-pair sentence-order losses
+    [mbs] when ``next_sentence_label`` is given; per-example losses [mbs] for sequence classification.
+    ``logits=True``: the labels are withheld and the tuple holds the logits, [mbs, s, V] or
+    [mbs, num_labels].
     """
     mesh = engine.mesh
     ids, extras = engine._feeds(batch)
     for e in extras:
         e.pop("counts")
         if logits:
-            e.pop("labels")
+            for key in LOSS_LABELS:
+                e.pop(key, None)
+    returned = 1 if logits else sum(key in batch for key in LOSS_LABELS)  # outputs of the last stage
     modes = [chunk.training for chunk in engine.chunks]
     autocast = (torch.autocast(mesh.device.type, dtype=AUTOCAST[engine.config.precision])
                 if engine.config.precision in AUTOCAST else nullcontext())
@@ -80,7 +85,7 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
             chunk.eval()
         with torch.no_grad(), autocast:
             for x, extra in zip(ids, extras):
-                out = None
+                out: tuple[Tensor, ...] = (None,) * returned
                 for stage in range(mesh.pp_rank, engine.num_stages, mesh.pp_size):
                     # stages of other pp ranks in between are theirs to run; ours wait in recv
                     y = engine.chunks[stage // mesh.pp_size].model(_stage_input(engine, stage, x), **extra)
@@ -88,29 +93,30 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
                         dist.send(y.float().contiguous(), dst=_pp_rank_of(engine, (stage + 1) % mesh.pp_size),
                                   group=mesh.pp_group)
                     else:
-                        out = y
-                outputs.append(_broadcast_last(engine, out))
+                        out = y if isinstance(y, tuple) else (y,)
+                outputs.append(tuple(_broadcast_last(engine, o) for o in out))
     finally:
         for chunk, mode in zip(engine.chunks, modes):
             chunk.train(mode)
     return outputs
 
 
-def gather_dp(engine: Engine, outputs: list[Tensor]) -> Tensor:
-    """This dp rank's micro-batch outputs [mbs, ...] each -> the whole global batch's [G, ...], in
+def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:
+    """This dp rank's micro-batch outputs (the first of each tuple, [mbs, ...]) -> the whole global batch's [G, ...], in
     batch order (dp rank d holds rows [d G/dp, (d+1) G/dp)), on every rank."""
-    local = torch.cat(outputs)
+    local = torch.cat([out[0] for out in outputs])
     parts = [torch.empty_like(local) for _ in range(engine.mesh.dp_size)]
     dist.all_gather(parts, local, group=engine.mesh.dp_group)
     return torch.cat(parts)
 
 
 def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:
-    """The global-batch mean loss as ``train_step`` reports it (sum of the losses of the non-ignored
-    labels / their count), without updating anything: the same number on every rank and mesh."""
-    count = (batch["labels"] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+    """The global-batch mean loss as ``train_step`` reports it (for each label key, the sum of its
+    losses / its non-ignored count in the global batch, added up: BERT's MLM + sentence-order loss),
+    without updating anything: the same number on every rank and mesh."""
+    counts = [n.to(engine.mesh.device) for n in label_counts(batch)]
     outputs = forward_only(engine, batch)
-    loss = torch.stack([out.sum() / count.to(out.device) for out in outputs]).sum()
+    loss = torch.stack([sum(o.sum() / n for o, n in zip(out, counts)) for out in outputs]).sum()
     dist.all_reduce(loss, group=engine.mesh.dp_group)
     return loss.item()
 

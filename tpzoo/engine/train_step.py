@@ -47,6 +47,12 @@ IGNORE_INDEX = -100
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def label_counts(batch: dict[str, Tensor]) -> list[Tensor]:
+    """Non-ignored labels of the whole global batch, one count per label key of ``LOSS_LABELS`` present:
+    each loss is a mean over its own labels (BERT: MLM tokens, then sentence pairs)."""
+    return [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in LOSS_LABELS if k in batch]
+
+
 @dataclass
 class StepResult:
     loss: float          # global-batch mean loss of each label key, added up (before this step's update)
@@ -92,7 +98,7 @@ class Engine:
         g, mbs = self.config.global_batch_size, self.config.micro_batch_size
         if batch["input_ids"].shape[0] != g:
             raise ValueError(f"the batch holds {batch['input_ids'].shape[0]} sequences, the global batch size is {g}")
-        counts = [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in LOSS_LABELS if k in batch]
+        counts = label_counts(batch)
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
         for k in range(self.m):

@@ -34,12 +34,12 @@ class Summary:
 
 
 def validation_loss(run: Run, iteration: int) -> float:
-    """Mean loss of the ``--eval-iters`` valid batches of evaluation ``iteration // eval_interval``
-    (BERT: the masked-LM loss; the forward-only pass takes one loss per batch)."""
+    """Mean loss of the ``--eval-iters`` valid batches of evaluation ``iteration // eval_interval``,
+    measured as the training loss is (BERT: masked-LM + sentence-order loss)."""
     g, n = run.engine.config.global_batch_size, run.args.eval_iters
     first = iteration // run.args.eval_interval * n
     batches = [run.batch(run.valid, (first + j) * g) for j in range(n)]
-    losses = [eval_loss(run.engine, {k: v for k, v in b.items() if k != "next_sentence_label"}) for b in batches]
+    losses = [eval_loss(run.engine, b) for b in batches]
     return sum(losses) / len(losses)
 
 
