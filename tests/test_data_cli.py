@@ -49,6 +49,7 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
     assert demo["unigram_entropy_nats"] == pytest.approx(5.19, abs=0.01)
     assert {p.name for p in (tmp_path / "demo_files").iterdir()} == {
         "corpus.jsonl",
+        "tokenizer.model",
         "sentiment_train.jsonl",
         "sentiment_valid.jsonl",
     }
