@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
                    "jsonl text (GPT)")
     g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
     g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
-    g.add_argument("--epochs", type=_positive_int, default=3)
+    g.add_argument("--epochs", type=_positive_int, default=5)
     g.add_argument("--seq-length", type=_positive_int, default=64, help="tokens per sample (longer ones are cut)")
     g.add_argument("--hidden-dropout", type=float, help="default: the checkpoint's")
     g.add_argument("--attention-dropout", type=float, help="default: the checkpoint's")
@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl (default: the --save dir, else runs/)")
     g.add_argument("--log-interval", type=_positive_int, default=10, help="log the train loss every N steps")
     add_parallel_args(p)
-    add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=1e-4, lr_warmup_iters=10,
+    add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
                        lr_decay_style="linear")
     add_precision_args(p)
     return p

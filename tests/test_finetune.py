@@ -22,6 +22,7 @@ from tpzoo.testing import spawn
 
 DOC = "finetuning.md"
 README = "../README.md"  # blocks() reads docs/<name>
+PRETRAINED_ACCURACY = 0.65  # the demo task from the pretrain.py checkpoint, 5 epochs (measured 0.70)
 
 
 def commands() -> list[str]:
@@ -56,14 +57,21 @@ def docs_dir(tmp_path_factory) -> Path:
 
 
 def test_doc_commands_score_every_epoch(docs_dir):
-    """BERT from pretrain.py and from Hugging Face: a validation line per epoch with accuracy and F1.
-    (No bar on the accuracy: in 2 epochs these tiny models stay near chance on the demo task, whose
-    labels need the negation bound to the adjective; see docs/finetuning.md.)"""
+    """BERT from pretrain.py and from Hugging Face: a validation line per epoch with accuracy and F1."""
     for run_dir in ("bert-demo", "bert-hf-demo"):
         scores = epochs(docs_dir / run_dir / "metrics.jsonl")
         print(run_dir, [(r["epoch"], r["accuracy"], r["f1"], r["val_loss"]) for r in scores])
-        assert [r["epoch"] for r in scores] == [1, 2]
+        assert [r["epoch"] for r in scores] == [1, 2, 3, 4, 5]
         assert all(0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["f1"] <= 1.0 and r["val_loss"] > 0 for r in scores)
+
+
+def test_pretrained_bert_beats_a_random_start(docs_dir):
+    """The accuracies docs/finetuning.md states: the pretrain.py checkpoint reaches PRETRAINED_ACCURACY
+    (measured 0.70; chance is 0.528), the randomly initialised Hugging Face BERT stays near chance."""
+    best = {d: max(r["accuracy"] for r in epochs(docs_dir / d / "metrics.jsonl")) for d in ("bert-demo", "bert-hf-demo")}
+    print("best accuracy", best)
+    assert best["bert-demo"] >= PRETRAINED_ACCURACY, best
+    assert best["bert-demo"] >= best["bert-hf-demo"] + 0.1, best
 
 
 def test_gpt_causal_lm_validation_loss_falls(docs_dir):

@@ -118,6 +118,14 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--seed", type=_non_negative_int, default=d["seed"])
 
 
+def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
+    """Set each flag of ``defaults[args.model]`` that is None (not given) to the model's default."""
+    for name, value in defaults[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("precision and speed")
     dtype = g.add_mutually_exclusive_group()
