@@ -10,7 +10,7 @@ import argparse
 import torch.distributed as dist
 
 from tpzoo.data.tasks import TASKS
-from tpzoo.training.args import (_positive_int, add_optimizer_args, add_parallel_args,
+from tpzoo.training.args import (positive_int, add_optimizer_args, add_parallel_args,
                                  add_precision_args, command_parser, exit_on_misuse)
 from tpzoo.training.finetune_loop import FinetuneSummary, finetune
 from tpzoo.training.finetune_setup import build_finetune
@@ -29,13 +29,13 @@ def parser() -> argparse.ArgumentParser:
                    "jsonl text (GPT)")
     g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
     g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
-    g.add_argument("--epochs", type=_positive_int, default=5)
-    g.add_argument("--seq-length", type=_positive_int, default=64, help="tokens per sample (longer ones are cut)")
+    g.add_argument("--epochs", type=positive_int, default=5)
+    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per sample (longer ones are cut)")
     g.add_argument("--hidden-dropout", type=float, help="default: the checkpoint's")
     g.add_argument("--attention-dropout", type=float, help="default: the checkpoint's")
     g.add_argument("--save", metavar="DIR", help="keep the best checkpoint (DIR/best) and the last (DIR/latest)")
     g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl (default: the --save dir, else runs/)")
-    g.add_argument("--log-interval", type=_positive_int, default=10, help="log the train loss every N steps")
+    g.add_argument("--log-interval", type=positive_int, default=10, help="log the train loss every N steps")
     add_parallel_args(p)
     add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
                        lr_decay_style="linear")

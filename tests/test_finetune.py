@@ -1,8 +1,8 @@
 """finetune.py end to end.
 
 The commands and Python block of docs/finetuning.md (and README's fine-tuning command) run once, in order, in one
-folder (module fixture): they pretrain a BERT and a GPT with pretrain.py, convert a Hugging Face
-BERT, and fine-tune each. The tests then read what those runs wrote: the accuracy reached, the
+folder (module fixture): they pretrain a BERT and a GPT with pretrain.py, export the BERT to Hugging
+Face and convert it back, and fine-tune each. The tests then read what those runs wrote: the accuracy reached, the
 GPT's validation loss, the best checkpoint. Apart from them: sentence pairs from data files at
 tp=1 and under torchrun at tp=2 (the same numbers), and misuse.
 """
@@ -65,13 +65,14 @@ def test_doc_commands_score_every_epoch(docs_dir):
         assert all(0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["f1"] <= 1.0 and r["val_loss"] > 0 for r in scores)
 
 
-def test_pretrained_bert_beats_a_random_start(docs_dir):
+def test_pretrained_bert_reaches_the_stated_accuracy(docs_dir):
     """The accuracies docs/finetuning.md states: the pretrain.py checkpoint reaches PRETRAINED_ACCURACY
-    (measured 0.70; chance is 0.528), the randomly initialised Hugging Face BERT stays near chance."""
+    (measured 0.706; chance is 0.528), and so does that model after a round trip through Hugging
+    Face's format (to-hf, from-hf)."""
     best = {d: max(r["accuracy"] for r in epochs(docs_dir / d / "metrics.jsonl")) for d in ("bert-demo", "bert-hf-demo")}
     print("best accuracy", best)
     assert best["bert-demo"] >= PRETRAINED_ACCURACY, best
-    assert best["bert-demo"] >= best["bert-hf-demo"] + 0.1, best
+    assert abs(best["bert-hf-demo"] - best["bert-demo"]) <= 0.01, best
 
 
 def test_gpt_causal_lm_validation_loss_falls(docs_dir):

@@ -53,7 +53,7 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         raise SystemExit(2) from None
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -63,7 +63,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
     value = int(text) if text.lstrip("-").isdigit() else -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
@@ -75,12 +75,12 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
     g = parser.add_argument_group("model")
     g.add_argument("--model", choices=tuple(DEFAULT_PRESET), default=default_model)
     g.add_argument("--preset", choices=tuple(PRESETS), help="model shape (default: gpt-tiny / bert-tiny)")
-    g.add_argument("--num-layers", type=_positive_int)
-    g.add_argument("--hidden-size", type=_positive_int)
-    g.add_argument("--num-attention-heads", type=_positive_int)
-    g.add_argument("--ffn-hidden-size", type=_positive_int, help="default 4 x hidden size")
-    g.add_argument("--seq-length", type=_positive_int, default=64, help="tokens per training sequence")
-    g.add_argument("--max-position-embeddings", type=_positive_int, help="default: the preset's")
+    g.add_argument("--num-layers", type=positive_int)
+    g.add_argument("--hidden-size", type=positive_int)
+    g.add_argument("--num-attention-heads", type=positive_int)
+    g.add_argument("--ffn-hidden-size", type=positive_int, help="default 4 x hidden size")
+    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
+    g.add_argument("--max-position-embeddings", type=positive_int, help="default: the preset's")
     g.add_argument("--hidden-dropout", type=float)
     g.add_argument("--attention-dropout", type=float)
 
@@ -88,11 +88,11 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     """Mesh sizes (``tp x pp x dp`` = world size; dp inferred when omitted) and the parallel options."""
     g = parser.add_argument_group("parallel")
-    g.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=_positive_int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", type=_positive_int, default=1)
-    g.add_argument("--data-parallel-size", "--dp", dest="dp", type=_positive_int,
+    g.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", type=positive_int, default=1)
+    g.add_argument("--data-parallel-size", "--dp", dest="dp", type=positive_int,
                    help="default: world size / (tp x pp)")
-    g.add_argument("--virtual-pipeline-model-parallel-size", "--vpp", dest="vpp", type=_positive_int,
+    g.add_argument("--virtual-pipeline-model-parallel-size", "--vpp", dest="vpp", type=positive_int,
                    help="model chunks per pp rank (interleaved schedules; default 2 for them)")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
     g.add_argument("--sequence-parallel", action="store_true")
@@ -105,17 +105,17 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
                 lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
     g = parser.add_argument_group("batch and optimizer")
-    g.add_argument("--micro-batch-size", type=_positive_int, default=d["micro_batch_size"])
-    g.add_argument("--global-batch-size", type=_positive_int, default=d["global_batch_size"])
+    g.add_argument("--micro-batch-size", type=positive_int, default=d["micro_batch_size"])
+    g.add_argument("--global-batch-size", type=positive_int, default=d["global_batch_size"])
     if d["train_iters"] is not None:
-        g.add_argument("--train-iters", type=_positive_int, default=d["train_iters"])
+        g.add_argument("--train-iters", type=positive_int, default=d["train_iters"])
     g.add_argument("--lr", type=float, default=d["lr"])
     g.add_argument("--min-lr", type=float, default=d["min_lr"])
-    g.add_argument("--lr-warmup-iters", type=_non_negative_int, default=d["lr_warmup_iters"])
+    g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"])
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default=d["lr_decay_style"])
     g.add_argument("--weight-decay", type=float, default=d["weight_decay"])
     g.add_argument("--clip-grad", type=float, default=d["clip_grad"], help="global gradient norm; 0 = off")
-    g.add_argument("--seed", type=_non_negative_int, default=d["seed"])
+    g.add_argument("--seed", type=non_negative_int, default=d["seed"])
 
 
 def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
@@ -172,11 +172,11 @@ def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
     g = parser.add_argument_group("run")
     g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
-    g.add_argument("--save-interval", type=_positive_int, default=d["save_interval"],
+    g.add_argument("--save-interval", type=positive_int, default=d["save_interval"],
                    help="save every N iterations (default: only at the end)")
     g.add_argument("--load", metavar="DIR", help="resume from the newest checkpoint in DIR (or DIR/iter_N)")
-    g.add_argument("--eval-interval", type=_non_negative_int, default=d["eval_interval"],
+    g.add_argument("--eval-interval", type=non_negative_int, default=d["eval_interval"],
                    help="validation loss every N iterations and at the end; 0 = never")
-    g.add_argument("--eval-iters", type=_positive_int, default=d["eval_iters"], help="global batches per evaluation")
-    g.add_argument("--log-interval", type=_positive_int, default=d["log_interval"], help="log every N iterations")
+    g.add_argument("--eval-iters", type=positive_int, default=d["eval_iters"], help="global batches per evaluation")
+    g.add_argument("--log-interval", type=positive_int, default=d["log_interval"], help="log every N iterations")
     g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl and TensorBoard events (default: the --save dir)")
