@@ -113,8 +113,10 @@ class Metrics:
 
     def print(self, text: str) -> None:
         """A line on stdout (above the bar when there is one); rank 0 only."""
-        if self.enabled:
-            (self.bar.write if self.bar is not None else print)(text, flush=True)
+        if self.enabled and self.bar is not None:
+            self.bar.write(text)
+        elif self.enabled:
+            print(text, flush=True)
 
     def step(self, tokens: int, seconds: float) -> None:
         """Count one train step of ``tokens`` tokens that took ``seconds``."""
