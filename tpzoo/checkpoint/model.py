@@ -14,15 +14,11 @@ from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
 from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
 from tpzoo.models.pretrained import CONFIG_FILE, MODEL_CLASSES, load_state, model_options, read_pretrained
 from tpzoo.parallel import ParallelMesh, get_mesh
 
 logger = logging.getLogger(__name__)
-# config fields that change how a run computes, not which weights the model has: they may differ
-# between the checkpoint and the model it is loaded into
-RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "attention_backend", "kernels",
-                         "recompute_activations", "sequence_parallel", "init_method_std", "seed"})
 
 
 def model_record(model: StagedModel) -> dict[str, Any]:

@@ -24,6 +24,10 @@ LAYERNORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTENTION_BACKENDS = ("auto", "fused-softmax", "sdpa")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
+# fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
+# loads into (and a run resumes with) a config that differs from the saved one only in these
+RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "attention_backend", "kernels",
+                         "recompute_activations", "sequence_parallel", "init_method_std", "seed"})
 
 
 def _int(minimum: int) -> Check:

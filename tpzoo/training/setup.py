@@ -24,14 +24,11 @@ from tpzoo.data.build import build_datasets, resolve_data, samples_needed
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models import BertModel, GPTModel
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.training.args import engine_config, model_config
 from tpzoo.training.lr_schedule import LRSchedule
 
-# TransformerConfig fields a resumed run may change: they do not shape the weights
-RUN_FIELDS = ("seed", "kernels", "attention_backend", "recompute_activations", "sequence_parallel",
-              "hidden_dropout", "attention_dropout")
 
 
 @dataclass
@@ -72,7 +69,7 @@ def global_batch(dataset: Any, start: int, size: int) -> dict[str, torch.Tensor]
 def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> list[str]:
     """``field checkpoint X, flags Y`` for each weight-shaping field that differs."""
     a, b = saved.to_dict(), wanted.to_dict()
-    return [f"{k}: checkpoint {a[k]}, flags {b[k]}" for k in a if k not in RUN_FIELDS and a[k] != b[k]]
+    return [f"{k}: checkpoint {a[k]}, flags {b[k]}" for k in a if k not in RUN_OPTIONS and a[k] != b[k]]
 
 
 def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: dict[str, Any] | None
