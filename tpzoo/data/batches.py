@@ -1,4 +1,5 @@
-"""Global batches of fine-tuning samples for the engine: a fixed size G, every sample once per epoch.
+"""Global batches of samples for the engine: a fixed size G, in a given order (pretraining reads samples
+[c, c + G); fine-tuning every sample once per epoch).
 
     for batch in global_batches(dataset, 32, epoch_order(len(dataset), seed, epoch)):
         engine.train_step(batch)           # input_ids [32, s], labels [32] or [32, s], extras

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from tpzoo.checkpoint import load_checkpoint, read_meta, resolve_checkpoint
+from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, resolve_data, samples_needed
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
@@ -51,19 +52,14 @@ class Run:
 
     def batch(self, dataset: Any, start: int) -> dict[str, torch.Tensor]:
         """The global batch of ``dataset`` from sample ``start`` on (BERT's sentence-order label included)."""
-        return global_batch(dataset, start, self.engine.config.global_batch_size)
+        g = self.engine.config.global_batch_size
+        return next(global_batches(dataset, g, torch.arange(start, start + g)))
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
         return dict(model=self.args.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
                     data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
                     lr_schedule=self.schedule.state_dict(), args=vars(self.args))
-
-
-def global_batch(dataset: Any, start: int, size: int) -> dict[str, torch.Tensor]:
-    """Samples [start, start + size) of ``dataset`` stacked per key: ``input_ids`` [size, s] etc."""
-    samples = [dataset[i] for i in range(start, start + size)]
-    return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
 
 
 def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> list[str]:
