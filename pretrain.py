@@ -1,5 +1,6 @@
 """Pretrain a GPT or BERT on the pp x dp x tp mesh: ``python pretrain.py`` (a tiny GPT on the demo
 corpus, a few minutes on a CPU) or ``torchrun --nproc-per-node N pretrain.py --tp .. --pp ..``.
+``python pretrain.py --load DIR`` continues a saved run as it was configured.
 Flags, schedule, metrics and checkpoints: docs/training.md."""
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import os
 # processes; waiting threads that sleep cost nothing measurable. Set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch.distributed as dist  # noqa: E402
-
+# light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.build import add_data_args  # noqa: E402
-from tpzoo.training.args import (add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
+from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
                                  add_precision_args, add_run_args, command_parser, exit_on_misuse,
-                                 fill_model_defaults)
-from tpzoo.training.loop import Summary, train  # noqa: E402
-from tpzoo.training.setup import build_run  # noqa: E402
+                                 fill_model_defaults, set_model_defaults)
+from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
 PROG = "pretrain.py"
 # Schedule defaults per --model (docs/training.md). Post-LN BERT sits on the unigram plateau (MLM loss =
@@ -28,21 +27,35 @@ MODEL_DEFAULTS = {"gpt": dict(train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_i
                   "bert": dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50)}
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> CommandParser:
     p = command_parser(PROG, "Pretrain a GPT or BERT on the pp x dp x tp mesh (docs/training.md).")
     add_model_args(p)
     add_parallel_args(p)
     add_optimizer_args(p, micro_batch_size=8, global_batch_size=32)
-    p.set_defaults(**dict.fromkeys(MODEL_DEFAULTS["gpt"]))  # None until given: the model's (MODEL_DEFAULTS)
+    set_model_defaults(p, MODEL_DEFAULTS)
     add_precision_args(p)
     add_data_args(p)
     add_run_args(p)
     return p
 
 
-def main() -> Summary:
-    args = fill_model_defaults(parser().parse_args(), MODEL_DEFAULTS)
-    summary = train(exit_on_misuse(PROG, lambda: build_run(args)))
+def check_flags(args: argparse.Namespace) -> None:
+    """What the flags alone can be checked for, before torch loads (a resume's are checked once
+    merged with the checkpoint's)."""
+    if args.load is None:
+        LRSchedule.from_args(fill_model_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS))
+
+
+def main(argv: list[str] | None = None):
+    p = parser()
+    args = p.parse_args(argv)
+    exit_on_misuse(PROG, lambda: check_flags(args))
+    import torch.distributed as dist
+
+    from tpzoo.training.loop import train
+    from tpzoo.training.setup import build_run
+
+    summary = train(exit_on_misuse(PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS)))
     dist.destroy_process_group()
     return summary
 

@@ -89,7 +89,7 @@ def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
 
 
 @pytest.mark.parametrize("flags, problem", [
-    ("--lr -1", "--lr -1.0 must be > 0"),
+    ("--lr -1", "argument --lr: expected a number > 0, got -1"),
     ("--tp 2", "world size 1 is not divisible by tp x pp"),
     ("--global-batch-size 10 --micro-batch-size 4", "global batch size 10 is not divisible"),
     ("--data-path nowhere/corpus", "nowhere/corpus"),

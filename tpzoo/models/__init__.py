@@ -2,21 +2,31 @@
 
 Every matrix multiply is tensor-parallel, results do not depend on tp, and a model is
 ``embedding`` + ``layers`` + ``head`` so that a pipeline stage is just a part of one.
+
+Names load on first use, so the configs and presets (``tpzoo.models.config``, ``.presets``)
+import without torch: the training scripts check their flags before loading it.
 """
 
-from tpzoo.models.attention import ParallelAttention
-from tpzoo.models.base import StagedModel, piece_seed
-from tpzoo.models.bert import BertForSequenceClassification, BertModel
-from tpzoo.models.config import TransformerConfig
-from tpzoo.models.gpt import GPTModel
-from tpzoo.models.kv_cache import KVCache
-from tpzoo.models.mlp import ParallelMLP
-from tpzoo.models.presets import PRESETS, format_presets, get_preset, list_presets, num_parameters
-from tpzoo.models.sharding import full_grads, full_state_dict, load_full_state_dict
-from tpzoo.models.transformer import LayerNorm, TransformerLayer
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "PRESETS", "BertForSequenceClassification", "BertModel", "GPTModel", "KVCache", "LayerNorm", "ParallelAttention",
-    "ParallelMLP", "StagedModel", "TransformerConfig", "TransformerLayer", "format_presets", "full_grads",
-    "full_state_dict", "get_preset", "list_presets", "load_full_state_dict", "num_parameters", "piece_seed",
-]
+_EXPORTS = {
+    "attention": ("ParallelAttention",),
+    "base": ("StagedModel", "piece_seed"),
+    "bert": ("BertForSequenceClassification", "BertModel"),
+    "config": ("TransformerConfig",),
+    "gpt": ("GPTModel",),
+    "kv_cache": ("KVCache",),
+    "mlp": ("ParallelMLP",),
+    "presets": ("PRESETS", "format_presets", "get_preset", "list_presets", "num_parameters"),
+    "sharding": ("full_grads", "full_state_dict", "load_full_state_dict"),
+    "transformer": ("LayerNorm", "TransformerLayer"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'tpzoo.models' has no attribute {name!r}")
+    return getattr(import_module(f"tpzoo.models.{_MODULE_OF[name]}"), name)

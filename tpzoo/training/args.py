@@ -14,6 +14,7 @@ those given. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, Callable, NoReturn
@@ -29,16 +30,48 @@ DEFAULT_PRESET = {"gpt": "gpt-tiny", "bert": "bert-tiny"}
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 
 
+class DefaultsOnceFormatter(argparse.HelpFormatter):
+    """Help that states each flag's default once: appended as ``(default: X)`` unless the help text
+    already says it; nothing for defaults that mean "not given" (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 class CommandParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block) and exit status 2."""
+    """An ArgumentParser whose errors are one line (no usage block) and exit status 2, and whose
+    --help gives every flag's default once."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def format_help(self) -> str:
+        for action in self._actions:  # argparse prints no help line at all for a flag without help text
+            if action.help is None and action.default not in (None, False, argparse.SUPPRESS):
+                action.help = "default: %(default)s"
+        return super().format_help()
+
+    def given(self, argv: list[str] | None = None) -> set[str]:
+        """The destinations of the flags written on the command line (``argv``, default sys.argv),
+        as opposed to those left at their defaults."""
+        return set(vars(self.parse_args(argv, _Given())))
+
+
+class _Given(argparse.Namespace):
+    """A namespace that claims to hold every attribute, so argparse fills in no defaults and only the
+    flags actually given land in it."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return None
+
 
 def command_parser(prog: str, description: str) -> CommandParser:
-    return CommandParser(prog=prog, description=description,
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return CommandParser(prog=prog, description=description, formatter_class=DefaultsOnceFormatter)
 
 
 def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
@@ -70,6 +103,28 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def _float(text: str, ok: Callable[[float], bool], expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected a number {expected}, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return _float(text, lambda v: v > 0 and math.isfinite(v), "> 0")
+
+
+def non_negative_float(text: str) -> float:
+    return _float(text, lambda v: v >= 0 and math.isfinite(v), ">= 0")
+
+
+def probability(text: str) -> float:
+    return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
     """``--model --preset`` and the shape flags that override the preset (None = the preset's)."""
     g = parser.add_argument_group("model")
@@ -78,11 +133,11 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
     g.add_argument("--num-layers", type=positive_int)
     g.add_argument("--hidden-size", type=positive_int)
     g.add_argument("--num-attention-heads", type=positive_int)
-    g.add_argument("--ffn-hidden-size", type=positive_int, help="default 4 x hidden size")
+    g.add_argument("--ffn-hidden-size", type=positive_int, help="default: 4 x hidden size")
     g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
     g.add_argument("--max-position-embeddings", type=positive_int, help="default: the preset's")
-    g.add_argument("--hidden-dropout", type=float)
-    g.add_argument("--attention-dropout", type=float)
+    g.add_argument("--hidden-dropout", type=probability, help="default: the preset's")
+    g.add_argument("--attention-dropout", type=probability, help="default: the preset's")
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +148,7 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-parallel-size", "--dp", dest="dp", type=positive_int,
                    help="default: world size / (tp x pp)")
     g.add_argument("--virtual-pipeline-model-parallel-size", "--vpp", dest="vpp", type=positive_int,
-                   help="model chunks per pp rank (interleaved schedules; default 2 for them)")
+                   help="model chunks per pp rank (interleaved schedules; default: 2 for them)")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over dp")
@@ -108,14 +163,26 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--micro-batch-size", type=positive_int, default=d["micro_batch_size"])
     g.add_argument("--global-batch-size", type=positive_int, default=d["global_batch_size"])
     if d["train_iters"] is not None:
-        g.add_argument("--train-iters", type=positive_int, default=d["train_iters"])
-    g.add_argument("--lr", type=float, default=d["lr"])
-    g.add_argument("--min-lr", type=float, default=d["min_lr"])
+        g.add_argument("--train-iters", type=non_negative_int, default=d["train_iters"],
+                       help="0 with --save: save the untrained model (a control run)")
+    g.add_argument("--lr", type=positive_float, default=d["lr"])
+    g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
     g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"])
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default=d["lr_decay_style"])
-    g.add_argument("--weight-decay", type=float, default=d["weight_decay"])
-    g.add_argument("--clip-grad", type=float, default=d["clip_grad"], help="global gradient norm; 0 = off")
+    g.add_argument("--weight-decay", type=non_negative_float, default=d["weight_decay"])
+    g.add_argument("--clip-grad", type=non_negative_float, default=d["clip_grad"], help="global gradient norm; 0 = off")
     g.add_argument("--seed", type=non_negative_int, default=d["seed"])
+
+
+def set_model_defaults(parser: argparse.ArgumentParser, defaults: dict[str, dict[str, Any]]) -> None:
+    """Make the flags of ``defaults`` (per ``--model``: {dest: value}) None until given, their help
+    naming each model's value; ``fill_model_defaults`` fills them in once the model is known."""
+    names = set().union(*defaults.values())
+    for action in parser._actions:
+        if action.dest in names:
+            action.default = None
+            by_model = ", ".join(f"{model} {values[action.dest]:g}" for model, values in defaults.items())
+            action.help = "; ".join(filter(None, [action.help, f"default: {by_model}"]))
 
 
 def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
@@ -174,7 +241,8 @@ def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
     g.add_argument("--save-interval", type=positive_int, default=d["save_interval"],
                    help="save every N iterations (default: only at the end)")
-    g.add_argument("--load", metavar="DIR", help="resume from the newest checkpoint in DIR (or DIR/iter_N)")
+    g.add_argument("--load", metavar="DIR", help="resume the run saved in DIR (its newest checkpoint, or DIR/iter_N) "
+                   "as it was configured; flags given change only what they name")
     g.add_argument("--eval-interval", type=non_negative_int, default=d["eval_interval"],
                    help="validation loss every N iterations and at the end; 0 = never")
     g.add_argument("--eval-iters", type=positive_int, default=d["eval_iters"], help="global batches per evaluation")

@@ -17,9 +17,10 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 STYLES = ("constant", "linear", "cosine")
 

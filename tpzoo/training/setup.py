@@ -6,11 +6,18 @@ against the flags), the mesh, the data, the model config and the engine.
 
 Global batch k of the train split is samples [c, c + G) where c = consumed samples (k G when the
 batch size never changed), the same on every mesh and after a resume.
+
+A resume (``--load``) continues the run as it was configured: every flag the checkpoint recorded
+(model, tokenizer, data and split, sequence length, batch sizes, schedule, seed, precision, intervals)
+is taken from it unless written on the command line (``given``); the mesh and the speed options
+(``LAUNCH_FLAGS``) belong to each launch. Flags given that change what the run trains on
+(``MEANING_FLAGS``) are named in ``Run.run_changes``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +34,7 @@ from tpzoo.engine import Engine
 from tpzoo.models import BertModel, GPTModel
 from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
-from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.args import engine_config, fill_model_defaults, model_config
 from tpzoo.training.lr_schedule import LRSchedule
 
 
@@ -49,6 +56,7 @@ class Run:
     consumed_samples: int = 0       # train samples read so far: the data position
     loaded_from: Path | None = None
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
+    run_changes: list[str] = field(default_factory=list)          # MEANING_FLAGS given that differ from it
 
     def batch(self, dataset: Any, start: int) -> dict[str, torch.Tensor]:
         """The global batch of ``dataset`` from sample ``start`` on (BERT's sentence-order label included)."""
@@ -59,7 +67,49 @@ class Run:
         """What a checkpoint records besides the tensors (JSON-able)."""
         return dict(model=self.args.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
                     data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
-                    lr_schedule=self.schedule.state_dict(), args=vars(self.args))
+                    lr_schedule=self.schedule.state_dict(), args=absolute_paths(vars(self.args)))
+
+
+# flags of one launch, not of the run: a resume never takes them from the checkpoint
+LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
+                          "recompute_activations", "kernels", "attention_backend", "load", "save"})
+# a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
+GIVEN_TOGETHER = {"bf16": {"fp16"}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
+                  "dataset": {"data_path", "tokenizer_model"}}
+# flags that change what the run trains on: a resume that changes one says so
+MEANING_FLAGS = ("seq_length", "data_path", "dataset", "tokenizer_model", "split", "seed")
+PATH_FLAGS = ("data_path", "tokenizer_model", "log_dir", "data_cache_path")
+
+
+def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with its file flags (``PATH_FLAGS``, ``--dataset`` entries) made absolute, so that a
+    checkpoint's flags name the same files from any working directory."""
+    out = dict(args)
+    for name in PATH_FLAGS:
+        if out.get(name) is not None:
+            out[name] = os.path.abspath(out[name])
+    if out.get("dataset"):
+        out["dataset"] = [os.path.abspath(spec) for spec in out["dataset"]]
+    return out
+
+
+def restore_args(args: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> list[str]:
+    """Set every flag of ``args`` not in ``given`` (nor in ``LAUNCH_FLAGS``) to its value in ``saved``
+    (a checkpoint's recorded flags); returns ``--flag now (checkpoint: before)`` for each given
+    ``MEANING_FLAGS`` flag whose value differs from the checkpoint's."""
+    kept = set(given) | LAUNCH_FLAGS
+    for name in given:
+        kept |= GIVEN_TOGETHER.get(name, set())
+    for name, value in saved.items():
+        if name not in kept and hasattr(args, name):
+            setattr(args, name, value)
+    now = absolute_paths(vars(args))
+    return [f"--{name.replace('_', '-')} {_show(now[name])} (checkpoint: {_show(saved.get(name))})"
+            for name in MEANING_FLAGS if name in given and now.get(name) != saved.get(name)]
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> list[str]:
@@ -79,6 +129,10 @@ def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: 
                          f"pass --model {saved['model']}")
     stored = TransformerConfig.from_dict(saved["model_config"])
     config = model_config(args, None if args.preset else stored, vocab_size=tokenizer.vocab_size)
+    if config.vocab_size != stored.vocab_size:
+        raise ValueError(f"--load {args.load} holds a model of {stored.vocab_size} tokens but the tokenizer "
+                         f"{tokenizer.path} has {tokenizer.vocab_size}; resume with the checkpoint's tokenizer "
+                         f"(leave out --tokenizer-model and the data flags) or start a new run without --load")
     differ = differing_fields(stored, config)
     if differ:
         raise ValueError(f"--load {args.load} holds another model than the flags ask for ({'; '.join(differ)}); "
@@ -102,11 +156,22 @@ def build_model(args: argparse.Namespace, config: TransformerConfig, mesh: Paral
     return BertModel(config, mesh, **stage)
 
 
-def build_run(args: argparse.Namespace) -> Run:
-    """Everything a run needs, checked before any training; resumes from ``--load`` if given."""
-    schedule = LRSchedule.from_args(args)
+def build_run(args: argparse.Namespace, given: set[str] | None = None,
+              model_defaults: dict[str, dict[str, Any]] | None = None) -> Run:
+    """Everything a run needs, checked before any training; resumes from ``--load`` if given.
+
+    ``given``: the flags written on the command line (all of them when None); a resume takes the
+    others from the checkpoint. ``model_defaults``: per ``--model``, values for the flags still None."""
     checkpoint = resolve_checkpoint(args.load) if args.load else None
     saved = read_meta(checkpoint) if checkpoint else None
+    changes = []
+    if saved is not None:
+        changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
+        if args.save is None:
+            args.save = str(checkpoint.parent)  # the run goes on saving where it saved
+    if model_defaults:
+        fill_model_defaults(args, model_defaults)
+    schedule = LRSchedule.from_args(args)
     mesh = init_mesh(args.tp, args.pp, args.dp)
     manual_seed(args.seed, mesh)
     tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
@@ -126,4 +191,5 @@ def build_run(args: argparse.Namespace) -> Run:
         loaded = load_checkpoint(checkpoint, engine)
         run.iteration, run.consumed_samples, run.loaded_from = loaded["iteration"], loaded["consumed_samples"], checkpoint
         run.lr_schedule_changes = schedule.changes_from(loaded["lr_schedule"])
+        run.run_changes = changes
     return run

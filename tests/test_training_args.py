@@ -1,0 +1,96 @@
+"""The command lines of pretrain.py and finetune.py: flags are checked before torch loads, --help
+states each default once, and a resume can tell the flags written on the command line from the
+defaults (CommandParser.given)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from doc_helpers import ROOT, clean_env
+
+SCRIPTS = ("pretrain.py", "finetune.py")
+
+
+@pytest.fixture(scope="module")
+def no_torch(tmp_path_factory):
+    """A PYTHONPATH entry whose ``torch`` fails to import: a script that loads it fails loudly."""
+    root = tmp_path_factory.mktemp("no-torch")
+    (root / "torch").mkdir()
+    (root / "torch" / "__init__.py").write_text("raise ImportError('torch was imported before the flags were checked')\n")
+    return root
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flags, problem", [
+    ("--lr 0", "argument --lr: expected a number > 0, got 0"),
+    ("--micro-batch-size 0", "argument --micro-batch-size: expected an integer >= 1, got 0"),
+    ("--hidden-dropout 1.5", "argument --hidden-dropout: expected a number in [0, 1), got 1.5"),
+    ("--weight-decay -0.1", "argument --weight-decay: expected a number >= 0, got -0.1"),
+], ids=["lr", "micro-batch", "dropout", "weight-decay"])
+def test_flag_errors_come_before_torch_loads(no_torch, script, flags, problem):
+    env = {**clean_env(1), "PYTHONPATH": f"{no_torch}:{ROOT}"}
+    done = subprocess.run([sys.executable, str(ROOT / script), *flags.split()], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and problem in done.stderr, done.stderr
+
+
+def test_pretrain_min_lr_above_lr_is_refused_before_torch_loads(no_torch):
+    env = {**clean_env(1), "PYTHONPATH": f"{no_torch}:{ROOT}"}
+    done = subprocess.run([sys.executable, str(ROOT / "pretrain.py"), "--min-lr", "1"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "--min-lr 1.0 must lie in [0, --lr 0.003]" in done.stderr, done.stderr
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """--help text -> {first flag: its whole entry (flag line and wrapped help)}."""
+    entries: dict[str, str] = {}
+    flag = None
+    for line in text.splitlines():
+        found = re.match(r"  (-[-\w]+)", line)
+        if found:
+            flag = found.group(1)
+            entries[flag] = line
+        elif flag and line.startswith("      "):
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None
+    return entries
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_states_each_default_once(script):
+    done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                          env=clean_env(1), timeout=60)
+    assert done.returncode == 0, done.stderr
+    entries = help_entries(done.stdout)
+    assert "--lr" in entries and "--seed" in entries
+    twice = {flag: entry for flag, entry in entries.items() if entry.lower().count("default") > 1}
+    assert not twice, twice
+    assert "(default: None)" not in done.stdout and "(default: False)" not in done.stdout
+    assert re.search(r"--seed SEED\s+default: 1234", done.stdout), "a flag without help text still shows its default"
+
+
+def test_pretrain_help_gives_the_defaults_of_each_model():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from pretrain import parser
+    finally:
+        sys.path.remove(str(ROOT))
+    text = " ".join(parser().format_help().split())
+    assert "default: gpt 300, bert 1000" in text and "default: gpt 0.003, bert 0.001" in text
+
+
+def test_given_tells_written_flags_from_defaults():
+    from tpzoo.training.args import add_optimizer_args, add_parallel_args, add_precision_args, command_parser
+
+    p = command_parser("x", "x")
+    add_parallel_args(p)
+    add_optimizer_args(p)
+    add_precision_args(p)
+    assert p.given([]) == set()
+    assert p.given(["--tp", "2", "--lr", "1e-3", "--bf16"]) == {"tp", "lr", "bf16"}
+    assert p.given(["--tensor-model-parallel-size", "1", "--seed", "1234"]) == {"tp", "seed"}  # default values count
