@@ -80,30 +80,32 @@ def global_batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     return dict(batch, labels=labels, next_sentence_label=sequence_labels)
 
 
-def mean_loss(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def loss_parts(out, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A single-rank model's outputs given ``batch``'s labels -> the mean loss of each label key (MLM
-    tokens; BERT's binary head: sequences), added up."""
-    labels = [batch[k] for k in ("labels", "next_sentence_label") if k in batch]
-    return sum(t.sum() / (y != -100).sum() for t, y in zip(out if isinstance(out, tuple) else (out,), labels))
+    tokens; BERT's binary head: sequences)."""
+    keys = [k for k in ("labels", "next_sentence_label") if k in batch]
+    return {k: t.sum() / (batch[k] != -100).sum() for t, k in zip(out if isinstance(out, tuple) else (out,), keys)}
 
 
-def reference(kind: str) -> tuple[list[float], dict, list[float]]:
+def reference(kind: str) -> tuple[list[float], dict, list[float], list[dict[str, float]]]:
     """Single rank, no engine: the whole global batch in one forward, the mean loss of each label key
-    (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW."""
+    (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW; also each step's parts."""
     mesh = init_mesh()
     model = build(kind, model_config(kind), mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, eps=EPS)
-    losses, norms = [], []
+    losses, norms, parts = [], [], []
     for step in range(STEPS):
         b = global_batch(kind, step)
-        loss = mean_loss(model(**b), b)
+        by_key = loss_parts(model(**b), b)
+        loss = sum(by_key.values())
         opt.zero_grad()
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
         opt.step()
         losses.append(loss.item())
+        parts.append({k: v.item() for k, v in by_key.items()})
     state = {name: t.numpy() for name, t in full_state_dict(model).items()}  # numpy: crosses processes
-    return losses, state, norms
+    return losses, state, norms, parts
 
 
 def references() -> dict:
@@ -134,11 +136,14 @@ def train(kind: str, mesh, schedule: str, steps: int = STEPS, **options) -> tupl
 
 
 def compare(engine: Engine, results, ref, tag: str, errors: dict) -> None:
-    """Every step's loss and gradient norm (before clipping) within TOL relative; every final weight
-    tensor within TOL of that tensor's scale, max |w - w_ref| / max |w_ref| (see EPS)."""
-    ref_losses, ref_state, ref_norms = ref
-    for step, (r, loss, norm) in enumerate(zip(results, ref_losses, ref_norms)):
-        for what, got, expected in (("loss", r.loss, loss), ("grad norm", r.grad_norm, norm)):
+    """Every step's loss, its part of each label key (BERT: MLM, sentence order) and gradient norm
+    (before clipping) within TOL relative; every final weight tensor within TOL of that tensor's scale,
+    max |w - w_ref| / max |w_ref| (see EPS)."""
+    ref_losses, ref_state, ref_norms, ref_parts = ref
+    for step, (r, loss, norm, parts) in enumerate(zip(results, ref_losses, ref_norms, ref_parts)):
+        assert r.losses.keys() == parts.keys(), f"{tag}: step {step} loss parts {r.losses} vs {parts}"
+        for what, got, expected in (("loss", r.loss, loss), ("grad norm", r.grad_norm, norm),
+                                    *((f"{k} part", r.losses[k], v) for k, v in parts.items())):
             err = abs(got - expected) / abs(expected)
             errors[what] = max(errors.get(what, 0.0), err)
             assert err <= TOL, f"{tag}: step {step} {what} {got} vs single-rank {expected} (rel {err:.3g})"

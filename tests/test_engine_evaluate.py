@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from test_engine import G, S, build, global_batch, mean_loss, model_config
+from test_engine import G, S, build, global_batch, loss_parts, model_config
 from tpzoo.engine.config import EngineConfig
-from tpzoo.engine.evaluate import eval_logits, eval_loss, forward_only
+from tpzoo.engine.evaluate import eval_logits, eval_loss, eval_losses, forward_only
 from tpzoo.engine.train_step import Engine
 from tpzoo.models import BertForSequenceClassification
 from tpzoo.parallel import init_mesh
@@ -48,7 +48,8 @@ def batch_of(kind: str) -> dict[str, torch.Tensor]:
 
 
 def references() -> dict:
-    """Single rank, eval mode: mean loss of GPT and BERT (MLM + sentence order), classifier logits and mean loss."""
+    """Single rank, eval mode: mean loss of GPT and BERT (MLM + sentence order) and its part of each label key,
+    classifier logits and mean loss."""
     mesh = init_mesh()
     out = {}
     with torch.no_grad():
@@ -57,9 +58,11 @@ def references() -> dict:
             b = batch_of(kind)
             if kind == "clf":
                 logits = model(**{k: v for k, v in b.items() if k != "labels"})
-                out[kind] = (F.cross_entropy(logits, b["labels"]).item(), logits.numpy())
+                loss = F.cross_entropy(logits, b["labels"]).item()
+                out[kind] = (loss, logits.numpy(), {"labels": loss})
             else:
-                out[kind] = (mean_loss(model(**b), b).item(), None)
+                parts = loss_parts(model(**b), b)
+                out[kind] = (sum(parts.values()).item(), None, {k: v.item() for k, v in parts.items()})
     return out
 
 
@@ -76,10 +79,14 @@ def check(refs: dict) -> dict:
             batch = batch_of(kind)
             before = [p.detach().clone() for p in engine.params]
             loss = eval_loss(engine, batch)
-            ref_loss, ref_logits = refs[kind]
-            err = abs(loss - ref_loss) / abs(ref_loss)
-            errors["loss"] = max(errors["loss"], err)
-            assert err <= 1e-6, f"{tag}: eval_loss {loss} vs single-rank {ref_loss} (rel {err:.3g})"
+            total, parts = eval_losses(engine, batch)
+            ref_loss, ref_logits, ref_parts = refs[kind]
+            assert total == loss and parts.keys() == ref_parts.keys(), f"{tag}: eval_losses {total}, {parts}"
+            for what, got, expected in (("eval_loss", loss, ref_loss), *((f"{k} part", parts[k], v)
+                                                                         for k, v in ref_parts.items())):
+                err = abs(got - expected) / abs(expected)
+                errors["loss"] = max(errors["loss"], err)
+                assert err <= 1e-6, f"{tag}: {what} {got} vs single-rank {expected} (rel {err:.3g})"
             if kind == "clf":
                 logits = eval_logits(engine, batch)
                 assert logits.shape == (G, LABELS), f"{tag}: logits {tuple(logits.shape)}"

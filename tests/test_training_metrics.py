@@ -34,3 +34,32 @@ def test_resume_drops_lines_after_the_loaded_iteration(tmp_path):
     run_log(tmp_path, False)
     run_log(tmp_path, False, start=2)  # resumed at iteration 2: lines 4 and 6 are written again
     assert [json.loads(line)["iteration"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 4, 6]
+
+
+class Recorder:
+    """A stand-in for TensorBoard's SummaryWriter: the (tag, value, step) of every scalar."""
+
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.append((tag, value, step))
+
+    def close(self) -> None:
+        pass
+
+
+def test_loss_parts_go_to_metrics_jsonl_and_tensorboard(tmp_path, monkeypatch):
+    writer = Recorder()
+    monkeypatch.setattr("tpzoo.training.metrics._tensorboard", lambda log_dir: writer)
+    metrics = Metrics(tmp_path, train_iters=2, log_interval=1, interactive=False)
+    metrics.log(1, loss=5.5, losses={"mlm_loss": 4.8, "sop_loss": 0.7}, lr=1e-3, grad_norm=1.0)
+    metrics.log(2, loss=5.4, losses={"mlm_loss": 4.7, "sop_loss": 0.7}, lr=1e-3, grad_norm=1.0, val_loss=5.6,
+                val_losses={"mlm_loss": 4.9, "sop_loss": 0.7}, last=True)
+    metrics.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["mlm_loss"] == 4.8 and "val_mlm_loss" not in lines[0]
+    assert (lines[1]["val_loss"], lines[1]["val_mlm_loss"], lines[1]["val_sop_loss"]) == (5.6, 4.9, 0.7)
+    tags = {tag: value for tag, value, step in writer.scalars if step == 2}
+    assert (tags["train/mlm_loss"], tags["train/sop_loss"], tags["valid/loss"], tags["valid/mlm_loss"]) == \
+        (4.7, 0.7, 5.6, 4.9)

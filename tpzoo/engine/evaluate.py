@@ -2,6 +2,7 @@
 
     outputs = forward_only(engine, batch)                  # this dp rank's micro-batches, every pp rank
     loss = eval_loss(engine, batch)                        # global-batch mean token loss, no update
+    loss, parts = eval_losses(engine, batch)               # and its part of each label key
     logits = eval_logits(engine, batch)                    # [G, ...] over dp, on every rank
 
 No backward and no training schedule: with pp > 1 every micro-batch walks the stages in order,
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpzoo.engine.pipeline import LOSS_LABELS
-from tpzoo.engine.train_step import AUTOCAST, Engine, label_counts
+from tpzoo.engine.train_step import AUTOCAST, Engine, label_counts, loss_keys, reduce_losses
 
 
 def _pp_rank_of(engine: Engine, pp_rank: int) -> int:
@@ -110,15 +111,21 @@ def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:
     return torch.cat(parts)
 
 
-def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:
-    """The global-batch mean loss as ``train_step`` reports it (for each label key, the sum of its
-    losses / its non-ignored count in the global batch, added up: BERT's MLM + sentence-order loss),
-    without updating anything: the same number on every rank and mesh."""
+def eval_losses(engine: Engine, batch: dict[str, Tensor]) -> tuple[float, dict[str, float]]:
+    """The global-batch mean loss as ``train_step`` reports it (for each label key, its part: the sum of
+    its losses / its non-ignored count in the global batch; the parts added up: BERT's MLM +
+    sentence-order loss), and the parts by label key, without updating anything: the same numbers on
+    every rank and mesh (one all-reduce over dp of [1 + K] numbers)."""
     counts = [n.to(engine.mesh.device) for n in label_counts(batch)]
-    outputs = forward_only(engine, batch)
-    loss = torch.stack([sum(o.sum() / n for o, n in zip(out, counts)) for out in outputs]).sum()
-    dist.all_reduce(loss, group=engine.mesh.dp_group)
-    return loss.item()
+    parts = [[o.sum() / n for o, n in zip(out, counts)] for out in forward_only(engine, batch)]  # [m][K]
+    total = torch.stack([sum(p) for p in parts]).sum()
+    return reduce_losses(total, torch.stack([torch.stack(p) for p in parts]).sum(0), loss_keys(batch),
+                         [engine.mesh.dp_group])
+
+
+def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:
+    """The global-batch mean loss of ``eval_losses``, the parts added up."""
+    return eval_losses(engine, batch)[0]
 
 
 def eval_logits(engine: Engine, batch: dict[str, Tensor]) -> Tensor:

@@ -67,18 +67,20 @@ class _ContiguousGrad(torch.autograd.Function):
 class StageModule(nn.Module):
     """One pipeline stage: hidden [b, s(/tp), h] (token ids [b, s] on the first stage) -> hidden, or on
     the last stage this micro-batch's share of the loss [1]: for each label key of ``LOSS_LABELS`` in
-    the batch, sum(its per-element losses) / (its non-ignored count in the global batch), added up."""
+    the batch, its part sum(its per-element losses) / (its non-ignored count in the global batch), the
+    parts added up. ``parts`` [K] sums the step's parts so far, detached (None before the first)."""
 
     def __init__(self, model: StagedModel) -> None:
         super().__init__()
         self.model = model
         self.feed: list[dict[str, Tensor]] = []
         self.calls = 0
+        self.parts: Tensor | None = None
 
     def start(self, feed: list[dict[str, Tensor]]) -> None:
         """The extras of the step's micro-batches, in order (the labels and their global ``counts``, one
         per label key present, are read by the last stage)."""
-        self.feed, self.calls = feed, 0
+        self.feed, self.calls, self.parts = feed, 0, None
 
     def finish(self) -> None:
         if self.calls != len(self.feed):
@@ -96,7 +98,10 @@ class StageModule(nn.Module):
             raise ValueError(f"{type(self.model).__name__} returned {len(losses)} losses for the {len(counts)} label "
                              f"keys of the batch ({', '.join(k for k in LOSS_LABELS if k in extras)}); it must return "
                              f"one per-element loss per label key")
-        return sum(loss.sum() / n for loss, n in zip(losses, counts)).reshape(1)  # [1]: torch concatenates these
+        parts = [loss.sum() / n for loss, n in zip(losses, counts)]
+        detached = torch.stack(parts).detach().float()
+        self.parts = detached if self.parts is None else self.parts + detached
+        return sum(parts).reshape(1)  # [1]: torch concatenates these
 
 
 def build_chunks(build: Callable[..., StagedModel], layers: list[range], mesh: ParallelMesh) -> list[StageModule]:

@@ -2,7 +2,7 @@
 
     engine = Engine(lambda **stage: GPTModel(config, mesh, **stage), config, EngineConfig(...), mesh)
     result = engine.train_step(batch)      # batch: the whole global batch, [G, s] tensors
-    result.loss, result.grad_norm, result.skipped
+    result.loss, result.losses, result.grad_norm, result.skipped
 
 The step, on every rank:
 
@@ -18,7 +18,8 @@ The step, on every rank:
     5. clip to ``clip_grad`` by the global norm (``grads.clip_grad_norm``), optimizer step (ZeRO-1 or not)
 
 The loss returned is the global-batch mean (plus the binary head's sequence mean), the same number
-on every rank and every mesh.
+on every rank and every mesh; ``losses`` holds its part of each label key (BERT: MLM, sentence order),
+summed in the same all-reduce over pp and dp as the loss ([1 + K] numbers).
 """
 
 from __future__ import annotations
@@ -47,10 +48,25 @@ IGNORE_INDEX = -100
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def loss_keys(batch: dict[str, Tensor]) -> list[str]:
+    """The label keys of ``LOSS_LABELS`` in ``batch``, in order: one loss part each."""
+    return [k for k in LOSS_LABELS if k in batch]
+
+
 def label_counts(batch: dict[str, Tensor]) -> list[Tensor]:
     """Non-ignored labels of the whole global batch, one count per label key of ``LOSS_LABELS`` present:
     each loss is a mean over its own labels (BERT: MLM tokens, then sentence pairs)."""
-    return [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in LOSS_LABELS if k in batch]
+    return [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in loss_keys(batch)]
+
+
+def reduce_losses(total: Tensor, parts: Tensor, keys: list[str], groups: list) -> tuple[float, dict[str, float]]:
+    """(total, {label key: part}): the scalar ``total`` and the parts [K] summed over each of ``groups``
+    in one all-reduce of [1 + K] float32 numbers."""
+    sums = torch.cat([total.reshape(1), parts]).float()
+    for group in groups:
+        dist.all_reduce(sums, group=group)
+    loss, *rest = sums.tolist()
+    return loss, dict(zip(keys, rest))
 
 
 @dataclass
@@ -58,6 +74,7 @@ class StepResult:
     loss: float          # global-batch mean loss of each label key, added up (before this step's update)
     grad_norm: float     # global gradient norm before clipping (inf/nan on a skipped fp16 step)
     skipped: bool        # fp16 overflow: no update this step
+    losses: dict[str, float]  # the part of ``loss`` of each label key (BERT: labels = MLM, next_sentence_label)
 
 
 class Engine:
@@ -108,8 +125,9 @@ class Engine:
             extras.append({**mb, "counts": counts})
         return ids, extras
 
-    def _forward_backward(self, ids: list[Tensor], extras: list[dict[str, Tensor]]) -> Tensor:
-        """Sum of this rank's micro-batch losses (scaled): nonzero on the last stage only."""
+    def _forward_backward(self, ids: list[Tensor], extras: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
+        """Sum of this rank's micro-batch losses (scaled), and of their unscaled parts [K] (one per label key):
+        nonzero on the last stage only."""
         for chunk in self.chunks:
             chunk.start(extras)
         if self.mesh.pp_size == 1:
@@ -132,7 +150,8 @@ class Engine:
             total = torch.stack(losses).sum().float() if last else torch.zeros((), device=self.mesh.device)
         for chunk in self.chunks:
             chunk.finish()
-        return total
+        parts = next((chunk.parts for chunk in self.chunks if chunk.parts is not None), None)
+        return total, parts if parts is not None else torch.zeros(len(extras[0]["counts"]), device=self.mesh.device)
 
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
         """One optimizer step over ``batch`` (input_ids, labels, and BERT's token_type_ids, attention_mask,
@@ -144,23 +163,22 @@ class Engine:
                     if self.config.precision in AUTOCAST else nullcontext())
         try:
             with autocast:
-                total = self._forward_backward(ids, extras)
+                total, parts = self._forward_backward(ids, extras)
             self.reducer.sync()
             self.tied.sync()
             for chunk in self.chunks:
                 sync_sequence_parallel_grads(chunk, self.mesh.tp_group)
-            loss = total / self.loss_scale
-            for group in (self.mesh.pp_group, self.mesh.dp_group):
-                dist.all_reduce(loss, group=group)
+            loss, losses = reduce_losses(total / self.loss_scale, parts, loss_keys(batch),
+                                         [self.mesh.pp_group, self.mesh.dp_group])
             if self.scaler is not None and not self.scaler.unscale_and_check(self.params):
                 self.skipped_steps += 1
                 if dist.get_rank() == 0:
                     logger.warning("fp16 overflow: step skipped on every rank (%d so far), loss scale now %g",
                                    self.skipped_steps, self.loss_scale)
-                return StepResult(loss.item(), float("inf"), True)
+                return StepResult(loss, float("inf"), True, losses)
             norm = clip_grad_norm(self.params, self.config.clip_grad, self.mesh)
             self.optimizer.step()
         except RuntimeError as e:  # a dead or stuck peer: a roll call names it (see tpzoo.parallel.health)
             who = roll_call(min(DEFAULT_WAIT_S, self.config.timeout_s)).describe(self.mesh)
             raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {who}; {e}") from e
-        return StepResult(loss.item(), norm.item(), False)
+        return StepResult(loss, norm.item(), False, losses)

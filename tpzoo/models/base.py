@@ -100,6 +100,12 @@ class StagedModel(nn.Module):
     def build_head(self) -> nn.Module:
         raise NotImplementedError
 
+    @classmethod
+    def loss_names(cls, data: object) -> dict[str, str]:
+        """The metric name of each label key's part of the training loss (``StepResult.losses``), logged
+        besides ``loss``; ``data``: the training dataset. Default {}: one part, the loss itself."""
+        return {}
+
     @property
     def is_whole(self) -> bool:
         """True when this is the whole model (not a pipeline stage)."""

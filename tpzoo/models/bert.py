@@ -185,6 +185,13 @@ class BertModel(_BertBase):
     def build_head(self) -> nn.Module:
         return BertHead(self.config, self.mesh, self.pre_process, self.add_binary_head)
 
+    @classmethod
+    def loss_names(cls, data: object) -> dict[str, str]:
+        """``mlm_loss``, and the binary head's after the sentence task of ``data`` (``BertDataset.binary_head``):
+        ``sop_loss`` (sentence order, the default) or ``nsp_loss`` (next sentence); none without one."""
+        binary = getattr(data, "binary_head", "sop")
+        return {"labels": "mlm_loss", **({"next_sentence_label": f"{binary}_loss"} if binary else {})}
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, return_binary_logits: bool = False,
                 next_sentence_label: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:

@@ -5,20 +5,25 @@ evaluates when i is a multiple of ``--eval-interval`` (and at the end), logs, an
 multiple of ``--save-interval`` (and at the end). Evaluation e = i // eval_interval reads global
 batches [e n, (e + 1) n) of the valid split (n = ``--eval-iters``), so a run resumed at i sees the
 same validation data as the run that saved there. A resumed run evaluates once right after loading,
-on the batches of the iteration it resumes at, and prints that val loss.
+on the batches of the iteration it resumes at, and prints that val loss. ``--train-iters 0`` runs no
+step: it evaluates the initial model and saves it as the checkpoint of iteration 0 (a control run).
+
+Besides ``loss`` each line logs its parts under the names the model family gives them
+(``StagedModel.loss_names``: BERT's ``mlm_loss`` and ``sop_loss``, GPT none), and the summary compares
+the token-level part (the ``labels`` key's: GPT's loss, BERT's MLM loss) with the unigram entropy.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from tpzoo.checkpoint import save_checkpoint
 from tpzoo.data.demo import unigram_entropy
 from tpzoo.data.indexed import IndexedDataset
-from tpzoo.engine.evaluate import eval_loss
+from tpzoo.engine.evaluate import eval_losses
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.setup import Run
 
@@ -31,16 +36,29 @@ class Summary:
     loss: float | None          # the last iteration's train loss (None if nothing was trained)
     val_loss: float | None      # the last evaluation's
     checkpoint: str | None      # the last checkpoint saved
+    losses: dict[str, float] = field(default_factory=dict)      # the named parts of loss (BERT: mlm_loss, sop_loss)
+    val_losses: dict[str, float] = field(default_factory=dict)  # and of val_loss
 
 
-def validation_loss(run: Run, iteration: int) -> float:
+def validation_loss(run: Run, iteration: int) -> tuple[float, dict[str, float]]:
     """Mean loss of the ``--eval-iters`` valid batches of evaluation ``iteration // eval_interval``,
-    measured as the training loss is (BERT: masked-LM + sentence-order loss)."""
+    measured as the training loss is (BERT: masked-LM + sentence-order loss), and its mean part of
+    each label key."""
     g, n = run.engine.config.global_batch_size, run.args.eval_iters
     first = iteration // run.args.eval_interval * n
     batches = [run.batch(run.valid, (first + j) * g) for j in range(n)]
-    losses = [eval_loss(run.engine, b) for b in batches]
-    return sum(losses) / len(losses)
+    results = [eval_losses(run.engine, b) for b in batches]
+    return sum(loss for loss, _ in results) / n, {k: sum(parts[k] for _, parts in results) / n for k in results[0][1]}
+
+
+def loss_names(run: Run) -> dict[str, str]:
+    """Label key -> metric name of the loss parts to log, from the model family (``StagedModel.loss_names``)."""
+    return type(run.engine.chunks[0].model).loss_names(run.train)
+
+
+def named(parts: dict[str, float], names: dict[str, str]) -> dict[str, float]:
+    """The parts that have a metric name, by that name."""
+    return {names[k]: v for k, v in parts.items() if k in names}
 
 
 def save(run: Run) -> str:
@@ -55,6 +73,34 @@ def data_entropy(run: Run) -> float | None:
     return unigram_entropy(run.data_prefix, run.tokenizer.vocab_size)
 
 
+def evaluate(run: Run, summary: Summary, names: dict[str, str]) -> tuple[float, dict[str, float]]:
+    """``validation_loss`` at ``run.iteration``, kept in ``summary``: (val loss, its named parts)."""
+    summary.val_loss, parts = validation_loss(run, run.iteration)
+    summary.val_losses = named(parts, names)
+    return summary.val_loss, summary.val_losses
+
+
+def _figure(name: str, value: float, parts: dict[str, float]) -> str:
+    """``val loss 4.6800 (mlm_loss 3.9900, sop_loss 0.6900)``."""
+    return f"{name} {value:.4f}" + (f" ({', '.join(f'{k} {v:.4f}' for k, v in parts.items())})" if parts else "")
+
+
+def report(summary: Summary, entropy: float | None, names: dict[str, str]) -> str:
+    """The end-of-run line: the final and val loss (with their parts) and the unigram entropy; where the
+    loss has parts, the token-level one (``labels``: BERT's MLM loss; val if evaluated) against the entropy."""
+    figures = [_figure(name, value, parts) for name, value, parts in (("final loss", summary.loss, summary.losses),
+               ("val loss", summary.val_loss, summary.val_losses)) if value is not None]
+    if entropy is not None:
+        figures.append(f"unigram entropy of the training data {entropy:.4f}")
+    text = f"done at iteration {summary.iteration}: " + ", ".join(figures) + " (nats/token)" * bool(figures)
+    token = names.get("labels")  # the per-token part, comparable with the entropy
+    for parts, which in ((summary.val_losses, "val "), (summary.losses, "")):
+        if entropy is not None and token in parts:
+            gap = parts[token] - entropy
+            return text + f"; {which}{token} {parts[token]:.4f} is {abs(gap):.4f} {'below' if gap < 0 else 'above'} it"
+    return text
+
+
 def train(run: Run) -> Summary:
     """Train ``run`` from ``run.iteration`` to ``--train-iters``; evaluate, log and save on the way."""
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
@@ -64,15 +110,16 @@ def train(run: Run) -> Summary:
                       peak_flops=peak_flops(run.mesh.device, engine.config.precision),
                       world_size=dist.get_world_size(), enabled=rank0)
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
-    evaluating = args.eval_interval > 0
+    names, evaluating = loss_names(run), args.eval_interval > 0
     if run.loaded_from is not None:
-        val = validation_loss(run, run.iteration) if evaluating else None
+        val = evaluate(run, summary, names)[0] if evaluating else None
         metrics.print(f"resumed from {run.loaded_from} at iteration {run.iteration} "
                       f"(consumed samples {run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
-        summary.val_loss = val
         if run.lr_schedule_changes:
             metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}); "
                           f"the flags' schedule applies from iteration {run.iteration + 1} on")
+        if run.run_changes:
+            metrics.print(f"the flags change what the resumed run trains on: {', '.join(run.run_changes)}")
     while run.iteration < args.train_iters:
         run.iteration += 1
         lr = run.schedule.apply(engine.optimizer, run.iteration)
@@ -81,18 +128,20 @@ def train(run: Run) -> Summary:
         run.consumed_samples += g
         metrics.step(tokens, time.perf_counter() - start)
         last = run.iteration == args.train_iters
-        val = None
+        val, val_losses = None, {}
         if evaluating and (run.iteration % args.eval_interval == 0 or last):
-            val = summary.val_loss = validation_loss(run, run.iteration)
-        metrics.log(run.iteration, loss=result.loss, lr=lr, grad_norm=result.grad_norm, val_loss=val, last=last)
-        summary.iteration, summary.loss = run.iteration, result.loss
+            val, val_losses = evaluate(run, summary, names)
+        summary.iteration, summary.loss, summary.losses = run.iteration, result.loss, named(result.losses, names)
+        metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
+                    val_loss=val, val_losses=val_losses, last=last)
         if last or (args.save_interval and run.iteration % args.save_interval == 0):
             summary.checkpoint = save(run)
+    if run.iteration == args.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
+        if evaluating and run.loaded_from is None:
+            evaluate(run, summary, names)
+        summary.checkpoint = save(run)
     if rank0:
-        figures = (("final loss", summary.loss), ("val loss", summary.val_loss),
-                   ("unigram entropy of the training data", data_entropy(run)))
-        metrics.print(f"done at iteration {summary.iteration}: "
-                      + ", ".join(f"{name} {value:.4f}" for name, value in figures if value is not None)
-                      + f" (nats/token)\ncheckpoint: {summary.checkpoint}\nmetrics: {run.log_dir / 'metrics.jsonl'}")
+        metrics.print(report(summary, data_entropy(run), names)
+                      + f"\ncheckpoint: {summary.checkpoint}\nmetrics: {run.log_dir / 'metrics.jsonl'}")
     metrics.close()
     return summary

@@ -2,13 +2,16 @@
 
     metrics = Metrics(log_dir, train_iters, log_interval, start=iteration, flops_per_token=..., peak_flops=...)
     metrics.step(tokens, seconds)                       # after every train step
-    metrics.log(iteration, loss=..., lr=..., grad_norm=..., val_loss=None, last=False)
+    metrics.log(iteration, loss=..., lr=..., grad_norm=..., val_loss=None, last=False,
+                losses={"mlm_loss": ..., "sop_loss": ...}, val_losses=None)
     metrics.close()
 
 Each line of ``metrics.jsonl`` is one logged iteration: ``iteration``, ``loss`` (the global-batch
-mean of that iteration), ``lr``, ``grad_norm``, ``tokens_per_sec`` (over the train steps since the
-previous line), ``val_loss`` on eval lines and ``mfu`` where the device's peak is known. Only the
-rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
+mean of that iteration) and its named parts (``losses``: BERT's ``mlm_loss`` and ``sop_loss``),
+``lr``, ``grad_norm``, ``tokens_per_sec`` (over the train steps since the previous line),
+``val_loss`` and its parts (``val_mlm_loss`` ...) on eval lines and ``mfu`` where the device's peak
+is known. TensorBoard tags: ``train/<name>``, ``valid/<name>`` for the val_ fields and eval extras.
+Only the rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
 """
 
 from __future__ import annotations
@@ -126,15 +129,21 @@ class Metrics:
             self.bar.update(1)
 
     def log(self, iteration: int, *, loss: float, lr: float, grad_norm: float, val_loss: float | None = None,
-            last: bool = False, **extra: float) -> dict[str, Any] | None:
+            last: bool = False, losses: dict[str, float] | None = None, val_losses: dict[str, float] | None = None,
+            **extra: float) -> dict[str, Any] | None:
         """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it.
-        ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy, f1, perplexity)."""
+        ``losses``: the parts of ``loss`` by name (``mlm_loss`` ...), ``val_losses`` those of ``val_loss``
+        (logged as ``val_<name>``); ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy,
+        f1, perplexity)."""
         if not (iteration % self.log_interval == 0 or val_loss is not None or last):
             return None
         speed = self.tokens / self.seconds if self.seconds > 0 else 0.0
-        record: dict[str, Any] = dict(iteration=iteration, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_sec=speed)
+        record: dict[str, Any] = dict(iteration=iteration, loss=loss, **(losses or {}), lr=lr, grad_norm=grad_norm,
+                                      tokens_per_sec=speed)
+        valid: dict[str, float] = {}
         if val_loss is not None:
-            record["val_loss"] = val_loss
+            valid = {"val_loss": val_loss, **{f"val_{k}": v for k, v in (val_losses or {}).items()}}
+        record.update(valid)
         record.update(extra)
         if self.peak:
             record["mfu"] = speed * self.flops_per_token / self.peak
@@ -146,7 +155,7 @@ class Metrics:
         if self.writer is not None:
             for key, value in record.items():
                 if key != "iteration":
-                    tag = "valid/loss" if key == "val_loss" else f"valid/{key}" if key in extra else f"train/{key}"
+                    tag = f"valid/{key[4:]}" if key in valid else f"valid/{key}" if key in extra else f"train/{key}"
                     self.writer.add_scalar(tag, value, iteration)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)

@@ -1,0 +1,70 @@
+"""pretrain.py logs each part of BERT's loss (``mlm_loss`` + ``sop_loss`` = ``loss``, ``val_`` ones on eval
+lines) and compares the MLM loss with the unigram entropy; ``--train-iters 0`` saves the untrained model as
+the checkpoint of iteration 0, and a run loaded from it logs what an uninterrupted run logs.
+
+Three launches of a tiny BERT: 4 iterations; 0 iterations (the control run); 2 iterations from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pretrain_helpers import TINY, metrics, pretrain
+
+from tpzoo.models import BertModel, GPTModel
+
+BERT = TINY + "--model bert --eval-interval 2 --eval-iters 1".split()
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("bert")
+    done = pretrain(BERT + ["--train-iters", "4", "--save", "run"], root)
+    return root, done.stdout
+
+
+def test_bert_logs_mlm_and_sop_parts_adding_up_to_the_loss(bert_run):
+    lines = metrics(bert_run[0] / "run")
+    assert sorted(lines) == [1, 2, 3, 4] and [i for i in lines if "val_loss" in lines[i]] == [2, 4]
+    for i, r in lines.items():
+        assert r["mlm_loss"] + r["sop_loss"] == pytest.approx(r["loss"], rel=1e-6), r
+        assert 0.5 < r["sop_loss"] < 1.0 < r["mlm_loss"], r  # a binary head near chance, MLM over 512 pieces
+        if "val_loss" in r:
+            assert r["val_mlm_loss"] + r["val_sop_loss"] == pytest.approx(r["val_loss"], rel=1e-6), r
+    print(json.dumps(lines[4]))
+
+
+def test_bert_summary_compares_the_val_mlm_loss_with_the_unigram_entropy(bert_run):
+    root, stdout = bert_run
+    found = re.search(r"unigram entropy of the training data (\S+) \(nats/token\); val mlm_loss (\S+) is (\S+) "
+                      r"(below|above) it", stdout)
+    assert found, stdout
+    entropy, mlm, gap = (float(found.group(k)) for k in (1, 2, 3))
+    assert mlm == round(metrics(root / "run")[4]["val_mlm_loss"], 4)
+    assert gap == pytest.approx(abs(mlm - entropy), abs=2e-4) and (found.group(4) == "below") == (mlm < entropy)
+
+
+def test_train_iters_0_saves_the_untrained_model_and_a_run_continues_from_it(bert_run, tmp_path):
+    done = pretrain(BERT + ["--train-iters", "0", "--save", "control"], tmp_path)
+    assert re.search(r"done at iteration 0: val loss \S+ \(mlm_loss \S+, sop_loss \S+\)", done.stdout), done.stdout
+    assert (tmp_path / "control" / "latest").read_text().strip() == "iter_0000000"
+    assert (tmp_path / "control" / "metrics.jsonl").read_text() == ""
+    pretrain(BERT + ["--train-iters", "2", "--load", "control", "--save", "continued"], tmp_path)
+    # iterations 1-2 are in warmup, where the lr does not depend on --train-iters: the 4-iteration run's numbers
+    whole, continued = metrics(bert_run[0] / "run"), metrics(tmp_path / "continued")
+    fields = ("loss", "mlm_loss", "sop_loss", "lr", "grad_norm", "val_loss")
+    assert sorted(continued) == [1, 2]
+    assert [[continued[i].get(f) for f in fields] for i in (1, 2)] == [[whole[i].get(f) for f in fields]
+                                                                        for i in (1, 2)]
+
+
+def test_loss_names_come_from_the_model_family():
+    assert BertModel.loss_names(SimpleNamespace(binary_head="sop")) == {"labels": "mlm_loss",
+                                                                        "next_sentence_label": "sop_loss"}
+    assert BertModel.loss_names(SimpleNamespace(binary_head="nsp"))["next_sentence_label"] == "nsp_loss"
+    assert BertModel.loss_names(SimpleNamespace(binary_head=None)) == {"labels": "mlm_loss"}
+    assert GPTModel.loss_names(SimpleNamespace()) == {}  # GPT logs its loss alone, as ``loss``
