@@ -1,14 +1,18 @@
-"""Generation: KV-cache decoding equals full recomputation, and text is the same at tp=1 and tp=2."""
+"""Generation: KV-cache decoding equals full recomputation, text is the same at tp=1 and tp=2, and the
+tokenizer defaults to the checkpoint's (or the model folder's) and must have the model's vocabulary."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from data_helpers import small_corpus
+from pretrain_helpers import TINY, pretrain
 
 from tpzoo.data.demo import demo_data
 from tpzoo.data.tokenizer import load_tokenizer
@@ -60,25 +64,31 @@ def generation_checks(model_dir: str) -> None:
     save_pretrained(GPTModel(tiny_gpt("auto", vocab), init_mesh(tp=1)), model_dir)
 
 
+ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+
+
+def generate_command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpzoo.generate", *args], capture_output=True, text=True,
+                          timeout=120, env=ENV)
+
+
 def test_cached_decoding_and_generation_at_tp_1_and_2(tmp_path):
+    """tp=1 with --tokenizer-model, tp=2 with the tokenizer copied into the model folder: the same text."""
     spawn(generation_checks, 2, str(tmp_path / "gpt"), timeout=300)
     tokenizer = demo_data()[0]
-    common = ["--load", str(tmp_path / "gpt"), "--tokenizer-model", tokenizer, "--prompt", "the small dog",
-              "--max-new-tokens", "8"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    one = subprocess.run([sys.executable, "-m", "tpzoo.generate", *common], capture_output=True, text=True,
-                         timeout=120, env=env)
+    common = ["--load", str(tmp_path / "gpt"), "--prompt", "the small dog", "--max-new-tokens", "8"]
+    one = generate_command(*common, "--tokenizer-model", tokenizer)
     assert one.returncode == 0, one.stderr
+    shutil.copy(tokenizer, tmp_path / "gpt")
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "tpzoo.generate", "--tp", "2", *common], capture_output=True, text=True,
-                         timeout=120, env=env)
+                         timeout=120, env=ENV)
     assert two.returncode == 0, two.stderr[-2000:]
     text = one.stdout.strip()
     assert text.startswith("the small dog") and len(text) > len("the small dog"), text
     assert two.stdout.strip() == one.stdout.strip(), "tp=2 greedy text differs from tp=1"
 
-    bad = subprocess.run([sys.executable, "-m", "tpzoo.generate", "--load", str(tmp_path / "nope"), "--tokenizer-model",
-                          tokenizer, "--prompt", "x"], capture_output=True, text=True, timeout=120, env=env)
+    bad = generate_command("--load", str(tmp_path / "nope"), "--tokenizer-model", tokenizer, "--prompt", "x")
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "nope" in bad.stderr, bad.stderr
 
@@ -89,3 +99,24 @@ def test_filter_logits_keeps_top_k_and_the_nucleus():
     assert torch.isfinite(filter_logits(logits, top_p=0.7)).tolist() == [[True, True, False, False]]
     assert torch.isfinite(filter_logits(logits, top_p=0.85)).tolist() == [[True, True, True, False]]
     assert torch.isfinite(filter_logits(logits[:, [3, 0, 2, 1]], top_p=0.7)).tolist() == [[False, True, False, True]]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny GPT checkpoint of pretrain.py (one iteration on the demo corpus): its meta.json records the tokenizer."""
+    root = tmp_path_factory.mktemp("generate")
+    pretrain(TINY + "--train-iters 1 --eval-interval 0 --save ckpt".split(), root)
+    return root / "ckpt"
+
+
+def test_generate_uses_the_tokenizer_the_checkpoint_records(checkpoint):
+    done = generate_command("--load", str(checkpoint), "--prompt", "the small dog", "--max-new-tokens", "4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("the small dog") and len(done.stdout.strip()) > len("the small dog"), done.stdout
+
+
+def test_generate_refuses_a_tokenizer_of_another_vocabulary(checkpoint):
+    other = small_corpus()["tokenizer"]  # a 300-piece BPE; the checkpoint's model has the demo's 512
+    done = generate_command("--load", str(checkpoint), "--tokenizer-model", other, "--prompt", "the small dog")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "300 tokens" in done.stderr and "has 512" in done.stderr and "--tokenizer-model" in done.stderr, done.stderr

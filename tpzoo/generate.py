@@ -1,12 +1,14 @@
 """Text from a GPT: greedy, temperature, top-k and top-p sampling over a KV cache, at any tp.
 
-    python -m tpzoo.generate --load MODEL --tokenizer-model tok.model --prompt "the cat"
+    python -m tpzoo.generate --load MODEL --prompt "the cat"
     torchrun --standalone --nproc-per-node 2 -m tpzoo.generate --tp 2 --load MODEL ...
 
 Every tp rank sees the same gathered logits and draws from a generator seeded alike, so all
 ranks pick the same tokens; rank 0 prints. MODEL is a training checkpoint (``--save`` dir or one of
 its iter_NNNNNNN folders) or a tpzoo model folder (``save_pretrained`` or ``python -m tpzoo.convert
-from-hf``), loaded by ``tpzoo.checkpoint.load_model`` whatever mesh saved it.
+from-hf``), loaded by ``tpzoo.checkpoint.load_model`` whatever mesh saved it. The tokenizer is the one
+the checkpoint records, or one inside the model folder, unless ``--tokenizer-model`` names another;
+its vocabulary must be the model's (``tpzoo.checkpoint.tokenizer.model_tokenizer``).
 """
 
 from __future__ import annotations
@@ -75,13 +77,14 @@ def generate(model: GPTModel, input_ids: Tensor, max_new_tokens: int, *, tempera
 
 def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
-    from tpzoo.data.tokenizer import load_tokenizer
+    from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
 
     parser = argparse.ArgumentParser(prog="python -m tpzoo.generate", description="text from a tpzoo GPT")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "
                         "tpzoo model folder (config.json + model.safetensors)")
-    parser.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer dir")
+    parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
+                        "one the checkpoint records, or the one in the model folder)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -91,11 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=int, default=1)
     args = parser.parse_args(argv)
     try:
-        tokenizer = load_tokenizer(args.tokenizer_model)
         mesh = init_mesh(tp=args.tp)
         model = load_model(args.load, mesh)
         if not isinstance(model, GPTModel):
             raise ValueError(f"{args.load} holds a {type(model).__name__}; generation needs a GPT model")
+        tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=model.config.vocab_size)
         ids = torch.tensor([tokenizer.encode(args.prompt)], device=mesh.device)
         if ids.shape[1] == 0:
             raise ValueError("the prompt encodes to no tokens; give a non-empty --prompt")
