@@ -29,7 +29,7 @@ import torch.distributed as dist
 from tpzoo.checkpoint import load_checkpoint, read_meta, resolve_checkpoint
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, resolve_data, samples_needed
-from tpzoo.data.tokenizer import Tokenizer
+from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models import BertModel, GPTModel
 from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
@@ -118,6 +118,14 @@ def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> lis
     return [f"{k}: checkpoint {a[k]}, flags {b[k]}" for k in a if k not in RUN_OPTIONS and a[k] != b[k]]
 
 
+def check_vocabulary(tokenizer: Tokenizer, stored: TransformerConfig, load: str) -> None:
+    """A resumed model's vocabulary must be the tokenizer's: ValueError naming both sizes."""
+    if tokenizer.vocab_size != stored.vocab_size:
+        raise ValueError(f"--load {load} holds a model of {stored.vocab_size} tokens but the tokenizer "
+                         f"{tokenizer.path} has {tokenizer.vocab_size}; resume with the checkpoint's tokenizer "
+                         f"(leave out --tokenizer-model and the data flags) or start a new run without --load")
+
+
 def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: dict[str, Any] | None
                          ) -> TransformerConfig:
     """The flags' model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta)
@@ -129,10 +137,7 @@ def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: 
                          f"pass --model {saved['model']}")
     stored = TransformerConfig.from_dict(saved["model_config"])
     config = model_config(args, None if args.preset else stored, vocab_size=tokenizer.vocab_size)
-    if config.vocab_size != stored.vocab_size:
-        raise ValueError(f"--load {args.load} holds a model of {stored.vocab_size} tokens but the tokenizer "
-                         f"{tokenizer.path} has {tokenizer.vocab_size}; resume with the checkpoint's tokenizer "
-                         f"(leave out --tokenizer-model and the data flags) or start a new run without --load")
+    check_vocabulary(tokenizer, stored, args.load)
     differ = differing_fields(stored, config)
     if differ:
         raise ValueError(f"--load {args.load} holds another model than the flags ask for ({'; '.join(differ)}); "
@@ -172,16 +177,20 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     if model_defaults:
         fill_model_defaults(args, model_defaults)
     schedule = LRSchedule.from_args(args)
+    if saved is not None and args.tokenizer_model:  # before any data is tokenised with it
+        check_vocabulary(load_tokenizer(args.tokenizer_model), TransformerConfig.from_dict(saved["model_config"]),
+                         args.load)
     mesh = init_mesh(args.tp, args.pp, args.dp)
     manual_seed(args.seed, mesh)
-    tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
+    tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model,
+                                     cache_path=args.data_cache_path)
     config = resolve_model_config(args, tokenizer, saved)
     engine_cfg = engine_config(args)
     g = engine_cfg.global_batch_size
     consumed = saved["consumed_samples"] if saved else 0
     train_iters_left = max(0, args.train_iters - (saved["iteration"] if saved else 0))
     needed = samples_needed(args.train_iters, g, args.eval_interval, args.eval_iters)
-    needed = (max(needed[0], consumed + train_iters_left * g), needed[1], needed[2])
+    needed = (max(needed[0], consumed + train_iters_left * g), needed[1], 0)  # pretraining never reads the test split
     train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split)
     engine = Engine(lambda **stage: build_model(args, config, mesh, **stage), config, engine_cfg, mesh)
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)
