@@ -26,9 +26,14 @@ def doc_blocks():
     return re.findall(r"```(bash|python)\n(.*?)```", DOCS.read_text(), re.S)
 
 
+def shape(text: str, home: Path) -> str:
+    """``text`` with ``home`` written /home/me, cache keys KEY and numbers N."""
+    return re.sub(r"\d[\d,.]*", "N", re.sub(r"\b[0-9a-f]{16}\b", "KEY", text.replace(str(home), "/home/me")))
+
+
 def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPZOO_CACHE", str(tmp_path / "cache"))  # --dataset caches its tokens there
-    cwd, namespace, outputs = os.getcwd(), {}, {}
+    monkeypatch.setenv("TPZOO_CACHE", str(tmp_path / "cache"))  # the demo is built there
+    cwd, namespace, outputs, errors = os.getcwd(), {}, {}, {}
     blocks = doc_blocks()
     assert sum(kind == "bash" for kind, _ in blocks) >= 5 and sum(kind == "python" for kind, _ in blocks) >= 4
     try:
@@ -43,6 +48,7 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
                 result = run(args[3:], tmp_path)
                 assert result.returncode == 0, f"{line}\n{result.stderr}"
                 outputs[args[3] + " " + args[-1]] = result.stdout
+                errors[args[3] + " " + args[-1]] = result.stderr
     finally:
         os.chdir(cwd)
     demo = json.loads(outputs["demo demo_files"])
@@ -60,7 +66,11 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
     bert = json.loads(outputs["samples nsp"])
     assert bert["tokens"].startswith("[CLS]") and bert["masked"] and bert["next_sentence_label"] in (0, 1)
     assert namespace["batch"][0]["labels"].shape == (32,)
-    assert len([p for p in (tmp_path / "cache" / "datasets").iterdir() if p.is_dir()]) == 1
+    assert len([p for p in (tmp_path / "data_cache" / "datasets").iterdir() if p.is_dir()]) == 1
+    assert not (tmp_path / "cache" / "datasets").exists()  # --data-cache-path, not $TPZOO_CACHE
+    built, found = re.findall(r"```text\n(.*?)```", DOCS.read_text(), re.S)  # what the docs say they print
+    assert shape(errors["samples data_cache"], tmp_path) == shape(built, Path("/home/me"))
+    assert shape(errors["inspect data_cache"], tmp_path) == shape(found, Path("/home/me"))
 
 
 MISUSE = [

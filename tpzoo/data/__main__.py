@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Sequence
 
-from tpzoo.data.build import add_data_args
+from tpzoo.data.build import add_cache_arg, add_data_args
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,14 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
-    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: text)")
+    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
     p.add_argument("--max-sentences", type=int, default=2_000_000, help="train on at most this many lines")
 
     p = sub.add_parser("preprocess", help="tokenize text into PREFIX.bin + PREFIX.idx")
     p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer")
-    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: text)")
+    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes")
     p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (GPT)")
     p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (BERT)")
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="build (once) and print the demo tokenizer, datasets and task files")
     p.add_argument("--export", metavar="DIR",
                    help="also copy the tokenizer (tokenizer.model), the corpus (corpus.jsonl) and task files into DIR")
+    add_cache_arg(p)
     return parser
 
 
@@ -73,7 +74,7 @@ def _inspect(args: argparse.Namespace) -> None:
     from tpzoo.data.build import resolve_data
     from tpzoo.data.indexed import IndexedDataset
 
-    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model)
+    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
     data = IndexedDataset(prefix)
     print(
         json.dumps(
@@ -95,7 +96,7 @@ def _inspect(args: argparse.Namespace) -> None:
 def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets, resolve_data
 
-    tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model)
+    tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
     options = (
         {}
         if args.model == "gpt"
@@ -131,17 +132,17 @@ def _samples(args: argparse.Namespace) -> None:
             )
 
 
-def _demo(export: str | None) -> None:
+def _demo(export: str | None, cache_path: str | None) -> None:
     import os
     import shutil
 
     from tpzoo.data.demo import demo_data, demo_dir, demo_task, unigram_entropy
     from tpzoo.data.tokenizer import load_tokenizer
 
-    tok_path, gpt = demo_data("gpt")
+    tok_path, gpt = demo_data("gpt", cache_path)
     if export:
         os.makedirs(export, exist_ok=True)
-        for path in [tok_path, demo_dir() / "corpus.jsonl", *demo_task()]:
+        for path in [tok_path, demo_dir(cache_path) / "corpus.jsonl", *demo_task(cache_path)]:
             shutil.copy(path, export)
     vocab = load_tokenizer(tok_path).vocab_size
     print(
@@ -149,8 +150,8 @@ def _demo(export: str | None) -> None:
             {
                 "tokenizer": tok_path,
                 "gpt": gpt,
-                "bert": demo_data("bert")[1],
-                "task": demo_task(),
+                "bert": demo_data("bert", cache_path)[1],
+                "task": demo_task(cache_path),
                 "unigram_entropy_nats": round(unigram_entropy(gpt, vocab), 4),
             }
         )
@@ -186,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "samples":
             _samples(args)
         else:
-            _demo(args.export)
+            _demo(args.export, args.data_cache_path)
     except (FileNotFoundError, ValueError, ImportError) as e:
         message = " ".join(str(e).split())
         print(f"python -m tpzoo.data {args.command}: error: {message}", file=sys.stderr)

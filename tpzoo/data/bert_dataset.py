@@ -9,13 +9,14 @@ Each document of the split is cut once (seeded) into chunks of whole sentences o
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from tpzoo.data.gpt_dataset import check_documents, permutation, rng
 from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.progress import Progress, is_main_process
 
 IGNORE_INDEX = -100
 
@@ -23,7 +24,7 @@ IGNORE_INDEX = -100
 def split_chunks(
     sentence_lengths: np.ndarray,
     document_indices: np.ndarray,
-    documents: np.ndarray,
+    documents: Iterable[int],
     max_tokens: int,
     min_sentences: int,
     gen: np.random.Generator,
@@ -34,7 +35,7 @@ def split_chunks(
     (``max_tokens``, or with ``short_seq_prob`` a random length in [2, max_tokens]); chunks of fewer
     than ``min_sentences`` sentences are dropped."""
     chunks = []
-    for d in documents.tolist():
+    for d in documents:
         first, end = int(document_indices[d]), int(document_indices[d + 1])
         targets = np.where(
             gen.random(end - first) < short_seq_prob, gen.integers(2, max_tokens + 1, end - first), max_tokens
@@ -85,15 +86,18 @@ class BertDataset(torch.utils.data.Dataset):
         self.masked_lm_prob, self.whole_word_masking = masked_lm_prob, whole_word_masking
         self.docs = check_documents(indexed, documents, ("train", "valid", "test")[split])
         self.max_tokens = seq_length - (3 if binary_head else 2)
-        self.chunks = split_chunks(
-            indexed.sequence_lengths,
-            indexed.document_indices,
-            self.docs,
-            self.max_tokens,
-            2 if binary_head else 1,
-            rng(seed, split, 2),
-            short_seq_prob,
-        )
+        name = ("train", "valid", "test")[split]
+        title = f"cutting the {len(self.docs):,} {name} documents of {indexed.prefix} into BERT chunks"
+        with Progress("BERT chunks", "documents", len(self.docs), title=title, enabled=is_main_process()) as bar:
+            self.chunks = split_chunks(
+                indexed.sequence_lengths,
+                indexed.document_indices,
+                bar.iterate(self.docs.tolist()),
+                self.max_tokens,
+                2 if binary_head else 1,
+                rng(seed, split, 2),
+                short_seq_prob,
+            )
         if len(np.unique(self.chunks[:, 2])) < (2 if binary_head == "nsp" else 1):
             need = "two documents" if binary_head == "nsp" else "a document"
             raise ValueError(

@@ -1,7 +1,7 @@
 """What a trainer calls: pick the data (``--data-path`` / ``--dataset`` / the demo) and build the
 train/valid/test datasets from ``--split``, ``--seq-length``, ``--seed`` and the samples needed.
 
-    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model)
+    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
     train, valid, test = build_datasets("gpt", tok, prefix, args.seq_length, args.seed,
                                         samples_needed(args.train_iters, G, args.eval_interval, args.eval_iters),
                                         args.split)
@@ -15,35 +15,52 @@ import hashlib
 import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tpzoo.data.cache import cached_build
+from tpzoo.data.cache import cache_dir, cached_build
 from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.progress import is_main_process, say
 from tpzoo.data.sources import resolve_files
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 
 MODELS = ("gpt", "bert")
+DEFAULT_CACHE = "$TPZOO_CACHE, else ~/.cache/tpzoo"
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the data flags (``--data-path --dataset --tokenizer-model --split``) to ``parser``."""
+    """Add the data flags (``--data-path --dataset --tokenizer-model --split --data-cache-path``) to
+    ``parser``."""
     group = parser.add_argument_group("data")
     group.add_argument("--data-path", metavar="PREFIX", help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx)")
     group.add_argument(
         "--dataset",
         metavar="SPEC",
         nargs="+",
-        help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into the cache",
+        help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into --data-cache-path",
     )
     group.add_argument(
         "--tokenizer-model",
         metavar="FILE",
         help="sentencepiece .model or Hugging Face tokenizer (default: the one the data was made with)",
     )
-    group.add_argument("--split", default="98,1,1", help="train,valid,test weights over documents (default 98,1,1)")
+    group.add_argument(
+        "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
+    )
+    add_cache_arg(group)
     return parser
+
+
+def add_cache_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add ``--data-cache-path DIR`` (Megatron-LM's name) to ``parser``."""
+    parser.add_argument(
+        "--data-cache-path",
+        metavar="DIR",
+        help="where --dataset files are tokenized and the demo corpus is built, once "
+        f"(default: {DEFAULT_CACHE})",
+    )
 
 
 def parse_split(split: str) -> list[float]:
@@ -72,29 +89,45 @@ def samples_needed(
     return train_iters * global_batch_size, evals * global_batch_size, eval_iters * global_batch_size
 
 
-def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str) -> str:
-    """Tokenize raw files (``--dataset``) once into the cache; returns the indexed-dataset prefix.
-    The cache key covers the files (path, size, mtime), the tokenizer and the model."""
-    from tpzoo.data.preprocess import preprocess
+def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str, cache_path: str | None = None) -> str:
+    """Tokenize raw files (``--dataset``) once into ``cache_dir(cache_path)/datasets/``; returns the
+    indexed-dataset prefix. The cache key covers the files (path, size, mtime), the tokenizer and the
+    model. Says on stderr where the data is, whether it is built now or found."""
+    from tpzoo.data.preprocess import describe_files, preprocess
 
     files = resolve_files(spec)
     stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
     key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, model]).encode()).hexdigest()[:16]
-    folder = cached_build(
-        f"datasets/{model}-{key}",
-        lambda out: preprocess(
-            files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert"
-        ),
+    name = f"datasets/{model}-{key}"
+    final = cache_dir(cache_path) / name
+    if final.is_dir():
+        if is_main_process():
+            say(f"tokenized dataset: {final / 'data'} (cached; delete {final} to rebuild)")
+        return str(final / "data")
+    title = (
+        f"tokenizing {describe_files(files)} with {os.path.basename(tokenizer.path)} into {final / 'data'} "
+        "(once; later runs reuse it)"
     )
-    return str(folder / "data")
+
+    def build(out: Path) -> None:
+        preprocess(
+            files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert", title=title
+        )
+
+    return str(cached_build(name, build, cache_path) / "data")
 
 
 def resolve_data(
-    model: str, data_path: str | None = None, dataset: Any = None, tokenizer_model: str | None = None
+    model: str,
+    data_path: str | None = None,
+    dataset: Any = None,
+    tokenizer_model: str | None = None,
+    cache_path: str | None = None,
 ) -> tuple[Tokenizer, str]:
     """The tokenizer and indexed-dataset prefix a run uses: ``data_path``; else ``dataset`` files
-    tokenized into the cache; else the bundled demo corpus. Without ``tokenizer_model`` the
-    tokenizer recorded in the dataset is used. Raises ValueError if they do not match."""
+    tokenized into the cache (``cache_path``, see ``cache_dir``); else the bundled demo corpus
+    (built there too). Without ``tokenizer_model`` the tokenizer recorded in the dataset is used.
+    Raises ValueError if they do not match."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     if data_path and dataset:
@@ -102,13 +135,13 @@ def resolve_data(
     if not data_path and not dataset:
         from tpzoo.data.demo import demo_data
 
-        demo_tokenizer, data_path = demo_data(model)
+        demo_tokenizer, data_path = demo_data(model, cache_path)
         tokenizer_model = tokenizer_model or demo_tokenizer
     if dataset:
         if not tokenizer_model:
             raise ValueError("--dataset needs --tokenizer-model to tokenize with; pass a sentencepiece .model file")
         tok = load_tokenizer(tokenizer_model)
-        return tok, prepare_dataset(dataset, tok, model)
+        return tok, prepare_dataset(dataset, tok, model, cache_path)
     indexed = IndexedDataset(data_path)
     recorded = indexed.metadata.get("tokenizer")
     if tokenizer_model:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.progress import Progress, is_main_process
 
 
 def rng(seed: int, *keys: int) -> np.random.Generator:
@@ -67,7 +68,8 @@ class GPTDataset(torch.utils.data.Dataset):
             seed,
             split,
         )
-        docs = check_documents(indexed, documents, ("train", "valid", "test")[split])
+        name = ("train", "valid", "test")[split]
+        docs = check_documents(indexed, documents, name)
         lengths = indexed.document_lengths
         tokens_per_epoch = int(lengths[docs].sum())
         if tokens_per_epoch == 0:
@@ -75,7 +77,13 @@ class GPTDataset(torch.utils.data.Dataset):
         self.block = max(1, tokens_per_epoch // seq_length)
         windows = -(-num_samples // self.block) * self.block
         self.epochs = max(1, -(-(windows * seq_length + 1) // tokens_per_epoch))
-        self.doc_order = np.concatenate([docs[permutation(len(docs), seed, split, 0, e)] for e in range(self.epochs)])
+        title = (
+            f"ordering the {name} documents of {indexed.prefix} for {num_samples:,} samples of {seq_length} tokens: "
+            f"{self.epochs:,} epochs of {len(docs):,} documents"
+        )
+        with Progress("GPT epochs", "epochs", self.epochs, title=title, enabled=is_main_process()) as bar:
+            order = [docs[permutation(len(docs), seed, split, 0, e)] for e in bar.iterate(range(self.epochs))]
+        self.doc_order = np.concatenate(order)
         self.doc_ends = np.cumsum(lengths[self.doc_order])
 
     def __len__(self) -> int:

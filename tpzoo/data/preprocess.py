@@ -16,9 +16,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
 from tpzoo.data.indexed import IndexedDatasetBuilder
+from tpzoo.data.progress import Progress
 from tpzoo.data.sources import check_key, iter_documents, resolve_files
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -89,15 +89,18 @@ def preprocess(
     split_sentences: bool = False,
     batch_size: int = 64,
     progress: bool = True,
+    title: str | None = None,
 ) -> dict[str, float]:
     """Tokenize ``inputs`` (json/jsonl/txt/parquet/csv/tsv files, globs or folders) into
     ``output_prefix.bin/.idx``. ``append_eod`` ends every document with the end-of-document id
-    (GPT); ``split_sentences`` stores each sentence as a sequence (BERT). Returns counts and speed:
-    ``documents, sequences, tokens, seconds, tokens_per_sec``.
+    (GPT); ``split_sentences`` stores each sentence as a sequence (BERT). ``progress`` shows the
+    ``title`` line (default: what is tokenized into where), the count and a done line on stderr.
+    Returns counts and speed: ``documents, sequences, tokens, seconds, tokens_per_sec``.
     """
     files = resolve_files(inputs)
     for path in files:
         check_key(path, json_key)
+    title = title or f"tokenizing {describe_files(files)} into {output_prefix}.bin/.idx"
     return write_indexed(
         iter_documents(files, json_key),
         output_prefix,
@@ -108,7 +111,14 @@ def preprocess(
         batch_size,
         progress,
         {"json_key": json_key, "inputs": [os.path.abspath(f) for f in files]},
+        title,
     )
+
+
+def describe_files(files: list[str]) -> str:
+    """``"2 files (12.3 MB)"``."""
+    size = sum(os.path.getsize(f) for f in files)
+    return f"{len(files):,} file{'s' * (len(files) != 1)} ({size / 1e6:,.1f} MB)"
 
 
 def write_indexed(
@@ -121,6 +131,7 @@ def write_indexed(
     batch_size: int = 64,
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
+    title: str | None = None,
 ) -> dict[str, float]:
     """Tokenize the texts ``documents`` into ``output_prefix.bin/.idx`` (as ``preprocess`` does);
     ``metadata`` joins the tokenizer reference and options in the index."""
@@ -139,15 +150,15 @@ def write_indexed(
         results = _ordered_map(pool, _encode, batches, 4 * workers) if pool else map(_encode, batches)
         with (
             IndexedDatasetBuilder(output_prefix, tok.vocab_size) as builder,
-            tqdm(unit="doc", unit_scale=True, disable=None if progress else True) as bar,
+            Progress("tokenizing", "documents", title=title, enabled=progress, delay=0) as bar,
         ):
             for batch in results:
                 for tokens, lengths in batch:
                     builder.add_document(tokens, lengths)
-                bar.update(len(batch))
-                bar.set_postfix(tokens=builder.num_tokens, refresh=False)
+                bar.update(len(batch), tokens=builder.num_tokens)
             if builder.num_tokens == 0:
                 raise ValueError(f"the corpus is empty: no document has any text ({metadata or {}}); check the input")
+            bar.stage(f"writing the index ({builder.num_sequences:,} sequences)")
             builder.finalize(
                 {
                     "tokenizer": tok.reference(),
