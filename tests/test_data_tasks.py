@@ -10,7 +10,7 @@ import torch
 
 from tpzoo.data import grammar
 from tpzoo.data.demo import demo_data, demo_task
-from tpzoo.data.tasks import Example, TaskDataset, load_task, read_examples
+from tpzoo.data.tasks import Example, TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import load_tokenizer
 
 # One training and one dev row per task, in GLUE's own layouts (CoLA has no header row).
@@ -92,7 +92,20 @@ def test_generic_files(tmp_path):
     assert examples == [Example("a, b", "c", 1), Example("hi", None, 0), Example("ok", None, 1)]
     assert read_examples(str(tmp_path / "valid.jsonl"), names)[0] == [Example("x", None, 0)]
     examples, names = read_examples(str(tmp_path / "test.tsv"))
-    assert examples == [Example('some "quote text', None, 2)] and names == ["0", "1", "2"]
+    assert examples == [Example('some "quote text', None, 0)] and names == ["2"]
+
+
+def test_labels_become_ids_in_sorted_order(tmp_path):
+    """K labels are ids 0..K-1, whatever their values: integers sorted numerically (2 before 10, in
+    jsonl numbers or csv text alike), anything else sorted as strings; none is invented."""
+    (tmp_path / "sparse.jsonl").write_text("".join(json.dumps({"text": "t", "label": y}) + "\n"
+                                                   for y in (8, 1, 10, 2, 5, 2.0, -3)))
+    examples, names = read_examples(str(tmp_path / "sparse.jsonl"))
+    assert names == ["-3", "1", "2", "5", "8", "10"] and [e.label for e in examples] == [4, 1, 5, 2, 3, 2, 0]
+    (tmp_path / "sparse.csv").write_text("text,label\na,10\nb,2\n")
+    assert read_examples(str(tmp_path / "sparse.csv"))[1] == ["2", "10"]
+    (tmp_path / "names.tsv").write_text("text\tlabel\na\tb10\nb\tb2\nc\t10\nd\tB\n")
+    assert read_examples(str(tmp_path / "names.tsv"))[1] == ["10", "B", "b10", "b2"]
 
 
 def test_task_misuse(tmp_path):
@@ -100,7 +113,7 @@ def test_task_misuse(tmp_path):
     with pytest.raises(ValueError, match="has no column 'text' \\(its columns are \\['label', 'sentence'\\]\\)"):
         read_examples(str(tmp_path / "a.jsonl"))
     (tmp_path / "b.jsonl").write_text('{"text": "x", "label": "maybe"}\n')
-    with pytest.raises(ValueError, match="labels \\['maybe'\\] outside the known labels \\['no', 'yes'\\]"):
+    with pytest.raises(UnknownLabels, match="labels \\['maybe'\\] outside the known labels \\['no', 'yes'\\]"):
         read_examples(str(tmp_path / "b.jsonl"), ["no", "yes"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_examples(str(tmp_path / "c.jsonl"))

@@ -6,7 +6,9 @@
 A document is its tokens followed by the end-of-document token, cut into windows of
 ``seq_length + 1`` tokens that overlap by one, so every next-token target of the document is
 predicted exactly once; a short window is padded (ids with the pad token, labels with -100).
-Labels are aligned with positions, as ``GPTModel`` takes them.
+Labels are aligned with positions, as ``GPTModel`` takes them. ``dataset.lengths[d]``: the input
+positions document d needs (its text's tokens; more than ``seq_length`` = several windows);
+setting ``dataset.seq_length`` again re-cuts the windows without tokenising again.
 """
 
 from __future__ import annotations
@@ -40,18 +42,30 @@ class CausalLMDataset(torch.utils.data.Dataset):
     def __init__(self, texts: list[str], tokenizer: Any, seq_length: int) -> None:
         if tokenizer.eod is None:
             raise ValueError(f"tokenizer {tokenizer.path!r} has no end-of-document token")
-        self.seq_length = seq_length
         self.pad = tokenizer.pad if tokenizer.pad is not None else tokenizer.eod
-        self.windows: list[list[int]] = []
-        for text in texts:
-            tokens = tokenizer.encode(text) + [tokenizer.eod]
-            self.windows += [tokens[i:i + seq_length + 1] for i in range(0, len(tokens) - 1, seq_length)]
+        self.min_length = 1
+        self.documents = [tokenizer.encode(text) + [tokenizer.eod] for text in texts]
+        self.lengths = [len(tokens) - 1 for tokens in self.documents]
+        self.seq_length = seq_length
+
+    @property
+    def seq_length(self) -> int:
+        return self._seq_length
+
+    @seq_length.setter
+    def seq_length(self, value: int) -> None:
+        """Window the documents anew: ``windows`` holds (document, first token) of every sample."""
+        if value < self.min_length:
+            raise ValueError(f"seq_length must be >= {self.min_length}, got {value}")
+        self._seq_length = value
+        self.windows = [(d, i) for d, tokens in enumerate(self.documents) for i in range(0, len(tokens) - 1, value)]
 
     def __len__(self) -> int:
         return len(self.windows)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        window = self.windows[i]
+        d, start = self.windows[i]
+        window = self.documents[d][start:start + self.seq_length + 1]
         pad = self.seq_length + 1 - len(window)
         return {"input_ids": torch.tensor(window[:-1] + [self.pad] * pad),
                 "labels": torch.tensor(window[1:] + [IGNORE_INDEX] * pad)}

@@ -6,6 +6,7 @@ demo sentiment task; ``TaskDataset`` turns examples into padded classifier input
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -59,6 +60,21 @@ def _label_text(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
+def label_order(labels: set[str]) -> list[str]:
+    """Label names in class-id order: integers numerically (``2`` before ``10``), else sorted as strings."""
+    if all(re.fullmatch(r"[+-]?\d+", y) for y in labels):
+        return sorted(labels, key=lambda y: (int(y), y))
+    return sorted(labels)
+
+
+class UnknownLabels(ValueError):
+    """A file's labels outside the label names it was read with (``path``, ``unknown``, ``known``)."""
+
+    def __init__(self, path: str, unknown: list[str], known: list[str]) -> None:
+        super().__init__(f"{path!r} has labels {unknown} outside the known labels {known}; fix the file")
+        self.path, self.unknown, self.known = path, unknown, known
+
+
 def read_examples(
     path: str,
     label_names: Sequence[str] | None = None,
@@ -70,8 +86,9 @@ def read_examples(
     """Read a csv/tsv/jsonl file of examples; returns (examples, label names in id order).
 
     Labels map to ids through ``label_names`` when given (pass the training file's names when
-    reading its validation file); else integer labels ``0..K-1`` keep their values and text labels
-    are numbered in sorted order. ``text_b`` is optional per file.
+    reading its validation file; a label outside them raises ``UnknownLabels``); else the K labels
+    found become ids ``0..K-1`` in ``label_order`` (integers numerically: labels 1 2 3 5 7 8 are
+    6 classes). ``text_b`` is optional per file.
     """
     (path,) = resolve_files(path)
     raw = []
@@ -88,13 +105,11 @@ def read_examples(
     if not raw:
         raise ValueError(f"{path!r} holds no examples; fill it or pick another file")
     if label_names is None:
-        found = sorted({y for *_, y in raw})
-        numeric = all(y.isdigit() for y in found)
-        label_names = [str(i) for i in range(max(map(int, found)) + 1)] if numeric else found
+        label_names = label_order({y for *_, y in raw})
     ids = {name: i for i, name in enumerate(label_names)}
-    unknown = sorted({y for *_, y in raw if y not in ids})
+    unknown = label_order({y for *_, y in raw if y not in ids})
     if unknown:
-        raise ValueError(f"{path!r} has labels {unknown} outside the known labels {list(label_names)}; fix the file")
+        raise UnknownLabels(path, unknown, list(label_names))
     return [Example(a, b, ids[y]) for a, b, y in raw], list(label_names)
 
 
@@ -124,6 +139,8 @@ class TaskDataset(torch.utils.data.Dataset):
 
     Layout ``[CLS] A [SEP] B [SEP]`` then padding; a tokenizer without [CLS]/[SEP] (GPT-2's) uses
     no CLS and its end-of-document token as the separator. The longer text is trimmed first.
+    ``lengths[i]``: the tokens sample i takes uncut (its layout's); ``seq_length`` may be set
+    again later (``--seq-length auto`` picks it from ``lengths``), at least ``min_length``.
     """
 
     def __init__(self, examples: Sequence[Example], tokenizer: Any, seq_length: int) -> None:
@@ -132,13 +149,23 @@ class TaskDataset(torch.utils.data.Dataset):
             raise ValueError(f"tokenizer {tokenizer.path!r} has neither [SEP] nor an end-of-document token")
         self.cls = [] if tokenizer.cls is None else [tokenizer.cls]
         self.sep, self.pad = sep, tokenizer.pad if tokenizer.pad is not None else sep
-        if seq_length < len(self.cls) + 4:
-            raise ValueError(f"seq_length {seq_length} is too short for a task sample; use 8 or more")
+        self.min_length = len(self.cls) + 4  # [CLS] a [SEP] b [SEP]: one token of each text
         self.seq_length = seq_length
         self.examples = list(examples)
         self.encoded = [
             (tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b)) for e in self.examples
         ]
+        self.lengths = [len(self.cls) + len(a) + 1 + (0 if b is None else len(b) + 1) for a, b in self.encoded]
+
+    @property
+    def seq_length(self) -> int:
+        return self._seq_length
+
+    @seq_length.setter
+    def seq_length(self, value: int) -> None:
+        if value < self.min_length:
+            raise ValueError(f"seq_length {value} is too short for a task sample; use {self.min_length} or more")
+        self._seq_length = value
 
     def __len__(self) -> int:
         return len(self.examples)
