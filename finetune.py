@@ -13,6 +13,7 @@ from tpzoo.data.tasks import TASKS
 from tpzoo.training.args import (positive_int, add_optimizer_args, add_parallel_args,
                                  add_precision_args, command_parser, exit_on_misuse)
 from tpzoo.training.finetune_loop import FinetuneSummary, finetune
+from tpzoo.training.finetune_lengths import seq_length_flag
 from tpzoo.training.finetune_setup import build_finetune
 
 PROG = "finetune.py"
@@ -30,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
     g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
     g.add_argument("--epochs", type=positive_int, default=5)
-    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per sample (longer ones are cut)")
+    g.add_argument("--seq-length", type=seq_length_flag, default=64, help="tokens per sample (longer ones are "
+                   "cut), or auto: the 95th percentile of the training samples' lengths")
     g.add_argument("--hidden-dropout", type=float, help="default: the checkpoint's")
     g.add_argument("--attention-dropout", type=float, help="default: the checkpoint's")
     g.add_argument("--save", metavar="DIR", help="keep the best checkpoint (DIR/best) and the last (DIR/latest)")

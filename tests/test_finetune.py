@@ -4,12 +4,15 @@ The commands and Python block of docs/finetuning.md (and README's fine-tuning co
 folder (module fixture): they pretrain a BERT and a GPT with pretrain.py, export the BERT to Hugging
 Face and convert it back, and fine-tune each. The tests then read what those runs wrote: the accuracy reached, the
 GPT's validation loss, the best checkpoint. Apart from them: sentence pairs from data files at
-tp=1 and under torchrun at tp=2 (the same numbers), and misuse.
+tp=1 and under torchrun at tp=2 (the same numbers), real paragraphs with sparse integer labels and
+``--seq-length auto``, and misuse.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import runpy
 import sys
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from test_finetune_units import stdlib_paragraphs, write_labelled
 from test_models_docs import ROOT, blocks, run
 from tpzoo.testing import spawn
 
@@ -50,6 +54,8 @@ def docs_dir(tmp_path_factory) -> Path:
     for command in commands():
         done = run(["bash", "-c", command], folder)
         assert done.returncode == 0, f"`{command}` failed:\n{done.stderr[-3000:]}"
+        with open(folder / "stdout.txt", "a") as out:
+            out.write(done.stdout)
     for code in blocks(DOC, "python"):
         done = run([sys.executable, "-c", code], folder)
         assert done.returncode == 0 and "accuracy" in done.stdout, f"{DOC} python block failed:\n{done.stderr[-3000:]}"
@@ -63,6 +69,17 @@ def test_doc_commands_score_every_epoch(docs_dir):
         print(run_dir, [(r["epoch"], r["accuracy"], r["f1"], r["val_loss"]) for r in scores])
         assert [r["epoch"] for r in scores] == [1, 2, 3, 4, 5]
         assert all(0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["f1"] <= 1.0 and r["val_loss"] > 0 for r in scores)
+
+
+def test_doc_output_lines_are_what_the_commands_print(docs_dir):
+    """The class and sample-length lines docs/finetuning.md shows (indented, unlike commands) are printed as shown."""
+    starts = ("2 classes: ", "--seq-length auto: ", "training samples: ", "validation samples: ",
+              "training documents: ", "validation documents: ")
+    shown = [line.strip() for line in (ROOT / "docs" / DOC).read_text().splitlines()
+             if line.startswith("    ") and line.strip().startswith(starts)]
+    assert len(shown) == 6, shown
+    printed = (docs_dir / "stdout.txt").read_text().splitlines()
+    assert [line for line in shown if line not in printed] == [], printed
 
 
 def test_pretrained_bert_reaches_the_stated_accuracy(docs_dir):
@@ -148,6 +165,48 @@ def test_pairs_from_files_same_numbers_at_tp1_and_tp2(docs_dir, tmp_path):
     assert scores[-1]["val_loss"] < scores[0]["val_loss"] and scores[-1]["accuracy"] > 0.9, scores
 
 
+def test_sparse_labels_auto_seq_length_and_the_saved_mapping(docs_dir, tmp_path):
+    """Paragraphs of the standard library's documentation (one line each, up to 500 characters) labelled
+    by topic 1 2 3 5 7 8: finetune.py says 6 classes, picks --seq-length auto (the training samples'
+    95th percentile length) and reports the samples it cuts; the first loss is that of a fresh 6-way
+    head, about ln 6 (measured 1.78 to 1.80; a 9-way head of classes 0..8 starts near ln 9 = 2.197); the best
+    checkpoint records the label names, and data read for it maps through them."""
+    from tpzoo.checkpoint import read_meta
+    from tpzoo.data.tokenizer import load_tokenizer
+    from tpzoo.training.finetune_setup import finetune_data, saved_model
+
+    rows = stdlib_paragraphs(max_chars=500)
+    train, valid = rows[::3], rows[1::6]  # every topic in both
+    write_labelled(tmp_path / "train.jsonl", train)
+    write_labelled(tmp_path / "valid.jsonl", valid)
+    done = run([sys.executable, str(ROOT / "finetune.py"), "--load", str(docs_dir / "bert-pretrained"),
+                "--train-data", "train.jsonl", "--valid-data", "valid.jsonl", "--seq-length", "auto", "--epochs", "1",
+                "--global-batch-size", "16", "--micro-batch-size", "8", "--log-interval", "1", "--save", "ft"],
+               tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stdout)
+    tok = load_tokenizer(docs_dir / "demo_files" / "tokenizer.model")
+    lengths = sorted(len(tok.encode(text)) + 2 for text, _ in train)  # [CLS] text [SEP]
+    pick = lengths[math.ceil(0.95 * len(lengths)) - 1]
+    over = sum(n > pick for n in lengths)
+    assert pick < 256 and "\n6 classes: 1 2 3 5 7 8\n" in done.stdout
+    assert f"\n--seq-length auto: {pick} (the training samples' 95th percentile length is {pick}; " in done.stdout
+    assert (f"; {over} ({over / len(lengths):.1%}) longer than --seq-length {pick} are cut\n") in done.stdout
+    assert done.stdout.count(f"training samples: {len(train)}, tokens p50 ") == 1
+    first = metrics(tmp_path / "ft" / "metrics.jsonl")[0]
+    assert first["iteration"] == 1 and abs(first["loss"] - math.log(6)) < 0.1, first
+    meta = read_meta(tmp_path / "ft" / "best")
+    assert meta["label_names"] == ["1", "2", "3", "5", "7", "8"] and meta["args"]["seq_length"] == pick
+
+    subset = [(text, label) for text, label in rows if label in (2, 7)]  # two of the six topics
+    args = argparse.Namespace(load=str(tmp_path / "ft" / "best"), task=None, seq_length=64, tp=1,
+                              sequence_parallel=False, train_data=write_labelled(tmp_path / "sub.jsonl", subset),
+                              valid_data=str(tmp_path / "sub.jsonl"))
+    _, config, meta = saved_model(args.load)
+    data, _, names, _ = finetune_data(args, "classification", tok, config, meta)
+    assert names == meta["label_names"] and {e.label for e in data.examples} == {1, 4}
+
+
 MISUSE = [
     ([], "--load is required"),
     (["--load", "missing-dir", "--task", "demo"], "missing-dir does not exist"),
@@ -158,7 +217,10 @@ MISUSE = [
     (["--load", "bert-pretrained", "--train-data", "nolabel.jsonl", "--valid-data", "nolabel.jsonl"],
      "has no column 'label'"),
     (["--load", "bert-demo/best", "--train-data", "three.jsonl", "--valid-data", "three.jsonl"],
-     "is a classifier of 2 labels but the data has 3"),
+     "has labels ['2'] that the classifier --load bert-demo/best was not fine-tuned on (its labels: ['0', '1'])"),
+    (["--load", "bert-demo/best", "--task", "mnli", "--data-dir", "mnli"], "is a classifier of 2 labels but the data "
+     "has 3"),
+    (["--load", "bert-pretrained", "--task", "demo", "--seq-length", "0"], "expected an integer >= 1 or 'auto'"),
     (["--load", "bert-hf-tpzoo", "--task", "demo"], "pass --tokenizer-model"),
     (["--load", "gpt-pretrained", "--train-data", "nolabel.jsonl", "--valid-data", "missing.jsonl"],
      "missing.jsonl' does not exist"),
@@ -170,6 +232,9 @@ def test_misuse_one_line_exit_2(docs_dir, capsys, monkeypatch):
     case as a real command (one line on stderr, no traceback)."""
     (docs_dir / "nolabel.jsonl").write_text('{"text": "a b"}\n')
     (docs_dir / "three.jsonl").write_text("".join(json.dumps({"text": "a", "label": y}) + "\n" for y in (0, 1, 2)))
+    (docs_dir / "mnli").mkdir(exist_ok=True)
+    for name in ("train.tsv", "dev_matched.tsv"):
+        (docs_dir / "mnli" / name).write_text("sentence1\tsentence2\tgold_label\nIt rains.\tIt is dry.\tneutral\n")
     monkeypatch.chdir(docs_dir)
     for flags, message in MISUSE:
         monkeypatch.setattr(sys, "argv", ["finetune.py", *flags])

@@ -1,7 +1,8 @@
 """The fine-tuning loop over a built ``FinetuneRun``: epochs of train steps, a validation after each,
 logging, and the best checkpoint.
 
-Epoch e (1-based) visits every training sample once, in the order ``epoch_order(n, --seed, e)``,
+Before the first step rank 0 prints the run's ``report`` (classes, sample lengths against
+``--seq-length``). Epoch e (1-based) visits every training sample once, in the order ``epoch_order(n, --seed, e)``,
 in global batches of ``--global-batch-size`` (the last one padded with ignored samples, so every
 mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each
 epoch the whole validation set is scored (``validate``) and logged with the epoch's last
@@ -38,12 +39,13 @@ class FinetuneSummary:
 
 def validate(run: FinetuneRun) -> dict[str, float]:
     """Scores of the whole validation set, the same on every rank: ``val_loss`` and ``accuracy`` (+ ``f1``
-    for two classes) of a classifier, ``val_loss`` (mean token loss) and ``perplexity`` of a causal LM."""
+    for two classes) of a classifier, ``val_loss`` (mean token loss) and ``perplexity`` of a causal LM.
+    The classifier's logits [N, K] come on the mesh's device; its labels [N] are moved there."""
     g = run.engine.config.global_batch_size
     batches = list(global_batches(run.valid, g))
     if run.kind == "classification":
         logits = torch.cat([eval_logits(run.engine, b) for b in batches])
-        return classification_metrics(logits, torch.cat([b["labels"] for b in batches]))
+        return classification_metrics(logits, torch.cat([b["labels"] for b in batches]).to(logits.device))
     counts = [(b["labels"] != IGNORE_INDEX).sum().item() for b in batches]
     loss = sum(eval_loss(run.engine, b) * n for b, n in zip(batches, counts)) / sum(counts)
     return {"val_loss": loss, "perplexity": math.exp(loss)}
@@ -60,6 +62,8 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     summary, iteration = FinetuneSummary(), 0
     metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
                   f"{len(run.valid)} validation samples, {num_batches(n, g)} steps per epoch")
+    for line in run.report:
+        metrics.print(line)
     for epoch in range(1, args.epochs + 1):
         for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
             iteration += 1

@@ -4,11 +4,17 @@ the checkpoint), the tokenizer, the task's data, the model config and the engine
     run = build_finetune(args)     # ValueError/FileNotFoundError on misuse, before any training
     run.kind                       # "classification" (a BERT checkpoint) or "causal-lm" (a GPT one)
     run.engine, run.train, run.valid, run.label_names
+    run.report                     # lines finetune() prints once: the classes, the sample lengths
 
 ``--load`` is a training checkpoint (``pretrain.py``'s or ``finetune.py``'s) or a tpzoo model folder
 (``python -m tpzoo.convert from-hf``). A BERT checkpoint becomes a ``BertForSequenceClassification``
 (encoder and, where saved, pooler loaded; a fresh head of ``num_labels`` = the task's classes); a
 GPT checkpoint stays a ``GPTModel`` for causal-LM fine-tuning.
+
+Classifier labels: a ``--load`` checkpoint that records ``label_names`` (a ``finetune.py`` one) maps
+the data files' labels through them; else the training file's labels become ids in ``label_order``;
+``--task`` has its own fixed list. ``--seq-length auto``: the 95th percentile of the training
+samples' lengths, within [the least a sample needs, max_position_embeddings] (``finetune_lengths``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 from tpzoo.checkpoint import load_model, read_meta
 from tpzoo.data.causal_lm import CausalLMDataset, read_texts
-from tpzoo.data.tasks import TaskDataset, load_task, read_examples
+from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models import BertForSequenceClassification
@@ -29,10 +35,13 @@ from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
 from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.setup import default_run_dir
 
 KINDS = {"bert": "classification", "gpt": "causal-lm"}
+# what a sample of each kind is, and what happens to one longer than --seq-length
+SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", "span several windows")}
 
 
 @dataclass
@@ -49,6 +58,7 @@ class FinetuneRun:
     schedule: LRSchedule              # over epochs x batches per epoch iterations
     save_dir: Path | None
     log_dir: Path
+    report: list[str]                 # printed once before training: classes, sample lengths
 
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What a checkpoint of this run records besides the tensors (JSON-able)."""
@@ -79,23 +89,60 @@ def resolve_tokenizer(args: argparse.Namespace, meta: dict[str, Any], config: Tr
         except FileNotFoundError:
             raise ValueError(f"--load {args.load} names no tokenizer; pass --tokenizer-model FILE (the one the "
                              f"model was trained with)") from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; "
-                         f"pass the --tokenizer-model the model was trained with")
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"the tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                         f"has {config.vocab_size}; pass the --tokenizer-model the model was trained with")
     return tokenizer
 
 
-def classification_data(args: argparse.Namespace, tokenizer: Tokenizer) -> tuple[TaskDataset, TaskDataset, list[str]]:
-    """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``."""
+def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_length: int,
+                        saved_names: list[str] | None = None) -> tuple[TaskDataset, TaskDataset, list[str]]:
+    """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``,
+    whose labels map through ``saved_names`` (the ``--load`` classifier's) when given."""
     if args.task:
         train, names = load_task(args.task, "train", args.data_dir)
         valid, _ = load_task(args.task, "valid", args.data_dir)
     else:
-        train, names = read_examples(args.train_data)
-        valid, _ = read_examples(args.valid_data, names)
+        try:
+            train, names = read_examples(args.train_data, saved_names)
+            valid, _ = read_examples(args.valid_data, names)
+        except UnknownLabels as err:
+            if saved_names is None:
+                raise
+            raise ValueError(f"{err.path!r} has labels {err.unknown} that the classifier --load {args.load} was not "
+                             f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune a BERT encoder "
+                             f"checkpoint for new labels") from None
     if len(names) < 2:
         raise ValueError(f"the training data has only the label {names}; a classifier needs two or more")
-    return TaskDataset(train, tokenizer, args.seq_length), TaskDataset(valid, tokenizer, args.seq_length), names
+    return TaskDataset(train, tokenizer, seq_length), TaskDataset(valid, tokenizer, seq_length), names
+
+
+def finetune_data(args: argparse.Namespace, kind: str, tokenizer: Tokenizer, saved: TransformerConfig,
+                  meta: dict[str, Any]) -> tuple[Any, Any, list[str] | None, list[str]]:
+    """(train, valid, label names, report lines) of the run; ``--seq-length auto`` is resolved here
+    (``args.seq_length`` becomes the pick) from the training samples' lengths."""
+    auto = args.seq_length == AUTO
+    seq_length = saved.max_position_embeddings if auto else args.seq_length  # auto: cut again below
+    names, report = None, []
+    if kind == "classification":
+        saved_names = meta.get("label_names")
+        train, valid, names = classification_data(args, tokenizer, seq_length, saved_names)
+        report.append(f"{len(names)} classes" + (f" (the labels of --load {args.load})" if saved_names else "")
+                      + ": " + " ".join(n if n.split() == [n] else repr(n) for n in names))
+    else:
+        train, valid = (CausalLMDataset(read_texts(path), tokenizer, seq_length)
+                        for path in (args.train_data, args.valid_data))
+    noun, cut = SAMPLES[kind]
+    if auto:
+        tp, cap = args.tp if args.sequence_parallel else 1, saved.max_position_embeddings
+        pick = auto_seq_length(train.lengths, cap, train.min_length, tp)
+        args.seq_length = train.seq_length = valid.seq_length = pick
+        report.append(f"--seq-length auto: {args.seq_length} (the training {noun}' {AUTO_PERCENTILE}th percentile "
+                      f"length is {percentile(train.lengths, AUTO_PERCENTILE)}; the model's max_position_embeddings is "
+                      f"{cap}" + (f"; a multiple of tp={tp} under --sequence-parallel" if tp > 1 else "") + ")")
+    report += [length_report(f"{split} {noun}", data.lengths, args.seq_length, cut)
+               for split, data in (("training", train), ("validation", valid))]
+    return train, valid, names, report
 
 
 def check_data_args(args: argparse.Namespace, kind: str) -> None:
@@ -120,17 +167,13 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     kind = KINDS[saved.model_type]
     check_data_args(args, kind)
     tokenizer = resolve_tokenizer(args, meta, saved)
+    train, valid, names, report = finetune_data(args, kind, tokenizer, saved, meta)
+    changes: dict[str, Any] = {}
     if kind == "classification":
-        train, valid, names = classification_data(args, tokenizer)
         if class_name == BertForSequenceClassification.__name__ and saved.num_labels != len(names):
             raise ValueError(f"--load {args.load} is a classifier of {saved.num_labels} labels but the data has "
                              f"{len(names)} ({names}); fine-tune a BERT encoder checkpoint instead")
-        changes: dict[str, Any] = dict(num_labels=len(names))
-    else:
-        train, valid = (CausalLMDataset(read_texts(path), tokenizer, args.seq_length)
-                        for path in (args.train_data, args.valid_data))
-        names = None
-        changes = {}
+        changes = dict(num_labels=len(names))
     ecfg = engine_config(args)
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
     schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style)
@@ -144,4 +187,5 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
                                                **stage), config, ecfg, mesh)
     save_dir = Path(args.save) if args.save else None
     log_dir = Path(args.log_dir) if args.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
-    return FinetuneRun(args, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir)
+    return FinetuneRun(args, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir,
+                       report)
