@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-import torch.distributed as dist
-
-from tpzoo.data.tasks import TASKS
-from tpzoo.training.args import (positive_int, add_optimizer_args, add_parallel_args,
-                                 add_precision_args, command_parser, exit_on_misuse)
-from tpzoo.training.finetune_loop import FinetuneSummary, finetune
+# light imports only until the flags are checked: a misuse is reported before torch loads
+from tpzoo.data.glue import TASKS
+from tpzoo.training.args import (CommandParser, add_optimizer_args, add_parallel_args, add_precision_args,
+                                 command_parser, exit_on_misuse, positive_int, probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
-from tpzoo.training.finetune_setup import build_finetune
 
 PROG = "finetune.py"
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> CommandParser:
     p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT causal LM (docs/finetuning.md).")
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--load", metavar="CKPT", help="pretrained checkpoint (pretrain.py's --save dir or an iter "
@@ -33,8 +30,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=positive_int, default=5)
     g.add_argument("--seq-length", type=seq_length_flag, default=64, help="tokens per sample (longer ones are "
                    "cut), or auto: the 95th percentile of the training samples' lengths")
-    g.add_argument("--hidden-dropout", type=float, help="default: the checkpoint's")
-    g.add_argument("--attention-dropout", type=float, help="default: the checkpoint's")
+    g.add_argument("--hidden-dropout", type=probability, help="default: the checkpoint's")
+    g.add_argument("--attention-dropout", type=probability, help="default: the checkpoint's")
     g.add_argument("--save", metavar="DIR", help="keep the best checkpoint (DIR/best) and the last (DIR/latest)")
     g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl (default: the --save dir, else runs/)")
     g.add_argument("--log-interval", type=positive_int, default=10, help="log the train loss every N steps")
@@ -45,8 +42,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> FinetuneSummary:
-    args = parser().parse_args()
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(argv)
+    import torch.distributed as dist
+
+    from tpzoo.training.finetune_loop import finetune
+    from tpzoo.training.finetune_setup import build_finetune
+
     summary = finetune(exit_on_misuse(PROG, lambda: build_finetune(args)))
     dist.destroy_process_group()
     return summary

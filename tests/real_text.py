@@ -16,18 +16,29 @@ MODULES = ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "
            "zipfile", "zlib")
 
 
-def _docs(module_name: str) -> str:
+def docstrings(module_name: str) -> list[str]:
+    """The docstrings of a module and of its public functions and classes, as written."""
     module = importlib.import_module(module_name)
-    parts = [inspect.getdoc(module) or ""]
-    for name, obj in sorted(vars(module).items()):
-        if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)):
-            parts.append(inspect.getdoc(obj) or "")
-    return " ".join(" ".join(parts).split())
+    public = [obj for name, obj in sorted(vars(module).items()) if not name.startswith("_")]
+    docs = [inspect.getdoc(module)] + [inspect.getdoc(obj) for obj in public if inspect.isfunction(obj)
+                                       or inspect.isclass(obj)]
+    return [doc for doc in docs if doc]
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def documents(min_chars: int = 500) -> list[str]:
     """One document per module of ``MODULES`` with at least ``min_chars`` characters, no line breaks."""
-    return [doc for doc in map(_docs, MODULES) if len(doc) >= min_chars]
+    docs = [one_line(" ".join(docstrings(name))) for name in MODULES]
+    return [doc for doc in docs if len(doc) >= min_chars]
+
+
+def paragraphs(module_name: str, min_chars: int = 150, max_chars: int = 10_000) -> list[str]:
+    """The prose paragraphs (no doctest, no table) of a module's docstrings, each on one line."""
+    out = [one_line(p) for doc in docstrings(module_name) for p in doc.split("\n\n")]
+    return [p for p in out if min_chars <= len(p) <= max_chars and not p.startswith((">>>", "+-"))]
 
 
 def write_jsonl(path: Path, texts: list[str]) -> Path:

@@ -8,8 +8,6 @@ line each); labels are sparse integers or strings, as users' files have them.
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
 import math
 from pathlib import Path
@@ -17,7 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from real_text import paragraphs
 
+from tpzoo.checkpoint.tokenizer import model_tokenizer
 from tpzoo.data.causal_lm import CausalLMDataset
 from tpzoo.data.demo import demo_data
 from tpzoo.data.tasks import Example, TaskDataset
@@ -25,7 +25,7 @@ from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
 from tpzoo.models import get_preset
 from tpzoo.training import finetune_loop
 from tpzoo.training.finetune_lengths import auto_seq_length, length_report, percentile, seq_length_flag
-from tpzoo.training.finetune_setup import finetune_data, resolve_tokenizer
+from tpzoo.training.finetune_setup import finetune_data
 
 # module -> a sparse integer label (its topic), as a user's file might number classes
 TOPICS = {"json": 1, "csv": 1, "shutil": 2, "pathlib": 2, "tarfile": 2, "statistics": 3, "fractions": 3,
@@ -35,18 +35,7 @@ TOPICS = {"json": 1, "csv": 1, "shutil": 2, "pathlib": 2, "tarfile": 2, "statist
 
 def stdlib_paragraphs(min_chars: int = 150, max_chars: int = 10_000) -> list[tuple[str, int]]:
     """(paragraph, topic label) of the documentation of ``TOPICS``' modules, each on one line."""
-    out = []
-    for name, label in TOPICS.items():
-        module = importlib.import_module(name)
-        public = [obj for key, obj in sorted(vars(module).items()) if not key.startswith("_")]
-        docs = [inspect.getdoc(module)] + [inspect.getdoc(obj) for obj in public
-                                           if inspect.isfunction(obj) or inspect.isclass(obj)]
-        for doc in docs:
-            for paragraph in (doc or "").split("\n\n"):
-                text = " ".join(paragraph.split())
-                if min_chars <= len(text) <= max_chars and not text.startswith((">>>", "+-")):
-                    out.append((text, label))
-    return out
+    return [(text, label) for name, label in TOPICS.items() for text in paragraphs(name, min_chars, max_chars)]
 
 
 def write_labelled(path: Path, rows: list[tuple[str, object]]) -> str:
@@ -78,20 +67,15 @@ def test_validate_hands_labels_on_the_logits_device(monkeypatch):
     assert seen["labels"] == seen["logits"] == torch.device("meta"), seen
 
 
-def test_tokenizer_vocab_must_match_the_model(tmp_path, demo_tokenizer):
-    """A tokenizer of another vocabulary size than the model's is refused either way, naming both sizes;
-    the checkpoint's own (512 tokens, bert-tiny's 512) passes."""
+def test_tokenizer_vocab_must_match_the_model(tmp_path):
+    """A tokenizer of another vocabulary size than the model's is refused either way, naming both sizes
+    (finetune and generate share tpzoo.checkpoint.tokenizer.model_tokenizer)."""
     corpus = write_labelled(tmp_path / "corpus.jsonl", stdlib_paragraphs())
     other = train_tokenizer(corpus, str(tmp_path / "stdlib"), 384)
-    config = get_preset("bert-tiny")
-    args = argparse.Namespace(tokenizer_model=other, load="ckpt")
     for vocab in (384 + 128, 384 - 100):  # model larger than the tokenizer (main let it through), smaller
         with pytest.raises(ValueError, match=f"has 384 tokens but the model's vocabulary has {vocab}; pass"):
-            resolve_tokenizer(args, {}, config.replace(vocab_size=vocab))
-    assert resolve_tokenizer(args, {}, config.replace(vocab_size=384)).vocab_size == 384
-    own = resolve_tokenizer(argparse.Namespace(tokenizer_model=None, load="ckpt"),
-                            {"tokenizer": demo_tokenizer.reference()}, config)
-    assert own.vocab_size == config.vocab_size == 512
+            model_tokenizer("ckpt", other, vocab_size=vocab)
+    assert model_tokenizer("ckpt", other, vocab_size=384).vocab_size == 384
 
 
 def test_percentiles_and_auto_seq_length():

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from tpzoo.checkpoint import load_model, read_meta
+from tpzoo.checkpoint.tokenizer import model_tokenizer
 from tpzoo.data.causal_lm import CausalLMDataset, read_texts
 from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
-from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models import BertForSequenceClassification
 from tpzoo.models.config import TransformerConfig
@@ -75,24 +76,6 @@ def saved_model(path: str) -> tuple[str, TransformerConfig, dict[str, Any]]:
     meta = read_meta(path)
     record = meta["checkpoint"]["model"]
     return record["class"], TransformerConfig.from_dict(record["config"]), meta
-
-
-def resolve_tokenizer(args: argparse.Namespace, meta: dict[str, Any], config: TransformerConfig) -> Tokenizer:
-    """``--tokenizer-model``, else the one the checkpoint records, else one inside the model folder."""
-    if args.tokenizer_model:
-        tokenizer = load_tokenizer(args.tokenizer_model)
-    elif "tokenizer" in meta:
-        tokenizer = load_tokenizer(**meta["tokenizer"])
-    else:
-        try:
-            tokenizer = load_tokenizer(args.load)
-        except FileNotFoundError:
-            raise ValueError(f"--load {args.load} names no tokenizer; pass --tokenizer-model FILE (the one the "
-                             f"model was trained with)") from None
-    if tokenizer.vocab_size != config.vocab_size:
-        raise ValueError(f"the tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                         f"has {config.vocab_size}; pass the --tokenizer-model the model was trained with")
-    return tokenizer
 
 
 def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_length: int,
@@ -166,7 +149,7 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     class_name, saved, meta = saved_model(args.load)
     kind = KINDS[saved.model_type]
     check_data_args(args, kind)
-    tokenizer = resolve_tokenizer(args, meta, saved)
+    tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=saved.vocab_size)
     train, valid, names, report = finetune_data(args, kind, tokenizer, saved, meta)
     changes: dict[str, Any] = {}
     if kind == "classification":
