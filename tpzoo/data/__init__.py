@@ -4,8 +4,7 @@ their preprocessing, GPT and BERT samples, fine-tuning task readers, and the bun
 Names load on first use, so ``python -m tpzoo.data`` starts without importing torch.
 """
 
-from importlib import import_module
-from typing import Any
+from tpzoo.lazy import lazy_exports
 
 _EXPORTS = {
     "tokenizer": ("Tokenizer", "load_tokenizer", "train_tokenizer"),
@@ -17,11 +16,4 @@ _EXPORTS = {
     "build": ("add_data_args", "build_datasets", "resolve_data", "samples_needed", "split_documents"),
     "demo": ("demo_data", "demo_task", "unigram_entropy"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'tpzoo.data' has no attribute {name!r}")
-    return getattr(import_module(f"tpzoo.data.{_MODULE_OF[name]}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

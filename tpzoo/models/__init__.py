@@ -7,8 +7,7 @@ Names load on first use, so the configs and presets (``tpzoo.models.config``, ``
 import without torch: the training scripts check their flags before loading it.
 """
 
-from importlib import import_module
-from typing import Any
+from tpzoo.lazy import lazy_exports
 
 _EXPORTS = {
     "attention": ("ParallelAttention",),
@@ -22,11 +21,4 @@ _EXPORTS = {
     "sharding": ("full_grads", "full_state_dict", "load_full_state_dict"),
     "transformer": ("LayerNorm", "TransformerLayer"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'tpzoo.models' has no attribute {name!r}")
-    return getattr(import_module(f"tpzoo.models.{_MODULE_OF[name]}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)
