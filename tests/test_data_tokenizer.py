@@ -4,7 +4,6 @@ the Hugging Face GPT-2 path, and misuse."""
 import json
 import os
 
-import datasets
 import pytest
 from data_helpers import corpus_docs, corpus_files, small_corpus
 
@@ -32,6 +31,8 @@ def test_train_and_load(tmp_path, model_type):
 
 
 def test_train_from_datasets_source(tmp_path):
+    import datasets  # here, not at the top: `pytest -m gpu` collects this file on machines without datasets
+
     source = datasets.Dataset.from_dict({"body": corpus_docs()})
     tok = load_tokenizer(train_tokenizer(source, str(tmp_path / "tok"), 250, key="body"))
     assert tok.vocab_size == 250 and tok.decode(tok.encode(TEXT)) == TEXT

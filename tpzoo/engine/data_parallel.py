@@ -62,7 +62,7 @@ class GradReducer:
 
     def _launch(self, i: int) -> None:
         grads = [p.grad for p in self.buckets[i] if p.grad is not None]
-        flat = torch._utils._flatten_dense_tensors(grads) if grads else torch.zeros(0)
+        flat = torch._utils._flatten_dense_tensors(grads) if grads else torch.zeros(0, device=self.buckets[i][0].device)
         self.pending.append((i, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def sync(self) -> None:

@@ -59,8 +59,10 @@ def grads_are_finite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | 
 
     Every rank gets the same answer, so a step is skipped everywhere or nowhere.
     """
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    bad = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    # on the parameters' device even without gradients: nccl all-reduces only CUDA tensors
+    bad = torch.zeros((), dtype=torch.float32, device=params[0].device if params else "cpu")
     if grads:
         bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float()
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)
