@@ -268,11 +268,15 @@ def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
     from test_models_docs import blocks, run
     from transformers import GPT2LMHeadModel
 
-    from tpzoo.data.demo import demo_data
+    from real_text import documents, write_jsonl
+
+    from tpzoo.data.tokenizer import train_tokenizer
 
     root, out = trained
     (tmp_path / "ckpt").symlink_to(root / "gpt")
-    (tmp_path / "tok.model").symlink_to(demo_data()[0])
+    # a tokenizer of the checkpoint's vocabulary (generate refuses one of another size)
+    text = write_jsonl(tmp_path / "text.jsonl", documents())
+    (tmp_path / "tok.model").symlink_to(train_tokenizer([str(text)], str(tmp_path / "tok500"), VOCAB["gpt"]))
     for code in blocks("checkpoints.md", "python"):
         done = run([sys.executable, "-c", code], tmp_path)
         assert done.returncode == 0, f"python block failed:\n{done.stderr[-3000:]}"
