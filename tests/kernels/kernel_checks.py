@@ -73,11 +73,13 @@ def check(label: str, op: Callable, oracle: Callable, native: Callable, inputs: 
         kind = {"y": "y", "d0": "dx"}.get(name, "dparams")
         key = (label, os.environ["TPZOO_KERNELS"], str(dtype).removeprefix("torch."), kind)
         OBSERVED[key] = max(OBSERVED.get(key, 0.0), err)
-    if dtype == torch.float32:
-        bounds = dict.fromkeys(names, F32_RTOL)
+    native_errors = [rel_err(b, r) for b, r in zip(_run(native, inputs, dy), ref)]
+    if dtype == torch.float32:  # 1e-5, or twice PyTorch's own float32 error where that is larger (GELU's erf
+        # form on inputs all far below 0, whose outputs are all near 0, cancels in float32: seen once, 4x1 input)
+        bounds = {n: max(F32_RTOL, 2 * e) for n, e in zip(names, native_errors)}
     else:  # the slack: half a unit in the last place of the dtype, the error of rounding max |ref| once
         slack = torch.finfo(dtype).eps / 2
-        bounds = {n: 2 * rel_err(b, r) + slack for n, b, r in zip(names, _run(native, inputs, dy), ref)}
+        bounds = {n: 2 * e + slack for n, e in zip(names, native_errors)}
     bad = {n: f"{errors[n]:.3g} > {bounds[n]:.3g}" for n in names if not errors[n] <= bounds[n]}
     assert not bad, f"{dtype} errors above their bounds: {bad}"
     return errors
