@@ -50,3 +50,26 @@ def global_batches(dataset: Sequence[dict[str, Tensor]], global_batch_size: int,
         filler = {**samples[0], "labels": torch.full_like(samples[0]["labels"], IGNORE_INDEX)}
         samples += [filler] * (global_batch_size - len(samples))
         yield {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+
+class ResizableSamples(torch.utils.data.Dataset):
+    """A fine-tuning dataset whose ``seq_length`` may be set again after its samples were tokenised
+    (``--seq-length auto`` picks it from their ``lengths``): at least ``min_length`` (subclasses set
+    both, and ``_resized`` redoes what depends on it)."""
+
+    min_length: int
+    sample_name: str = "a sample"
+
+    @property
+    def seq_length(self) -> int:
+        return self._seq_length
+
+    @seq_length.setter
+    def seq_length(self, value: int) -> None:
+        if value < self.min_length:
+            raise ValueError(f"seq_length {value} is too short for {self.sample_name}; use {self.min_length} or more")
+        self._seq_length = value
+        self._resized()
+
+    def _resized(self) -> None:
+        """Called after every change of ``seq_length``."""

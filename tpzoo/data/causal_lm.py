@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.sources import resolve_files, rows
 from tpzoo.engine.train_step import IGNORE_INDEX
 
@@ -36,8 +37,10 @@ def read_texts(path: str, key: str = "text") -> list[str]:
     return texts
 
 
-class CausalLMDataset(torch.utils.data.Dataset):
+class CausalLMDataset(ResizableSamples):
     """Samples ``{"input_ids": [s], "labels": [s]}`` (int64) of every document's windows, in order."""
+
+    sample_name = "a causal-LM window"
 
     def __init__(self, texts: list[str], tokenizer: Any, seq_length: int) -> None:
         if tokenizer.eod is None:
@@ -48,17 +51,10 @@ class CausalLMDataset(torch.utils.data.Dataset):
         self.lengths = [len(tokens) - 1 for tokens in self.documents]
         self.seq_length = seq_length
 
-    @property
-    def seq_length(self) -> int:
-        return self._seq_length
-
-    @seq_length.setter
-    def seq_length(self, value: int) -> None:
+    def _resized(self) -> None:
         """Window the documents anew: ``windows`` holds (document, first token) of every sample."""
-        if value < self.min_length:
-            raise ValueError(f"seq_length must be >= {self.min_length}, got {value}")
-        self._seq_length = value
-        self.windows = [(d, i) for d, tokens in enumerate(self.documents) for i in range(0, len(tokens) - 1, value)]
+        self.windows = [(d, i) for d, tokens in enumerate(self.documents)
+                        for i in range(0, len(tokens) - 1, self.seq_length)]
 
     def __len__(self) -> int:
         return len(self.windows)

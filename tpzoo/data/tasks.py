@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.glue import GLUE, TASKS
 from tpzoo.data.sources import resolve_files, rows
 
@@ -100,7 +101,7 @@ def load_task(name: str, split: str = "train", folder: str | None = None) -> tup
     return read_examples(path, layout.labels, layout.text, layout.text_b, layout.label, **options)
 
 
-class TaskDataset(torch.utils.data.Dataset):
+class TaskDataset(ResizableSamples):
     """Map-style dataset of classifier samples, each a dict of int64 tensors: ``input_ids``,
     ``token_type_ids``, ``attention_mask`` (1 real, 0 pad) of shape [s] and the scalar ``label``.
 
@@ -109,6 +110,8 @@ class TaskDataset(torch.utils.data.Dataset):
     ``lengths[i]``: the tokens sample i takes uncut (its layout's); ``seq_length`` may be set
     again later (``--seq-length auto`` picks it from ``lengths``), at least ``min_length``.
     """
+
+    sample_name = "a task sample"
 
     def __init__(self, examples: Sequence[Example], tokenizer: Any, seq_length: int) -> None:
         sep = tokenizer.sep if tokenizer.sep is not None else tokenizer.eod
@@ -123,16 +126,6 @@ class TaskDataset(torch.utils.data.Dataset):
             (tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b)) for e in self.examples
         ]
         self.lengths = [len(self.cls) + len(a) + 1 + (0 if b is None else len(b) + 1) for a, b in self.encoded]
-
-    @property
-    def seq_length(self) -> int:
-        return self._seq_length
-
-    @seq_length.setter
-    def seq_length(self, value: int) -> None:
-        if value < self.min_length:
-            raise ValueError(f"seq_length {value} is too short for a task sample; use {self.min_length} or more")
-        self._seq_length = value
 
     def __len__(self) -> int:
         return len(self.examples)
