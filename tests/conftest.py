@@ -1,10 +1,20 @@
 """Test setup shared by the whole suite.
 
+tests/ mirrors the source tree (tests/models/ for tpzoo/models/, ...). The helper modules shared by
+those folders (data_helpers, doc_helpers, hf_models, pretrain_helpers, real_text) live in tests/
+itself, which is put on sys.path here, so ``from doc_helpers import ...`` works from any folder.
+
 TRITON_INTERPRET=1 must be in the environment before any @triton.jit decorator runs, i.e.
 before anything imports the Triton kernel modules: the kernel tests run on the CPU through
 Triton's interpreter.
 """
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)

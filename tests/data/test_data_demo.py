@@ -64,7 +64,7 @@ def test_shipped_tokenizer_is_the_one_the_recipe_trains(tmp_path):
 
 
 def test_demo_tokenizer_is_package_data():
-    config = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    config = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert re.search(r"^packages = \[[^\]]*\"tpzoo\.data\"[^\]]*\]", config, re.M)
     section = config.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
     patterns = re.findall(r'"([^"]+)"', re.findall(r'^"tpzoo\.data" = \[(.*)\]$', section, re.M)[0])

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from doc_helpers import ROOT, blocks, run
 from test_finetune_units import stdlib_paragraphs, write_labelled
-from test_models_docs import ROOT, blocks, run
 from tpzoo.testing import spawn
 
 DOC = "finetuning.md"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from data_helpers import corpus_files, small_corpus
 
-DOCS = Path(__file__).parents[1] / "docs" / "data.md"
+DOCS = Path(__file__).parents[2] / "docs" / "data.md"
 
 
 def run(args, cwd):

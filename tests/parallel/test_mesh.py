@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tpzoo.parallel import init_mesh, mesh_shape
 from tpzoo.testing import DistributedTestError, spawn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def clean_env() -> dict[str, str]:

@@ -265,7 +265,7 @@ def test_single_rank_resume_atomic_saves_and_errors(trained):
 def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
     """docs/checkpoints.md runs as shown, ``ckpt`` being the GPT saved on (2, 2, 2): generation gives the
     same greedy text at tp=1 and tp=2, and to-hf writes the checkpoint's weights."""
-    from test_models_docs import blocks, run
+    from doc_helpers import blocks, run
     from transformers import GPT2LMHeadModel
 
     from real_text import documents, write_jsonl

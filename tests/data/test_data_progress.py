@@ -18,7 +18,7 @@ from tpzoo.data.build import build_datasets, resolve_data
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
