@@ -19,7 +19,6 @@ Triton is faster; and the relative difference of Triton's result from eager's.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -109,7 +108,8 @@ def cases(dtype, device) -> list[partial]:
 
 
 def timer(device: torch.device) -> Callable[[Callable], float]:
-    """Seconds per call: triton.testing.do_bench (CUDA events, L2 flushed) on CUDA, a median of 3 elsewhere."""
+    """Seconds per call: triton.testing.do_bench (CUDA events, L2 flushed) on CUDA; elsewhere one call
+    after a warm-up (the interpreter's times mean nothing, and every interpreted call is slow)."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
@@ -117,12 +117,9 @@ def timer(device: torch.device) -> Callable[[Callable], float]:
 
     def cpu_time(fn: Callable) -> float:
         fn()
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
 
     return cpu_time
 

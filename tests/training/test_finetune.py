@@ -1,9 +1,9 @@
 """finetune.py end to end.
 
-The commands and Python block of docs/finetuning.md (and README's fine-tuning command) run once, in order, in one
-folder (module fixture): they pretrain a BERT and a GPT with pretrain.py, export the BERT to Hugging
-Face and convert it back, and fine-tune each. The tests then read what those runs wrote: the accuracy reached, the
-GPT's validation loss, the best checkpoint. Apart from them: sentence pairs from data files at
+The commands and Python block of docs/finetuning.md (and README's fine-tuning command) run once, in one folder
+(module fixture), each after the commands whose folders it reads, two at a time: they pretrain a BERT and a
+GPT with pretrain.py, export the BERT to Hugging Face and convert it back, and fine-tune each. The tests
+then read what those runs wrote: the accuracy reached, the GPT's validation loss, the best checkpoint. Apart from them: sentence pairs from data files at
 tp=1 and under torchrun at tp=2 (the same numbers), real paragraphs with sparse integer labels and
 ``--seq-length auto``, and misuse.
 """
@@ -15,12 +15,13 @@ import json
 import math
 import os
 import runpy
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
-from doc_helpers import ROOT, blocks, run
+from doc_helpers import ROOT, blocks, run, run_as_needed
 from test_finetune_units import stdlib_paragraphs, write_labelled
 from tpzoo.testing import spawn
 
@@ -51,11 +52,7 @@ def docs_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("finetune-docs")
     for script in ("pretrain.py", "finetune.py"):
         (folder / script).symlink_to(ROOT / script)
-    for command in commands():
-        done = run(["bash", "-c", command], folder)
-        assert done.returncode == 0, f"`{command}` failed:\n{done.stderr[-3000:]}"
-        with open(folder / "stdout.txt", "a") as out:
-            out.write(done.stdout)
+    (folder / "stdout.txt").write_text("".join(done.stdout for done in run_as_needed(commands(), folder)))
     for code in blocks(DOC, "python"):
         done = run([sys.executable, "-c", code], folder)
         assert done.returncode == 0 and "accuracy" in done.stdout, f"{DOC} python block failed:\n{done.stderr[-3000:]}"
@@ -147,9 +144,7 @@ def test_pairs_from_files_same_numbers_at_tp1_and_tp2(docs_dir, tmp_path):
     runs = {"tp1": [sys.executable, *flags, "--log-dir", "tp1"],
             "tp2": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *flags, "--tp", "2",
                     "--log-dir", "tp2"]}
-    for name, command in runs.items():
-        done = run(command, tmp_path)
-        assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
+    run_as_needed([shlex.join(command) for command in runs.values()], tmp_path)  # both at once
     one, two = (metrics(tmp_path / name / "metrics.jsonl") for name in runs)
     assert [r["iteration"] for r in one] == [r["iteration"] for r in two] == list(range(1, 17))
     worst = 0.0

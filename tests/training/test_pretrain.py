@@ -10,12 +10,14 @@ and the training losses 7..12 must match the uninterrupted run.
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from pretrain_helpers import TINY, command, env, metrics, pretrain, rel, run
+from doc_helpers import run_as_needed
+from pretrain_helpers import TINY, command, env, metrics, pretrain, rel
 
 ITERS, SAVED = 12, 6
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 3 --eval-iters 2 --save-interval {SAVED}".split()
@@ -25,8 +27,8 @@ LOSS_TOL, VAL_TOL = 1e-5, 1e-6
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pretrain")
-    pretrain(FLAGS + ["--save", "single"], root)
-    pretrain(FLAGS + ["--save", "3d", "--use-distributed-optimizer"], root, (2, 2, 2))
+    run_as_needed([shlex.join(command(FLAGS + ["--save", "single"])),  # both at once
+                   shlex.join(command(FLAGS + ["--save", "3d", "--use-distributed-optimizer"], (2, 2, 2)))], root)
     return root
 
 
@@ -75,10 +77,17 @@ def wait_for_save_then_kill(proc: subprocess.Popen, save_dir: Path, timeout: flo
 
 def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
     flags = TINY + "--train-iters 150 --eval-interval 25 --eval-iters 2 --save-interval 10".split()
-    pretrain(flags + ["--save", "whole"], tmp_path)
-    proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = wait_for_save_then_kill(proc, tmp_path / "killed")
+    with open(tmp_path / "whole.err", "w+") as err:  # the uninterrupted run goes on beside the killed one
+        whole = subprocess.Popen(command(flags + ["--save", "whole"]), cwd=tmp_path, env=env(),
+                                 stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(command(flags + ["--save", "killed"]), cwd=tmp_path, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            saved = wait_for_save_then_kill(proc, tmp_path / "killed")
+        finally:
+            status = whole.wait(timeout=300)
+        err.seek(0)
+        assert status == 0, err.read()[-4000:]
     print(f"killed after the checkpoint at iteration {saved}")
     assert saved < 150
     pretrain(flags + ["--save", "killed", "--load", "killed"], tmp_path)
@@ -88,19 +97,31 @@ def test_sigkill_then_load_logs_what_the_uninterrupted_run_logged(tmp_path):
     assert [[r.get(f) for f in fields] for r in resumed.values()] == [[r.get(f) for f in fields] for r in whole.values()]
 
 
-@pytest.mark.parametrize("flags, problem", [
-    ("--lr -1", "argument --lr: expected a number > 0, got -1"),
-    ("--tp 2", "world size 1 is not divisible by tp x pp"),
-    ("--global-batch-size 10 --micro-batch-size 4", "global batch size 10 is not divisible"),
-    ("--data-path nowhere/corpus", "nowhere/corpus"),
-    ("--load empty", "holds no tpzoo checkpoint"),
-    ("--load {single} --hidden-size 64", "hidden_size: checkpoint 32, flags 64"),
-], ids=["lr", "world", "batch", "data", "no-checkpoint", "other-model"])
-def test_misuse_ends_in_one_line_and_exit_2(runs, flags, problem, tmp_path):
-    (tmp_path / "empty").mkdir()
-    args = TINY + flags.format(single=runs / "single").split() + ["--save", "out"]
-    done = run(command(args), tmp_path)
+MISUSE = {  # flags -> what stderr says
+    "lr": ("--lr -1", "argument --lr: expected a number > 0, got -1"),
+    "world": ("--tp 2", "world size 1 is not divisible by tp x pp"),
+    "batch": ("--global-batch-size 10 --micro-batch-size 4", "global batch size 10 is not divisible"),
+    "data": ("--data-path nowhere/corpus", "nowhere/corpus"),
+    "no-checkpoint": ("--load empty", "holds no tpzoo checkpoint"),
+    "other-model": ("--load {single} --hidden-size 64", "hidden_size: checkpoint 32, flags 64"),
+}
+
+
+@pytest.fixture(scope="module")
+def misuse(runs, tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """Every MISUSE command, two at a time (most of each is loading torch), in one folder, each with
+    its own ``--save out-<case>``."""
+    root = tmp_path_factory.mktemp("misuse")
+    (root / "empty").mkdir()
+    commands = [shlex.join(command(TINY + flags.format(single=runs / "single").split() + ["--save", f"out-{case}"]))
+                for case, (flags, _) in MISUSE.items()]
+    return root, dict(zip(MISUSE, run_as_needed(commands, root, check=False)))
+
+
+@pytest.mark.parametrize("case", MISUSE)
+def test_misuse_ends_in_one_line_and_exit_2(misuse, case):
+    root, done = misuse[0], misuse[1][case]
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("pretrain.py: error: "), done.stderr
-    assert problem in done.stderr
-    assert not (tmp_path / "out").exists(), "misuse must stop before any training"
+    assert MISUSE[case][1] in done.stderr
+    assert not (root / f"out-{case}").exists(), "misuse must stop before any training"
