@@ -12,6 +12,7 @@ from tpzoo.parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    facts,
     init_method_normal,
     init_mesh,
     manual_seed,
@@ -67,7 +68,7 @@ def check_column(tp_group, tp: int, rank: int, gather_output: bool, sequence_par
     assert_rel(x_tp.grad, expected_dx, f"{tag} input grad")
     assert_rel(all_gather(layer.weight.grad, 0, tp_group), dense.weight.grad, f"{tag} weight grad")
     assert_rel(all_gather(layer.bias.grad, 0, tp_group), dense.bias.grad, f"{tag} bias grad")
-    assert (layer.weight.tp_shard_dim, layer.bias.tp_shard_dim) == (0, 0)
+    assert (facts(layer.weight).tp_split_dim, facts(layer.bias).tp_split_dim) == (0, 0)
     if not gather_output:
         layer.skip_bias_add = True
         y_nobias, bias = layer(x_tp.detach())
@@ -105,7 +106,7 @@ def check_row(tp_group, tp: int, input_is_parallel: bool, sequence_parallel: boo
     assert_rel(x_tp.grad, expected_dx, f"{tag} input grad")
     assert_rel(all_gather(layer.weight.grad, 1, tp_group), dense.weight.grad, f"{tag} weight grad")
     assert_rel(layer.bias.grad, dense.bias.grad, f"{tag} bias grad")
-    assert layer.weight.tp_shard_dim == 1 and not hasattr(layer.bias, "tp_shard_dim"), "row bias is replicated"
+    assert facts(layer.weight).tp_split_dim == 1 and facts(layer.bias).tp_split_dim is None, "row bias is replicated"
     layer.skip_bias_add = True
     y_nobias, bias = layer(x_tp.detach())
     assert_rel(y_nobias + bias, y.detach(), f"{tag} skip_bias_add")
@@ -118,7 +119,7 @@ def check_embedding(tp_group, tp: int, vocab: int, sequence_parallel: bool) -> N
     full_w = all_gather(layer.weight.detach(), 0, tp_group)
     assert full_w.shape[0] == padded_vocab_size(vocab, tp, 4)
     assert not full_w[vocab:].any(), "padding rows must be zero"
-    assert layer.weight.tp_shard_dim == 0
+    assert facts(layer.weight).tp_split_dim == 0
     dense = nn.Embedding(vocab, IN)
     with torch.no_grad():
         dense.weight.copy_(full_w[:vocab])

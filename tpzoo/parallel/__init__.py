@@ -20,11 +20,14 @@ from tpzoo.parallel.layers import (
     sync_sequence_parallel_grads,
 )
 from tpzoo.parallel.mesh import ParallelMesh, get_mesh, init_mesh, mesh_shape
+from tpzoo.parallel.param_facts import ParamFacts, facts, mark
+from tpzoo.parallel.plan import ParallelPlan, as_plan
 from tpzoo.parallel.random import RNGStatesTracker, manual_seed
 
 __all__ = [
-    "ColumnParallelLinear", "ParallelMesh", "RNGStatesTracker", "RowParallelLinear", "VocabParallelEmbedding",
-    "copy_to_tp_region", "gather_from_sequence_parallel_region", "gather_from_tp_region", "get_mesh",
+    "ColumnParallelLinear", "ParallelMesh", "ParallelPlan", "ParamFacts", "facts", "mark", "RNGStatesTracker", "RowParallelLinear",
+    "VocabParallelEmbedding", "as_plan", "copy_to_tp_region",
+    "gather_from_sequence_parallel_region", "gather_from_tp_region", "get_mesh",
     "init_method_normal", "init_mesh", "manual_seed", "mesh_shape", "padded_vocab_size", "reduce_from_tp_region",
     "reduce_scatter_to_sequence_parallel_region", "scaled_init_method_normal", "scatter_to_sequence_parallel_region",
     "scatter_to_tp_region", "sync_sequence_parallel_grads", "vocab_parallel_cross_entropy",

@@ -8,7 +8,7 @@ one full weight of host memory while a layer is built). Weight layouts match Meg
     RowParallelLinear      weight [out, in/tp]   cols r*in/tp ...  of the full [out, in]
     VocabParallelEmbedding weight [V'/tp, h]     rows r*V'/tp ...  of the vocabulary padded to V'
 
-Sharded parameters carry ``param.tp_shard_dim`` (the dim split across tp), so that gradient
+Sharded parameters are marked with the dim split across tp (``param_facts``), so that gradient
 norms, checkpoints and conversions can tell shards from replicas. ``tp_group=None`` means the tp
 group of the mesh made by ``init_mesh``.
 """
@@ -34,6 +34,7 @@ from tpzoo.parallel.collectives import (
     resolve_tp_group,
     scatter_to_tp_region,
 )
+from tpzoo.parallel.param_facts import facts, mark
 
 InitMethod = Callable[[Tensor], object]
 
@@ -66,8 +67,7 @@ def _shard(full_shape: tuple[int, int], init_method: InitMethod, dim: int, group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     shard = master.chunk(world, dim)[rank]
     param = nn.Parameter(shard.to(dtype=dtype or torch.get_default_dtype(), device=device).contiguous())
-    param.tp_shard_dim = dim
-    return param
+    return mark(param, tp_split_dim=dim, tp_full_size=full_shape[dim])  # the real size: padding is cut off
 
 
 def _check_last_dim(x: Tensor, expected: int, layer: str) -> None:
@@ -104,7 +104,7 @@ class ColumnParallelLinear(nn.Module):
                              self.tp_group, dtype, device)
         self.bias = _bias(self.out_per_rank, bias, self.weight.dtype, self.weight.device)
         if self.bias is not None:
-            self.bias.tp_shard_dim = 0
+            mark(self.bias, tp_split_dim=0, tp_full_size=out_features)
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor | None]:
         _check_last_dim(x, self.in_features, "ColumnParallelLinear")
@@ -150,7 +150,7 @@ class RowParallelLinear(nn.Module):
                              self.tp_group, dtype, device)
         self.bias = _bias(out_features, bias, self.weight.dtype, self.weight.device)
         if self.bias is not None:
-            self.bias.sequence_parallel = sequence_parallel
+            mark(self.bias, tp_partial=sequence_parallel)
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor | None]:
         if self.input_is_parallel:
@@ -227,12 +227,12 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:
-    """All-reduce over tp the gradients of parameters marked ``sequence_parallel``.
+    """All-reduce over tp the gradients of parameters marked ``tp_partial`` (``param_facts``).
 
     Such parameters (LayerNorm weights, a row-parallel bias) are replicated but act on a sequence
     shard, so each tp rank holds a partial gradient. Call after backward, before the optimizer.
     """
-    grads = [p.grad for p in module.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    grads = [p.grad for p in module.parameters() if facts(p).tp_partial and p.grad is not None]
     if not grads:
         return
     flat = all_reduce(torch._utils._flatten_dense_tensors(grads), resolve_tp_group(group))

@@ -1,0 +1,71 @@
+"""``ParallelPlan``: how a model is distributed and run, handed to it by whoever builds it.
+
+A model's config says what the model is (sizes, kinds of blocks); the plan says how it runs: on
+which mesh (and so which tp shard each rank holds), whether activations between the sublayers
+are split along the sequence over tp, whether layers recompute their activations in backward,
+which kernels and attention backend compute it, and the seed its weights are drawn from. The
+engine (or a script) builds one plan and passes it to every block; a model never chooses any of
+it, so the same model code runs at any tp, with or without sequence parallelism.
+
+    plan = ParallelPlan(init_mesh(tp=2), sequence_parallel=True)
+    model = GPTModel(get_preset("gpt-tiny"), plan)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tpzoo.parallel.mesh import ParallelMesh, get_mesh
+from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, PLAN_OPTIONS
+
+__all__ = ["ATTENTION_BACKENDS", "KERNEL_BACKENDS", "PLAN_OPTIONS", "ParallelPlan", "as_plan"]
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """The mesh and the run options of a model (see module docstring)."""
+
+    mesh: ParallelMesh
+    sequence_parallel: bool = False     # activations [b, s/tp, h] between sublayers (needs tp > 1 to matter)
+    recompute_activations: bool = False  # keep each layer's input only; rerun its forward in backward
+    kernels: str | None = None           # tpzoo.kernels backend: auto | triton | torch; None reads TPZOO_KERNELS
+    attention_backend: str = "auto"      # core attention: fused-softmax kernels, torch sdpa, or auto (sdpa)
+    seed: int = 1234                     # weights: model piece i is drawn under a seed derived from (seed, i)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mesh, ParallelMesh):
+            raise TypeError(f"ParallelPlan.mesh must be a ParallelMesh, got {type(self.mesh).__name__}")
+        for name in ("sequence_parallel", "recompute_activations"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ParallelPlan.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.kernels not in (None, *KERNEL_BACKENDS):
+            raise ValueError(f"ParallelPlan.kernels must be one of None, {', '.join(KERNEL_BACKENDS)}; "
+                             f"got {self.kernels!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"ParallelPlan.attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}; "
+                             f"got {self.attention_backend!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"ParallelPlan.seed must be an int >= 0, got {self.seed!r}")
+
+    @property
+    def tp_size(self) -> int:
+        return self.mesh.tp_size
+
+    def replace(self, **changes: Any) -> ParallelPlan:
+        """A copy with ``changes`` applied and validated."""
+        return dataclasses.replace(self, **changes)
+
+    def options(self) -> dict[str, Any]:
+        """The run options (``PLAN_OPTIONS``) as a plain dict, e.g. to record them in a checkpoint."""
+        return {name: getattr(self, name) for name in PLAN_OPTIONS}
+
+
+def as_plan(plan: ParallelPlan | ParallelMesh | None, **options: Any) -> ParallelPlan:
+    """A plan from a plan, a bare mesh (default run options) or None (``get_mesh()``); ``options`` override."""
+    if isinstance(plan, ParallelPlan):
+        return plan.replace(**options) if options else plan
+    if plan is None or isinstance(plan, ParallelMesh):
+        return ParallelPlan(plan if plan is not None else get_mesh(), **options)
+    raise TypeError(f"expected a ParallelPlan, a ParallelMesh or None, got {type(plan).__name__}")
