@@ -25,7 +25,7 @@ from torch import nn
 
 from tpzoo.convert import tpzoo_to_hf
 from tpzoo.models import GPTModel, TransformerConfig, full_state_dict, get_preset, num_parameters
-from tpzoo.parallel import init_mesh
+from tpzoo.parallel import ParallelPlan, init_mesh
 
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
@@ -79,12 +79,13 @@ class PlainGPT(nn.Module):
         self.load_state_dict(state)
 
 
-def build(config: TransformerConfig, device: torch.device) -> dict[str, nn.Module]:
+def build(config: TransformerConfig, plan: ParallelPlan) -> dict[str, nn.Module]:
     """tpzoo, Hugging Face and plain GPTs with tpzoo's weights."""
     import transformers
 
     transformers.logging.set_verbosity_error()
-    tpzoo = GPTModel(config)
+    device = plan.mesh.device
+    tpzoo = GPTModel(config, plan)
     hf_config, hf_state, _ = tpzoo_to_hf("GPTModel", {}, config, full_state_dict(tpzoo))
     hf = transformers.GPT2LMHeadModel(hf_config)
     hf.load_state_dict(hf_state)
@@ -126,9 +127,8 @@ def main() -> None:
     overrides = {k: v for k, v in dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
                                        num_attention_heads=args.num_attention_heads,
                                        vocab_size=args.vocab_size).items() if v is not None}
-    config = get_preset(args.preset, **overrides, hidden_dropout=0.0, attention_dropout=0.0,
-                        attention_backend=args.attention_backend, kernels=args.kernels)
-    models = build(config, mesh.device)
+    config = get_preset(args.preset, **overrides, hidden_dropout=0.0, attention_dropout=0.0)
+    models = build(config, ParallelPlan(mesh, attention_backend=args.attention_backend, kernels=args.kernels))
     ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_length),
                         generator=torch.Generator().manual_seed(0)).to(mesh.device)
     step_loss = losses(models, ids)

@@ -1,24 +1,52 @@
-"""The model zoo: GPT and BERT built from tensor-parallel layers (see docs/models.md).
-
-Every matrix multiply is tensor-parallel, results do not depend on tp, and a model is
-``embedding`` + ``layers`` + ``head`` so that a pipeline stage is just a part of one.
+"""The model zoo: GPT, BERT and Llama, assembled from a block library of tensor-parallel parts
+(norms, attention, MLP, transformer block, embeddings and heads; see docs/models.md and
+docs/new-model.md). Every matrix multiply is tensor-parallel, results do not depend on tp, and a
+model is ``embedding`` + ``layers`` + ``head`` so that a pipeline stage is just a part of one. How
+a model is distributed is the ``tpzoo.parallel.ParallelPlan`` handed to it; the families are
+registered in ``tpzoo.models.families``; their model and config classes (``LlamaModel``,
+``LlamaConfig``) are names of this package too.
 
 Names load on first use, so the configs and presets (``tpzoo.models.config``, ``.presets``)
 import without torch: the training scripts check their flags before loading it.
 """
 
+from importlib.util import find_spec
+
 from tpzoo.lazy import lazy_exports
 
 _EXPORTS = {
-    "attention": ("ParallelAttention",),
-    "base": ("StagedModel", "piece_seed"),
+    "attention": ("ParallelAttention", "padding_mask"),
+    "base": ("PipelineStage", "StagedModel", "piece_seed"),
     "bert": ("BertForSequenceClassification", "BertModel"),
-    "config": ("TransformerConfig",),
+    "causal_lm": ("CausalLM",),
+    "config": ("ModelConfig", "TransformerConfig"),
+    "embedding": ("Embedding", "LMHead"),
+    "families": ("FAMILIES", "Family", "FamilySpec", "family"),
     "gpt": ("GPTModel",),
     "kv_cache": ("KVCache",),
     "mlp": ("ParallelMLP",),
+    "norms": ("LayerNorm", "RMSNorm"),
     "presets": ("PRESETS", "format_presets", "get_preset", "list_presets", "num_parameters"),
+    "rope": ("RotaryEmbedding",),
     "sharding": ("full_grads", "full_state_dict", "load_full_state_dict"),
-    "transformer": ("LayerNorm", "TransformerLayer"),
+    "transformer": ("TransformerLayer",),
 }
-__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)
+_exported, __all__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    """A block-library name, else a model or config class of any registered family (``LlamaModel``):
+    a new family needs no line here."""
+    try:
+        return _exported(name)
+    except AttributeError:
+        if name.startswith("__") or find_spec(f"{__name__}.{name}") is not None:
+            raise  # a submodule (``from tpzoo.models import fused``): Python imports it next
+        from tpzoo.models.families import FAMILIES
+
+        for f in FAMILIES.values():
+            spec = f.spec
+            found = {**spec.models, spec.config_class.__name__: spec.config_class}
+            if name in found:
+                return found[name]
+        raise

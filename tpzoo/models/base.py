@@ -1,33 +1,37 @@
-"""What GPT and BERT share: a model is ``embedding`` + ``layers`` + ``head``, each piece built
-under its own seed, and any consecutive run of it can be built alone (a pipeline stage).
+"""What every model family shares: a model is ``embedding`` + ``layers`` + ``head``, each piece
+built under its own seed, and any consecutive run of it can be built alone (a pipeline stage).
 
-    model = GPTModel(config)                                   # the whole model
-    stage = GPTModel(config, pre_process=False, layers=range(4, 8), post_process=False)
+    model = GPTModel(config, plan)                             # the whole model
+    stage = GPTModel(config, plan, pre_process=False, layers=range(4, 8), post_process=False)
 
 ``stage.layers`` then holds layers 4..7 with exactly the weights those layers have in the whole
 model, at any tp: piece "embedding", "layer.i" and "head" is each built from the default CPU
-generator seeded with ``piece_seed(config.seed, piece)`` (the caller's RNG state is left alone),
+generator seeded with ``piece_seed(plan.seed, piece)`` (the caller's RNG state is left alone),
 and every parallel layer draws its full weight before keeping its shard. ``layers`` is a
 ModuleDict keyed by the global layer number, so a stage's state-dict names are the whole model's.
 
 A stage without ``pre_process`` takes the previous stage's hidden states [b, s(/tp), h] where
 the first stage takes token ids; a stage without ``post_process`` returns hidden states. Extra
 inputs (BERT's attention mask) go to every stage as the same keyword arguments.
+
+A family subclasses ``StagedModel`` with ``build_embedding``, ``build_layer(i)``, ``build_head``
+and ``forward`` from the blocks of ``tpzoo.models``; ``PipelineStage`` is what the engine reads.
 """
 
 from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from tpzoo.models.config import TransformerConfig, check_tensor_parallel
+from tpzoo.models.config import ModelConfig
 from tpzoo.models.kv_cache import KVCache
-from tpzoo.models.transformer import TransformerLayer
-from tpzoo.parallel import ParallelMesh, get_mesh
+from tpzoo.models.norms import build_norm
+from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
+from tpzoo.parallel.param_facts import mark
 
 
 def piece_seed(seed: int, piece: str) -> int:
@@ -53,58 +57,95 @@ def _layer_range(layers: Iterable[int] | None, num_layers: int) -> list[int]:
     return indices
 
 
-class StagedModel(nn.Module):
-    """Base of GPTModel, BertModel, BertForSequenceClassification: ``embedding``, ``layers``, ``head``.
+@runtime_checkable
+class PipelineStage(Protocol):
+    """What the engine needs of a model or a stage of one (``StagedModel`` provides it).
 
-    Subclasses define ``model_type``, ``build_embedding()``, ``build_head()`` and ``forward``.
-    ``mesh=None`` means ``get_mesh()``. Parameters live on ``mesh.device``.
+    ``label_keys``: the batch keys whose per-element losses the last stage returns, in order, when
+    they are given (GPT: labels; BERT: labels, next_sentence_label); the engine divides each by its
+    own count in the global batch. ``boundary_shape``: the hidden states one stage hands the next.
     """
 
-    model_type = ""
-    ties_output_to_embedding = False  # an LM head whose output layer is the word embedding
+    label_keys: tuple[str, ...]
+    pre_process: bool
+    post_process: bool
+    layer_numbers: list[int]
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, pre_process: bool = True,
-                 post_process: bool = True, layers: Iterable[int] | None = None) -> None:
+    def boundary_shape(self, micro_batch_size: int, seq_length: int) -> tuple[int, ...]: ...
+
+    def __call__(self, x: Tensor, **extras: Tensor) -> Tensor | tuple[Tensor, ...]: ...
+
+
+class StagedModel(nn.Module):
+    """Base of every family's models: ``embedding``, ``layers``, ``head`` (see module docstring).
+
+    ``plan``: a ``ParallelPlan`` (mesh and run options), a bare mesh (default options) or None
+    (``get_mesh()``). Subclasses set ``model_type``, ``config_class`` and ``label_keys`` and define
+    ``build_embedding()``, ``build_layer(i)``, ``build_head()`` and ``forward``. Parameters live on
+    ``plan.mesh.device``.
+    """
+
+    model_type: ClassVar[str] = ""  # the family name its configs carry
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    label_keys: tuple[str, ...] = ("labels",)
+    ties_output_to_embedding: ClassVar[bool] = False  # an LM head whose output layer is the word embedding
+    causal: ClassVar[bool] = False  # attention to earlier tokens only (decoders)
+    norm_kind: ClassVar[str] = "layernorm"  # the norm of ``norm()``: layernorm | rmsnorm
+
+    def __init__(self, config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None, *,
+                 pre_process: bool = True, post_process: bool = True, layers: Iterable[int] | None = None) -> None:
         super().__init__()
-        if not isinstance(config, TransformerConfig):
-            raise TypeError(f"{type(self).__name__} takes a TransformerConfig, got {type(config).__name__}")
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}")
         if config.model_type != self.model_type:
             raise ValueError(f"{type(self).__name__} needs a config with model_type={self.model_type!r}, "
                              f"got model_type={config.model_type!r}")
-        mesh = mesh if mesh is not None else get_mesh()
-        check_tensor_parallel(config, mesh.tp_size)
-        self.config, self.mesh = config, mesh
+        plan = as_plan(plan)
+        self.config, self.plan, self.mesh = config, plan, plan.mesh
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_numbers = _layer_range(layers, config.num_layers)
         self.embedding: nn.Module | None = None
         self.head: nn.Module | None = None
         if pre_process:
-            with building(config.seed, "embedding"):
+            with building(plan.seed, "embedding"):
                 self.embedding = self.build_embedding()
         self.layers = nn.ModuleDict()
         for i in self.layer_numbers:
-            with building(config.seed, f"layer.{i}"):
-                self.layers[str(i)] = TransformerLayer(config, mesh, i)
+            with building(plan.seed, f"layer.{i}"):
+                self.layers[str(i)] = self.build_layer(i)
         if post_process:
-            with building(config.seed, "head"):
+            with building(plan.seed, "head"):
                 self.head = self.build_head()
         if self.ties_output_to_embedding and config.tie_word_embeddings and pre_process and not post_process:
             # the last stage holds a copy of this weight (``head.word_embeddings``): a pipeline sums the two
             # copies' gradients, and counts them once in the gradient norm (tpzoo.engine.grads)
-            self.embedding.word_embeddings.weight.pp_shared = True
-        self.to(mesh.device)
+            mark(self.embedding.word_embeddings.weight, pp_tied=True)
+        self.to(plan.mesh.device)
 
     def build_embedding(self) -> nn.Module:
         raise NotImplementedError
 
+    def build_layer(self, layer_number: int) -> nn.Module:
+        raise NotImplementedError
+
     def build_head(self) -> nn.Module:
         raise NotImplementedError
+
+    def norm(self) -> nn.Module:
+        """A fresh norm of the family's kind over h, sequence-parallel aware by the plan."""
+        c, plan = self.config, self.plan
+        return build_norm(self.norm_kind, c.hidden_size, c.layernorm_epsilon, plan.sequence_parallel, plan.kernels)
 
     @classmethod
     def loss_names(cls, data: object) -> dict[str, str]:
         """The metric name of each label key's part of the training loss (``StepResult.losses``), logged
         besides ``loss``; ``data``: the training dataset. Default {}: one part, the loss itself."""
         return {}
+
+    def boundary_shape(self, micro_batch_size: int, seq_length: int) -> tuple[int, ...]:
+        """The hidden states between stages: [mbs, s, h], or [mbs, s/tp, h] with sequence parallelism."""
+        tp = self.plan.tp_size if self.plan.sequence_parallel else 1
+        return (micro_batch_size, seq_length // tp, self.config.hidden_size)
 
     @property
     def is_whole(self) -> bool:

@@ -1,7 +1,7 @@
 """BERT: word + position + token-type embeddings, post-LN bidirectional layers with a padding mask,
 and the heads, every matrix multiply tensor-parallel.
 
-    model = BertModel(get_preset("bert-base"))
+    model = BertModel(get_preset("bert-base"), plan)
     logits = model(input_ids, token_type_ids, attention_mask)          # MLM logits [b, s, V]
     loss = model(input_ids, token_type_ids, attention_mask, labels)    # per-token MLM loss [b, s]
     mlm, nsp = model(input_ids, ..., return_binary_logits=True)        # + next-sentence logits [b, 2]
@@ -20,7 +20,7 @@ to the mean MLM loss (over the masked tokens), as Megatron's lm_loss + sop_loss.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from tpzoo import kernels as K
 from tpzoo.models import fused
-from tpzoo.models.attention import padding_mask
+from tpzoo.models.attention import ParallelAttention, padding_mask
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.embedding import (
@@ -39,10 +39,26 @@ from tpzoo.models.embedding import (
     output_weight,
     vocab_parallel_logits,
 )
-from tpzoo.models.transformer import LayerNorm, hidden_dropout
+from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.hf_rules import (
+    Rule,
+    gelu_from_hf,
+    gelu_to_hf,
+    linear,
+    qkv,
+    require,
+    same,
+    tied,
+    transformers_module,
+)
+from tpzoo.models.mlp import ParallelMLP
+from tpzoo.models.norms import LayerNorm
+from tpzoo.models.presets import layer_parameters
+from tpzoo.models.transformer import TransformerLayer, hidden_dropout
 from tpzoo.parallel import (
     ColumnParallelLinear,
     ParallelMesh,
+    ParallelPlan,
     RowParallelLinear,
     gather_from_sequence_parallel_region,
     gather_from_tp_region,
@@ -50,12 +66,12 @@ from tpzoo.parallel import (
 )
 
 
-def _gather_sequence(hidden: Tensor, config: TransformerConfig, mesh: ParallelMesh) -> Tensor:
+def _gather_sequence(hidden: Tensor, plan: ParallelPlan) -> Tensor:
     """Sequence-parallel [b, s/tp, h] -> [b, s, h] for the heads (each rank then holds the same full
     gradient, so the backward is a plain split); the identity without sequence parallelism."""
-    if not config.sequence_parallel:
+    if not plan.sequence_parallel:
         return hidden
-    return gather_from_sequence_parallel_region(hidden, mesh.tp_group, tensor_parallel_output_grad=False)
+    return gather_from_sequence_parallel_region(hidden, plan.mesh.tp_group, tensor_parallel_output_grad=False)
 
 
 class BertPooler(nn.Module):
@@ -81,19 +97,19 @@ class BertLMHead(nn.Module):
     """The MLM head: dense [h/tp, h] column-parallel + GeLU (fused), gathered, LayerNorm, then logits
     against the output weight [V'/tp, h] plus ``bias`` [V'/tp], both vocab-parallel."""
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh) -> None:
+    def __init__(self, config: TransformerConfig, plan: ParallelPlan) -> None:
         super().__init__()
-        self.config, self.mesh = config, mesh
+        self.config, self.plan, self.mesh = config, plan, plan.mesh
         self.dense = ColumnParallelLinear(config.hidden_size, config.hidden_size, skip_bias_add=True,
                                           init_method=init_method_normal(config.init_method_std),
-                                          tp_group=mesh.tp_group)
-        self.layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, kernels=config.kernels)
-        self.output_bias = VocabParallelBias(config.vocab_size, mesh.tp_size)
+                                          tp_group=self.mesh.tp_group)
+        self.layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, kernels=plan.kernels)
+        self.output_bias = VocabParallelBias(config.vocab_size, self.mesh.tp_size)
 
     def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None) -> Tensor:
         c = self.config
         y, bias = self.dense(hidden)                                              # [b, s, h/tp]
-        y = K.bias_gelu(y, bias, fused.gelu_approximate(c.activation), backend=c.kernels)
+        y = K.bias_gelu(y, bias, fused.gelu_approximate(c.activation), backend=self.plan.kernels)
         y = self.layernorm(gather_from_tp_region(y, self.mesh.tp_group))         # [b, s, h]
         logits = vocab_parallel_logits(y, weight, self.output_bias.bias, self.mesh, sequence_parallel=False)
         return lm_output(logits, labels, c.vocab_size, self.mesh)
@@ -102,21 +118,22 @@ class BertLMHead(nn.Module):
 class BertHead(nn.Module):
     """``lm_head`` (MLM) and, with ``add_binary_head``, ``pooler`` + ``binary_head`` [2, h] (NSP / SOP)."""
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh, has_embedding: bool,
+    def __init__(self, config: TransformerConfig, plan: ParallelPlan, has_embedding: bool,
                  add_binary_head: bool) -> None:
         super().__init__()
-        self.config, self.mesh = config, mesh
-        self.lm_head = BertLMHead(config, mesh)
+        self.config, self.plan = config, plan
+        self.lm_head = BertLMHead(config, plan)
         if add_binary_head:
-            self.pooler = BertPooler(config, mesh)
-            self.binary_head = _small_head(config, mesh, 2)
-        add_output_weight(self, config, mesh, has_embedding)
+            self.pooler = BertPooler(config, plan.mesh)
+            self.binary_head = _small_head(config, plan.mesh, 2)
+        add_output_weight(self, config.vocab_size, config.hidden_size, config.init_method_std, plan,
+                          tied=config.tie_word_embeddings, has_embedding=has_embedding)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None,
                 return_binary_logits: bool = False, next_sentence_label: Tensor | None = None
                 ) -> Tensor | tuple[Tensor, Tensor]:
-        hidden = _gather_sequence(hidden, self.config, self.mesh)
-        out = self.lm_head(hidden, output_weight(self, self.config, embedding_weight), labels)
+        hidden = _gather_sequence(hidden, self.plan)
+        out = self.lm_head(hidden, output_weight(self, embedding_weight), labels)
         if not return_binary_logits and next_sentence_label is None:
             return out
         if not hasattr(self, "binary_head"):
@@ -134,14 +151,14 @@ class BertHead(nn.Module):
 class BertClassificationHead(nn.Module):
     """pooler, dropout, ``classifier`` [num_labels, h]: hidden [b, s, h] -> logits [b, num_labels]."""
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh) -> None:
+    def __init__(self, config: TransformerConfig, plan: ParallelPlan) -> None:
         super().__init__()
-        self.config, self.mesh = config, mesh
-        self.pooler = BertPooler(config, mesh)
-        self.classifier = _small_head(config, mesh, config.num_labels)
+        self.config, self.plan, self.mesh = config, plan, plan.mesh
+        self.pooler = BertPooler(config, plan.mesh)
+        self.classifier = _small_head(config, plan.mesh, config.num_labels)
 
     def forward(self, hidden: Tensor, labels: Tensor | None) -> Tensor:
-        pooled = self.pooler(_gather_sequence(hidden, self.config, self.mesh))
+        pooled = self.pooler(_gather_sequence(hidden, self.plan))
         pooled = hidden_dropout(pooled, self.config.hidden_dropout, self.training, self.mesh, False)
         logits = self.classifier(pooled)
         if labels is None:
@@ -150,10 +167,27 @@ class BertClassificationHead(nn.Module):
 
 
 class _BertBase(StagedModel):
+    """Embedding (word + position + token type, then LayerNorm) and post-LN bidirectional layers."""
+
     model_type = "bert"
+    config_class = TransformerConfig
+    causal = False  # every token attends to every non-padding token
 
     def build_embedding(self) -> nn.Module:
-        return Embedding(self.config, self.mesh)
+        c = self.config
+        return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
+                         type_vocab_size=c.type_vocab_size, norm=self.norm(), hidden_dropout=c.hidden_dropout,
+                         init_std=c.init_method_std)
+
+    def build_layer(self, layer_number: int) -> nn.Module:
+        c, plan = self.config, self.plan
+        attention = ParallelAttention(c.hidden_size, c.num_attention_heads, plan, causal=self.causal,
+                                      attention_dropout=c.attention_dropout, init_std=c.init_method_std,
+                                      output_init_std=c.init_method_std, layer_number=layer_number)
+        mlp = ParallelMLP(c.hidden_size, c.ffn_size, plan, activation=c.activation, init_std=c.init_method_std,
+                          output_init_std=c.init_method_std)
+        return TransformerLayer(attention, mlp, self.norm(), self.norm(), plan, hidden_dropout=c.hidden_dropout,
+                                norm_position="post")
 
     def encode(self, x: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None) -> Tensor:
         """Embedding (first stage) and this model's layers: [b, s] ids or [b, s(/tp), h] -> [b, s(/tp), h]."""
@@ -171,19 +205,21 @@ class BertModel(_BertBase):
     labels [b, s] | None, return_binary_logits=False, next_sentence_label [b] | None) -> MLM logits
     [b, s, V] | per-token loss [b, s], or (that, binary logits [b, 2]); with labels and
     next_sentence_label (per-token MLM loss [b, s], per-sequence binary loss [b]), float32, 0 where
-    a label is -100: one loss per label, in the order the engine divides them by their global
-    counts (``tpzoo.engine.pipeline.LOSS_LABELS``). Stages: see ``StagedModel``.
+    a label is -100: one loss per label key of ``label_keys`` given (labels, and next_sentence_label with
+    the binary head), in that order (the engine divides each by its global count). Stages: see ``StagedModel``.
     """
 
     ties_output_to_embedding = True
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh | None = None, *, add_binary_head: bool = True,
-                 pre_process: bool = True, post_process: bool = True, layers: Iterable[int] | None = None) -> None:
+    def __init__(self, config: TransformerConfig, plan: ParallelPlan | ParallelMesh | None = None, *,
+                 add_binary_head: bool = True, pre_process: bool = True, post_process: bool = True,
+                 layers: Iterable[int] | None = None) -> None:
         self.add_binary_head = add_binary_head
-        super().__init__(config, mesh, pre_process=pre_process, post_process=post_process, layers=layers)
+        self.label_keys = ("labels", "next_sentence_label") if add_binary_head else ("labels",)
+        super().__init__(config, plan, pre_process=pre_process, post_process=post_process, layers=layers)
 
     def build_head(self) -> nn.Module:
-        return BertHead(self.config, self.mesh, self.pre_process, self.add_binary_head)
+        return BertHead(self.config, self.plan, self.pre_process, self.add_binary_head)
 
     @classmethod
     def loss_names(cls, data: object) -> dict[str, str]:
@@ -210,7 +246,7 @@ class BertForSequenceClassification(_BertBase):
     """
 
     def build_head(self) -> nn.Module:
-        return BertClassificationHead(self.config, self.mesh)
+        return BertClassificationHead(self.config, self.plan)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> Tensor:
@@ -218,3 +254,101 @@ class BertForSequenceClassification(_BertBase):
         if not self.post_process:
             return hidden
         return self.head(hidden, labels)
+
+
+def num_parameters(c: TransformerConfig, head: str | None = None) -> int:
+    """Parameters of the Hugging Face BERT of this config. ``head``: "pretraining" (BertModel with its
+    binary head = BertForPreTraining, the default), "mlm" (BertModel(add_binary_head=False) =
+    BertForMaskedLM) or "classification" (BertForSequenceClassification)."""
+    head = head or "pretraining"
+    if head not in ("pretraining", "mlm", "classification"):
+        raise ValueError(f"head {head!r} does not apply to a bert config; choose pretraining, mlm or classification")
+    h, v = c.hidden_size, c.vocab_size
+    layer = layer_parameters(h, c.ffn_size, c.num_attention_heads, c.num_attention_heads, bias=True, gated=False,
+                             norm_params=2 * h)
+    n = v * h + (c.max_position_embeddings + c.type_vocab_size) * h + c.num_layers * layer + 2 * h
+    if head in ("pretraining", "mlm"):
+        n += h * h + h + 2 * h + v + (0 if c.tie_word_embeddings else v * h)  # MLM transform, its norm, bias
+    if head in ("pretraining", "classification"):
+        n += h * h + h  # pooler
+    return n + (2 * h + 2 if head == "pretraining" else h * c.num_labels + c.num_labels if head == "classification"
+                else 0)
+
+
+# ------------------------------------------ Hugging Face BertForPreTraining, -ForMaskedLM, -ForSequenceClassification
+
+_UNTIED = ("tie_word_embeddings=False in a BERT with an MLM head (Hugging Face then keeps two output biases and "
+           "uses one); tpzoo converts tied ones")
+
+
+def _config_from_hf(hf: Any, arch: str) -> TransformerConfig:
+    """The TransformerConfig of a BertConfig (dropout probabilities included)."""
+    require(not hf.is_decoder and not hf.add_cross_attention, "is_decoder / add_cross_attention (a BERT decoder)")
+    require(getattr(hf, "position_embedding_type", "absolute") == "absolute", "relative position embeddings")
+    require(hf.problem_type in (None, "single_label_classification"), f"problem_type={hf.problem_type!r}")
+    require(hf.tie_word_embeddings or arch == "BertForSequenceClassification", _UNTIED)
+    require(hf.num_labels >= 2 or arch != "BertForSequenceClassification", "num_labels=1 (regression)")
+    return TransformerConfig(
+        model_type="bert", num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
+        num_attention_heads=hf.num_attention_heads, ffn_hidden_size=hf.intermediate_size, vocab_size=hf.vocab_size,
+        max_position_embeddings=hf.max_position_embeddings, type_vocab_size=hf.type_vocab_size,
+        hidden_dropout=hf.hidden_dropout_prob, attention_dropout=hf.attention_probs_dropout_prob,
+        layernorm_epsilon=hf.layer_norm_eps, layernorm_position="post", activation=gelu_from_hf(hf.hidden_act),
+        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range,
+        num_labels=max(hf.num_labels, 2))
+
+
+def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
+    """The BertConfig of a TransformerConfig, naming ``arch`` as its architecture."""
+    return transformers_module().BertConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_attention_heads, intermediate_size=c.ffn_size, hidden_act=gelu_to_hf(c.activation),
+        hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout,
+        max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size,
+        initializer_range=c.init_method_std, layer_norm_eps=c.layernorm_epsilon,
+        tie_word_embeddings=c.tie_word_embeddings, num_labels=c.num_labels, architectures=[arch])
+
+
+def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
+    """The tensors of ``arch``: q, k, v as three Linears; the MLM decoder (weight and bias) tied."""
+    lm = arch != "BertForSequenceClassification"
+    e, p = "bert.embeddings.", "cls.predictions."
+    rules = [tied("embedding.word_embeddings.weight", f"{e}word_embeddings.weight",
+                  *((f"{p}decoder.weight",) if lm else ())),
+             same("embedding.position_embeddings.weight", f"{e}position_embeddings.weight"),
+             same("embedding.token_type_embeddings.weight", f"{e}token_type_embeddings.weight"),
+             *linear("embedding.layernorm", f"{e}LayerNorm")]
+    for i in range(c.num_layers):
+        t, h = f"layers.{i}.", f"bert.encoder.layer.{i}."
+        rules += [qkv(f"{t}self_attention.query_key_value.{x}",
+                      tuple(f"{h}attention.self.{proj}.{x}" for proj in ("query", "key", "value")),
+                      c.num_attention_heads) for x in ("weight", "bias")]
+        rules += [*linear(f"{t}self_attention.dense", f"{h}attention.output.dense"),
+                  *linear(f"{t}attention_norm", f"{h}attention.output.LayerNorm"),
+                  *linear(f"{t}mlp.dense_h_to_4h", f"{h}intermediate.dense"),
+                  *linear(f"{t}mlp.dense_4h_to_h", f"{h}output.dense"),
+                  *linear(f"{t}mlp_norm", f"{h}output.LayerNorm")]
+    if arch in ("BertForPreTraining", "BertForSequenceClassification"):
+        rules += linear("head.pooler.dense", "bert.pooler.dense")
+    if not lm:
+        return rules + linear("head.classifier", "classifier")
+    require(c.tie_word_embeddings, _UNTIED)
+    rules += [*linear("head.lm_head.dense", f"{p}transform.dense"),
+              *linear("head.lm_head.layernorm", f"{p}transform.LayerNorm"),
+              tied("head.lm_head.output_bias.bias", f"{p}bias", f"{p}decoder.bias")]
+    if arch == "BertForPreTraining":
+        rules += linear("head.binary_head", "cls.seq_relationship")
+    return rules
+
+
+_HF = HFAdapter("bert", {"BertForPreTraining": ("BertModel", {"add_binary_head": True}),
+                         "BertForMaskedLM": ("BertModel", {"add_binary_head": False}),
+                         "BertForSequenceClassification": ("BertForSequenceClassification", {})},
+                _config_from_hf, _config_to_hf, _rules)
+
+SPEC = FamilySpec(config_class=TransformerConfig, pretrain_model="BertModel",
+                  finetune_model="BertForSequenceClassification", num_parameters=num_parameters,
+                  models={"BertModel": BertModel, "BertForSequenceClassification": BertForSequenceClassification},
+                  model_options=lambda model: {"add_binary_head": model.add_binary_head}
+                  if isinstance(model, BertModel) else {},
+                  hf=_HF)

@@ -1,13 +1,16 @@
-"""``TransformerConfig``: the shape and options of a GPT or BERT, one validated dataclass.
+"""Model configs: what a model is (sizes and kinds of blocks), one validated dataclass per family.
+
+``ModelConfig`` holds what every tpzoo transformer has (layers, widths, heads, vocabulary,
+dropout, init); each family's config adds its own fields: ``TransformerConfig`` (GPT-2 and BERT)
+here, ``LlamaConfig`` in ``tpzoo.models.llama``. How a model runs (mesh, sequence parallelism,
+recompute, kernels, seed) is not config: it is the ``tpzoo.parallel.ParallelPlan`` handed to it.
 
 Every field declares its own check next to it (``_field(default, check, doc)``); ``__post_init__``
-runs them all, then the checks that tie fields together (hidden_size / num_attention_heads).
-Errors name the field and the value. Sizes that depend on the mesh (heads or ffn not divisible by
-tp) are checked when a model is built for a mesh (``check_tensor_parallel``).
-
-The config round-trips through a plain dict (``to_dict`` / ``from_dict``), which is what a
-checkpoint stores. Megatron-LM's names are used where it has one (``--num-layers`` ->
-``num_layers``).
+runs them all, then the checks that tie fields together. Errors name the field and the value. Sizes
+that depend on the mesh (heads or ffn not divisible by tp) are checked when a model is built for a
+mesh. A config round-trips through a plain dict (``to_dict`` / ``from_dict``), which is what a
+checkpoint stores; ``from_dict`` also reads the older layout that held the run options. Megatron-LM's
+names are used where it has one (``--num-layers`` -> ``num_layers``).
 """
 
 from __future__ import annotations
@@ -19,15 +22,13 @@ from typing import Any, Callable
 
 Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
 
-MODEL_TYPES = ("gpt", "bert")
 LAYERNORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh")
-ATTENTION_BACKENDS = ("auto", "fused-softmax", "sdpa")
-KERNEL_BACKENDS = ("auto", "triton", "torch")
+# run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
+OLD_RUN_OPTIONS = frozenset({"attention_backend", "kernels", "recompute_activations", "sequence_parallel", "seed"})
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
 # loads into (and a run resumes with) a config that differs from the saved one only in these
-RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "attention_backend", "kernels",
-                         "recompute_activations", "sequence_parallel", "init_method_std", "seed"})
+RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std"})
 
 
 def _int(minimum: int) -> Check:
@@ -68,45 +69,32 @@ def _field(default: Any, check: Check, doc: str) -> Any:
 
 
 @dataclass
-class TransformerConfig:
-    """The architecture and run options of a tpzoo GPT or BERT (see docs/models.md)."""
+class ModelConfig:
+    """What every tpzoo transformer has; a family's config subclasses it (see module docstring)."""
 
-    model_type: str = _field("gpt", _choice(*MODEL_TYPES), "gpt (causal, pre-LN) or bert (bidirectional, post-LN)")
+    model_type: str = _field("", lambda v: None if isinstance(v, str) and v else f"must name a family, got {v!r}",
+                             "the model family (tpzoo.models.families)")
     num_layers: int = _field(12, _int(1), "transformer layers")
     hidden_size: int = _field(768, _int(1), "width h of the residual stream")
     num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each")
-    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means 4 x hidden_size")
+    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means the family's default")
     vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded to a multiple of 128 x tp inside)")
-    max_position_embeddings: int = _field(1024, _int(1), "learned positions: the longest sequence")
-    type_vocab_size: int = _field(0, _int(0), "token types (BERT segments); 0 for none")
+    max_position_embeddings: int = _field(1024, _int(1), "the longest sequence (learned positions: their count)")
     hidden_dropout: float = _field(0.1, _probability, "dropout on embeddings and residual branches")
     attention_dropout: float = _field(0.1, _probability, "dropout on attention probabilities")
-    layernorm_epsilon: float = _field(1e-5, _positive_float, "LayerNorm epsilon")
-    layernorm_position: str = _field("pre", _choice(*LAYERNORM_POSITIONS),
-                                     "pre: x + f(LN(x)) and a final LN (GPT); post: LN(x + f(x)) (BERT)")
-    activation: str = _field("gelu_tanh", _choice(*ACTIVATIONS), "MLP activation: gelu (erf) or gelu_tanh")
+    layernorm_epsilon: float = _field(1e-5, _positive_float, "epsilon of the norms (LayerNorm or RMSNorm)")
     tie_word_embeddings: bool = _field(True, _bool, "output layer shares the word embedding weight")
     init_method_std: float = _field(0.02, _positive_float, "std of the normal weight init")
-    num_labels: int = _field(2, _int(2), "classes of BertForSequenceClassification")
-    attention_backend: str = _field("auto", _choice(*ATTENTION_BACKENDS),
-                                    "core attention: fused-softmax kernels, torch sdpa, or auto")
-    kernels: str | None = _field(None, _choice(None, *KERNEL_BACKENDS),
-                                 "tpzoo.kernels backend; None reads TPZOO_KERNELS")
-    recompute_activations: bool = _field(False, _bool, "recompute each layer's activations in backward")
-    sequence_parallel: bool = _field(False, _bool, "split LayerNorm/dropout activations along the sequence")
-    seed: int = _field(1234, _int(0), "weights seed: piece i is built under a seed derived from (seed, i)")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            problem = f.metadata["check"](getattr(self, f.name))
+        for f in dataclasses.fields(self):  # a subclass's plain fields (no check) are taken as they are
+            problem = f.metadata.get("check", lambda v: None)(getattr(self, f.name))
             if problem:
-                raise ValueError(f"TransformerConfig.{f.name} {problem}")
+                raise ValueError(f"{type(self).__name__}.{f.name} {problem}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                              f"{self.num_attention_heads}: each head gets hidden_size / num_attention_heads "
                              f"features; choose a multiple of {self.num_attention_heads}")
-        if self.model_type == "bert" and self.type_vocab_size < 1:
-            raise ValueError(f"a bert config needs type_vocab_size >= 1 (segments A/B), got {self.type_vocab_size}")
 
     @property
     def ffn_size(self) -> int:
@@ -117,23 +105,11 @@ class TransformerConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    @property
-    def causal(self) -> bool:
-        """GPT attends to earlier positions only; BERT to every non-padding position."""
-        return self.model_type == "gpt"
-
-    @property
-    def output_init_std(self) -> float:
-        """Init std of the projections into the residual stream: GPT-2 scales it by 1/sqrt(2 num_layers)."""
-        if self.model_type == "gpt":
-            return self.init_method_std / math.sqrt(2.0 * self.num_layers)
-        return self.init_method_std
-
-    def replace(self, **changes: Any) -> TransformerConfig:
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied and validated (e.g. command-line overrides of a preset)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        unknown = sorted(set(changes) - set(field_names(type(self))))
         if unknown:
-            raise ValueError(f"unknown TransformerConfig field(s) {unknown}; known: {field_names()}")
+            raise ValueError(f"unknown {type(self).__name__} field(s) {unknown}; known: {field_names(type(self))}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,23 +117,38 @@ class TransformerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Inverse of ``to_dict``; missing fields take their defaults, unknown ones raise."""
-        unknown = sorted(set(data) - set(field_names()))
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Inverse of ``to_dict``; missing fields take their defaults, unknown ones raise. The run options
+        of the older layout (``OLD_RUN_OPTIONS``, now the ``ParallelPlan``'s) are dropped."""
+        data = {k: v for k, v in data.items() if k not in OLD_RUN_OPTIONS}
+        unknown = sorted(set(data) - set(field_names(cls)))
         if unknown:
-            raise ValueError(f"unknown TransformerConfig field(s) {unknown}; known: {field_names()}")
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known: {field_names(cls)}")
         return cls(**data)
 
 
-def field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(TransformerConfig)]
+@dataclass
+class TransformerConfig(ModelConfig):
+    """GPT-2 and BERT: learned positions, LayerNorm, GELU MLP with biases (see docs/models.md)."""
+
+    model_type: str = _field("gpt", _choice("gpt", "bert"), "gpt (causal, pre-LN) or bert (bidirectional, post-LN)")
+    type_vocab_size: int = _field(0, _int(0), "token types (BERT segments); 0 for none")
+    layernorm_position: str = _field("pre", _choice(*LAYERNORM_POSITIONS),
+                                     "pre: x + f(LN(x)) and a final LN (GPT); post: LN(x + f(x)) (BERT)")
+    activation: str = _field("gelu_tanh", _choice(*ACTIVATIONS), "MLP activation: gelu (erf) or gelu_tanh")
+    num_labels: int = _field(2, _int(2), "classes of BertForSequenceClassification")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_type == "bert" and self.type_vocab_size < 1:
+            raise ValueError(f"a bert config needs type_vocab_size >= 1 (segments A/B), got {self.type_vocab_size}")
 
 
-def check_tensor_parallel(config: TransformerConfig, tp: int) -> None:
-    """Raise if the tensor-parallel size ``tp`` cannot split this model's heads and MLP."""
-    if config.num_attention_heads % tp:
-        raise ValueError(f"num_attention_heads={config.num_attention_heads} is not divisible by the tensor-parallel "
-                         f"size tp={tp}: tp ranks split the heads; choose tp dividing {config.num_attention_heads}")
-    if config.ffn_size % tp:
-        raise ValueError(f"ffn_hidden_size={config.ffn_size} is not divisible by the tensor-parallel size tp={tp}; "
-                         f"choose ffn_hidden_size a multiple of {tp} or another tp")
+def field_names(cls: type = TransformerConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def check_divisible(what: str, n: int, tp: int, hint: str) -> None:
+    """ValueError naming ``what``=n and tp when the tensor-parallel size does not divide n."""
+    if n % tp:
+        raise ValueError(f"{what}={n} is not divisible by the tensor-parallel size tp={tp}: {hint}")

@@ -1,13 +1,14 @@
 """Input embeddings, and the tied output layer that reads the vocabulary back out.
 
-Input:  ids [b, s] -> word (vocab-parallel) + learned position (+ token type) -> [LayerNorm] ->
+Input:  ids [b, s] -> word (vocab-parallel) [+ learned position] [+ token type] -> [norm] ->
 dropout -> [b, s, h], or [b, s/tp, h] with sequence parallelism (the word lookup reduce-scatters
 instead of all-reducing, the replicated position/type sum is split to the rank's slice).
 
 Output: rank r holds rows r V'/tp ... of the (padded) word embedding E, so
 logits_r = H E_r^T (+ b_r) is [b, s, V'/tp], the rank's slice of the vocabulary. With labels the
 per-token loss comes from ``vocab_parallel_cross_entropy`` without gathering the vocabulary;
-without, the slices are gathered and cut to the real vocabulary V.
+without, the slices are gathered and cut to the real vocabulary V. ``LMHead`` is the language-model
+head of decoders (final norm, then these logits).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpzoo.models.base import building
-from tpzoo.models.config import TransformerConfig
-from tpzoo.models.transformer import LayerNorm, hidden_dropout
+from tpzoo.models.transformer import hidden_dropout
+from tpzoo.parallel.param_facts import mark
 from tpzoo.parallel import (
     ParallelMesh,
+    ParallelPlan,
     VocabParallelEmbedding,
     copy_to_tp_region,
     gather_from_sequence_parallel_region,
@@ -32,60 +34,69 @@ from tpzoo.parallel import (
 )
 
 
-def word_embeddings(config: TransformerConfig, mesh: ParallelMesh) -> VocabParallelEmbedding:
+def word_embeddings(vocab_size: int, hidden_size: int, init_std: float, plan: ParallelPlan
+                    ) -> VocabParallelEmbedding:
     """The [V'/tp, h] vocab-parallel word embedding (also the holder of an untied output weight)."""
-    return VocabParallelEmbedding(config.vocab_size, config.hidden_size, init_method_normal(config.init_method_std),
-                                  sequence_parallel=config.sequence_parallel, tp_group=mesh.tp_group)
+    return VocabParallelEmbedding(vocab_size, hidden_size, init_method_normal(init_std),
+                                  sequence_parallel=plan.sequence_parallel, tp_group=plan.mesh.tp_group)
 
 
-def _replicated_embedding(rows: int, config: TransformerConfig) -> nn.Embedding:
-    emb = nn.Embedding(rows, config.hidden_size)
-    nn.init.normal_(emb.weight, mean=0.0, std=config.init_method_std)
+def _replicated_embedding(rows: int, hidden_size: int, init_std: float) -> nn.Embedding:
+    emb = nn.Embedding(rows, hidden_size)
+    nn.init.normal_(emb.weight, mean=0.0, std=init_std)
     return emb
 
 
 class Embedding(nn.Module):
     """ids [b, s] (+ token types [b, s]) -> [b, s, h] ([b, s/tp, h] with sequence parallelism).
 
-    word_embeddings [V'/tp, h] vocab-parallel; position_embeddings [P, h] and
-    token_type_embeddings [T, h] replicated; layernorm (post-LN models only) replicated.
+    word_embeddings [V'/tp, h] vocab-parallel; position_embeddings [P, h] (``max_positions``; None:
+    no learned positions, e.g. rotary ones in the attention) and token_type_embeddings [T, h]
+    (``type_vocab_size`` > 0) replicated; ``norm`` (post-norm models) applied to the sum.
+    ``max_sequence``: the longest sequence accepted (default ``max_positions``).
     """
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, plan: ParallelPlan, *, max_positions: int | None = None,
+                 type_vocab_size: int = 0, norm: nn.Module | None = None, hidden_dropout: float = 0.0,
+                 init_std: float = 0.02, max_sequence: int | None = None) -> None:
         super().__init__()
-        self.config, self.mesh = config, mesh
-        self.word_embeddings = word_embeddings(config, mesh)
-        self.position_embeddings = _replicated_embedding(config.max_position_embeddings, config)
-        self.token_type_embeddings = (_replicated_embedding(config.type_vocab_size, config)
-                                      if config.type_vocab_size else None)
-        self.layernorm = (LayerNorm(config.hidden_size, config.layernorm_epsilon, config.sequence_parallel,
-                                    config.kernels) if config.layernorm_position == "post" else None)
+        self.plan, self.hidden_dropout = plan, hidden_dropout
+        self.max_sequence = max_sequence or max_positions
+        self.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan)
+        self.position_embeddings = (_replicated_embedding(max_positions, hidden_size, init_std)
+                                    if max_positions else None)
+        self.token_type_embeddings = (_replicated_embedding(type_vocab_size, hidden_size, init_std)
+                                      if type_vocab_size else None)
+        self.layernorm = norm
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_offset: int = 0) -> Tensor:
         """``position_offset``: the position of input_ids[:, 0] (tokens already decoded, see KVCache)."""
-        c = self.config
+        plan, tp = self.plan, self.plan.tp_size
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         s = input_ids.shape[1]
-        if position_offset + s > c.max_position_embeddings:
+        if self.max_sequence and position_offset + s > self.max_sequence:
             raise ValueError(f"sequence length {position_offset + s} exceeds max_position_embeddings="
-                             f"{c.max_position_embeddings}; feed at most {c.max_position_embeddings} tokens")
-        if c.sequence_parallel and s % self.mesh.tp_size:
-            raise ValueError(f"sequence length {s} is not divisible by tp={self.mesh.tp_size}: sequence "
-                             f"parallelism splits the sequence; use a multiple of {self.mesh.tp_size}")
+                             f"{self.max_sequence}; feed at most {self.max_sequence} tokens")
+        if plan.sequence_parallel and s % tp:
+            raise ValueError(f"sequence length {s} is not divisible by tp={tp}: sequence "
+                             f"parallelism splits the sequence; use a multiple of {tp}")
         if token_type_ids is not None and self.token_type_embeddings is None:
             raise ValueError("token_type_ids given but the config has type_vocab_size=0")
-        words = self.word_embeddings(input_ids)                               # [b, s(/tp), h]
-        extra = self.position_embeddings.weight[position_offset:position_offset + s].unsqueeze(0)  # [1, s, h]
+        x = self.word_embeddings(input_ids)                                   # [b, s(/tp), h]
+        extra = None
+        if self.position_embeddings is not None:
+            extra = self.position_embeddings.weight[position_offset:position_offset + s].unsqueeze(0)  # [1, s, h]
         if self.token_type_embeddings is not None:
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-            extra = extra + self.token_type_embeddings(types)                 # [b, s, h]
-        if c.sequence_parallel:
-            extra = scatter_to_sequence_parallel_region(extra, self.mesh.tp_group)
-        x = words + extra
+            extra = self.token_type_embeddings(types) + (0 if extra is None else extra)  # [b, s, h]
+        if extra is not None:
+            if plan.sequence_parallel:
+                extra = scatter_to_sequence_parallel_region(extra, plan.mesh.tp_group)
+            x = x + extra
         if self.layernorm is not None:
             x = self.layernorm(x)
-        return hidden_dropout(x, c.hidden_dropout, self.training, self.mesh, c.sequence_parallel)
+        return hidden_dropout(x, self.hidden_dropout, self.training, plan.mesh, plan.sequence_parallel)
 
 
 class VocabParallelBias(nn.Module):
@@ -95,28 +106,29 @@ class VocabParallelBias(nn.Module):
         super().__init__()
         self.num_embeddings = vocab_size
         self.bias = nn.Parameter(torch.zeros(padded_vocab_size(vocab_size, tp) // tp))
-        self.bias.tp_shard_dim = 0  # a shard, as tpzoo.parallel marks its layers' shards
+        mark(self.bias, tp_split_dim=0, tp_full_size=vocab_size)
 
 
-def add_output_weight(head: nn.Module, config: TransformerConfig, mesh: ParallelMesh, has_embedding: bool) -> None:
+def add_output_weight(head: nn.Module, vocab_size: int, hidden_size: int, init_std: float, plan: ParallelPlan, *,
+                      tied: bool, has_embedding: bool) -> None:
     """Give an LM head the output weight [V'/tp, h] that it cannot borrow from the model's embedding.
 
-    Tied (the default) and the model holds the embedding: nothing, the model passes the word
-    embedding's weight in. Tied on a last pipeline stage without the embedding: ``word_embeddings``,
-    a copy built from the embedding's seed, equal to it at init (the pipeline keeps the two in
-    step by summing their gradients). Untied: ``output_layer``, a weight of its own.
+    Tied and the model holds the embedding: nothing, the model passes the word embedding's weight
+    in. Tied on a last pipeline stage without the embedding: ``word_embeddings``, a copy built from
+    the embedding's seed, equal to it at init (the pipeline keeps the two in step by summing their
+    gradients). Untied: ``output_layer``, a weight of its own.
     """
-    if not config.tie_word_embeddings:
-        head.output_layer = word_embeddings(config, mesh)
+    if not tied:
+        head.output_layer = word_embeddings(vocab_size, hidden_size, init_std, plan)
     elif not has_embedding:
-        with building(config.seed, "embedding"):
-            head.word_embeddings = word_embeddings(config, mesh)
-        head.word_embeddings.weight.pp_shared = True  # the first stage's weight, copied
+        with building(plan.seed, "embedding"):
+            head.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan)
+        mark(head.word_embeddings.weight, pp_tied=True)  # the first stage's weight, copied
 
 
-def output_weight(head: nn.Module, config: TransformerConfig, embedding_weight: Tensor | None) -> Tensor:
+def output_weight(head: nn.Module, embedding_weight: Tensor | None) -> Tensor:
     """The weight that ``add_output_weight`` chose: ``embedding_weight`` when tied and given."""
-    if not config.tie_word_embeddings:
+    if hasattr(head, "output_layer"):
         return head.output_layer.weight
     return embedding_weight if embedding_weight is not None else head.word_embeddings.weight
 
@@ -141,3 +153,22 @@ def lm_output(logits: Tensor, labels: Tensor | None, vocab_size: int, mesh: Para
     if labels is not None:
         return vocab_parallel_cross_entropy(logits, labels, vocab_size=vocab_size, tp_group=mesh.tp_group)
     return gather_from_tp_region(logits, mesh.tp_group)[..., :vocab_size]
+
+
+class LMHead(nn.Module):
+    """A decoder's head: ``final_layernorm`` (any norm block), then logits against the output weight
+    [V'/tp, h] (vocab-parallel): the word embedding's, passed in by the model, unless untied or on a
+    last stage (``add_output_weight``). forward -> per-token loss [b, s] | logits [b, s, V] (``lm_output``)."""
+
+    def __init__(self, norm: nn.Module, vocab_size: int, hidden_size: int, plan: ParallelPlan, *, tied: bool,
+                 has_embedding: bool, init_std: float = 0.02) -> None:
+        super().__init__()
+        self.plan, self.vocab_size = plan, vocab_size
+        self.final_layernorm = norm
+        add_output_weight(self, vocab_size, hidden_size, init_std, plan, tied=tied, has_embedding=has_embedding)
+
+    def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None = None) -> Tensor:
+        hidden = self.final_layernorm(hidden)
+        logits = vocab_parallel_logits(hidden, output_weight(self, embedding_weight), None, self.plan.mesh,
+                                       self.plan.sequence_parallel)
+        return lm_output(logits, labels, self.vocab_size, self.plan.mesh)

@@ -1,72 +1,130 @@
-"""GPT (the GPT-2 architecture): learned positions, pre-LN causal layers, a final LayerNorm, and an
-output layer tied to the word embeddings, every matrix multiply tensor-parallel.
+"""GPT (the GPT-2 architecture) from the blocks: learned positions, pre-LN causal layers with GELU
+MLPs and biases, a final LayerNorm, and an output layer tied to the word embeddings.
 
-    model = GPTModel(get_preset("gpt2"))
+    model = GPTModel(get_preset("gpt2"), plan)
     logits = model(input_ids)                  # [b, s, V] over the real vocabulary (gathered)
-    loss = model(input_ids, labels=labels)     # [b, s] per-token loss, vocabulary never gathered
+    loss = model(input_ids, labels=labels)     # [b, s] per-token loss (see ``CausalLM``)
 
-``labels`` are aligned with the positions (labels[:, t] is the target of position t, i.e. the
-next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids`` equals
-``labels = input_ids[:, 1:]`` padded with -100 here.
+GPT-2 scales the init of the projections into the residual stream by 1 / sqrt(2 num_layers).
 """
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+import math
+from typing import Any
 
-from tpzoo.models.base import StagedModel
+import torch
+from torch import nn
+
+from tpzoo.models.attention import ParallelAttention
+from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import TransformerConfig
-from tpzoo.models.embedding import Embedding, add_output_weight, lm_output, output_weight, vocab_parallel_logits
-from tpzoo.models.kv_cache import KVCache
-from tpzoo.models.transformer import LayerNorm
-from tpzoo.parallel import ParallelMesh
+from tpzoo.models.embedding import Embedding
+from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.hf_rules import (
+    Rule,
+    gelu_from_hf,
+    gelu_to_hf,
+    heads_from_qkv,
+    linear,
+    qkv_from_heads,
+    require,
+    same,
+    tied,
+    transformers_module,
+)
+from tpzoo.models.mlp import ParallelMLP
+from tpzoo.models.presets import layer_parameters
+from tpzoo.models.transformer import TransformerLayer
 
 
-class GPTHead(nn.Module):
-    """final_layernorm, then logits against the output weight [V'/tp, h] (vocab-parallel): the word
-    embedding's, passed in by the model, unless untied or on a last stage (``add_output_weight``)."""
-
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh, has_embedding: bool) -> None:
-        super().__init__()
-        self.config, self.mesh = config, mesh
-        self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, config.sequence_parallel,
-                                         config.kernels)
-        add_output_weight(self, config, mesh, has_embedding)
-
-    def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None = None) -> Tensor:
-        hidden = self.final_layernorm(hidden)
-        logits = vocab_parallel_logits(hidden, output_weight(self, self.config, embedding_weight), None, self.mesh,
-                                       self.config.sequence_parallel)
-        return lm_output(logits, labels, self.config.vocab_size, self.mesh)
-
-
-class GPTModel(StagedModel):
-    """GPT-2: ``embedding`` (word + position), ``layers`` (pre-LN, causal), ``head`` (final LN, tied output).
-
-    forward(input_ids [b, s], labels [b, s] | None) -> logits [b, s, V] | per-token loss [b, s].
-    A stage without pre_process takes hidden states [b, s(/tp), h] in place of input_ids; one
-    without post_process returns them. See ``StagedModel`` for mesh, stages and seeds.
-    """
+class GPTModel(CausalLM):
+    """GPT-2: ``embedding`` (word + position), ``layers`` (pre-LN, causal), ``head`` (final LN, tied output)."""
 
     model_type = "gpt"
-    ties_output_to_embedding = True
+    config_class = TransformerConfig
+    norm_kind = "layernorm"
 
     def build_embedding(self) -> nn.Module:
-        return Embedding(self.config, self.mesh)
+        c = self.config
+        return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
+                         type_vocab_size=c.type_vocab_size, hidden_dropout=c.hidden_dropout,
+                         init_std=c.init_method_std)
 
-    def build_head(self) -> nn.Module:
-        return GPTHead(self.config, self.mesh, has_embedding=self.pre_process)
+    def build_layer(self, layer_number: int) -> nn.Module:
+        c, plan = self.config, self.plan
+        out_std = c.init_method_std / math.sqrt(2.0 * c.num_layers)
+        attention = ParallelAttention(c.hidden_size, c.num_attention_heads, plan, causal=self.causal,
+                                      attention_dropout=c.attention_dropout, init_std=c.init_method_std,
+                                      output_init_std=out_std, layer_number=layer_number)
+        mlp = ParallelMLP(c.hidden_size, c.ffn_size, plan, activation=c.activation, init_std=c.init_method_std,
+                          output_init_std=out_std)
+        return TransformerLayer(attention, mlp, self.norm(), self.norm(), plan, hidden_dropout=c.hidden_dropout)
 
-    def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only)."""
-        if cache is not None and not self.is_whole:
-            raise ValueError("a KV cache needs the whole model (pre_process, post_process and every layer)")
-        offset = cache.length if cache is not None else 0
-        hidden = self.embedding(input_ids, position_offset=offset) if self.pre_process else input_ids
-        hidden = self.run_layers(hidden, None, cache)
-        if cache is not None:
-            cache.length += input_ids.shape[1]
-        if not self.post_process:
-            return hidden
-        tied = self.embedding.word_embeddings.weight if self.pre_process and self.config.tie_word_embeddings else None
-        return self.head(hidden, labels, tied)
+
+
+def num_parameters(c: TransformerConfig, head: str | None = None) -> int:
+    """Parameters of GPT2LMHeadModel of this config (``head``: "lm", the only one)."""
+    if head not in (None, "lm"):
+        raise ValueError(f"head {head!r} does not apply to a gpt config; choose 'lm'")
+    h, v = c.hidden_size, c.vocab_size
+    layer = layer_parameters(h, c.ffn_size, c.num_attention_heads, c.num_attention_heads, bias=True, gated=False,
+                             norm_params=2 * h)
+    return v * h * (1 if c.tie_word_embeddings else 2) + c.max_position_embeddings * h + c.num_layers * layer + 2 * h
+
+
+# ------------------------------------------------------------------- Hugging Face GPT2LMHeadModel
+
+def _config_from_hf(hf: Any, arch: str) -> TransformerConfig:
+    """The TransformerConfig of a GPT2Config (dropout probabilities included)."""
+    require(hf.scale_attn_weights, "scale_attn_weights=False")
+    require(not hf.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True")
+    require(not hf.add_cross_attention, "add_cross_attention=True")
+    return TransformerConfig(
+        model_type="gpt", num_layers=hf.n_layer, hidden_size=hf.n_embd, num_attention_heads=hf.n_head,
+        ffn_hidden_size=hf.n_inner, vocab_size=hf.vocab_size, max_position_embeddings=hf.n_positions,
+        hidden_dropout=hf.resid_pdrop, attention_dropout=hf.attn_pdrop, layernorm_epsilon=hf.layer_norm_epsilon,
+        layernorm_position="pre", activation=gelu_from_hf(hf.activation_function),
+        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range)
+
+
+def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
+    """The GPT2Config of a TransformerConfig (end of text = the last token, as in GPT-2's vocabulary)."""
+    return transformers_module().GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.max_position_embeddings, n_embd=c.hidden_size, n_layer=c.num_layers,
+        n_head=c.num_attention_heads, n_inner=c.ffn_hidden_size, activation_function=gelu_to_hf(c.activation),
+        resid_pdrop=c.hidden_dropout, embd_pdrop=c.hidden_dropout, attn_pdrop=c.attention_dropout,
+        layer_norm_epsilon=c.layernorm_epsilon, initializer_range=c.init_method_std,
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.vocab_size - 1, eos_token_id=c.vocab_size - 1,
+        architectures=[arch])
+
+
+def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
+    """GPT2LMHeadModel's tensors: Conv1D weights are [in, out] (transposed), c_attn holds [q k v]."""
+    n = c.num_attention_heads
+    rules = [tied("embedding.word_embeddings.weight", "transformer.wte.weight",
+                  *(("lm_head.weight",) if c.tie_word_embeddings else ())),
+             same("embedding.position_embeddings.weight", "transformer.wpe.weight")]
+    for i in range(c.num_layers):
+        t, h = f"layers.{i}.", f"transformer.h.{i}."
+        rules += [*linear(f"{t}attention_norm", f"{h}ln_1"), *linear(f"{t}mlp_norm", f"{h}ln_2"),
+                  # Conv1D c_attn: weight [h, 3h] = [W_q W_k W_v]^T, bias [3h]
+                  Rule(f"{t}self_attention.query_key_value.weight", (f"{h}attn.c_attn.weight",),
+                       lambda w: heads_from_qkv(*w.t().chunk(3), heads=n),
+                       lambda w: (torch.cat(qkv_from_heads(w, n)).t().contiguous(),)),
+                  Rule(f"{t}self_attention.query_key_value.bias", (f"{h}attn.c_attn.bias",),
+                       lambda b: heads_from_qkv(*b.chunk(3), heads=n),
+                       lambda b: (torch.cat(qkv_from_heads(b, n)),))]
+        for ours, theirs in (("self_attention.dense", "attn.c_proj"), ("mlp.dense_h_to_4h", "mlp.c_fc"),
+                             ("mlp.dense_4h_to_h", "mlp.c_proj")):
+            rules += [same(f"{t}{ours}.weight", f"{h}{theirs}.weight", transpose=True),
+                      same(f"{t}{ours}.bias", f"{h}{theirs}.bias")]
+    rules += linear("head.final_layernorm", "transformer.ln_f")
+    if not c.tie_word_embeddings:
+        rules.append(same("head.output_layer.weight", "lm_head.weight"))
+    return rules
+
+
+SPEC = FamilySpec(config_class=TransformerConfig, models={"GPTModel": GPTModel}, pretrain_model="GPTModel",
+                  finetune_model="GPTModel", num_parameters=num_parameters,
+                  hf=HFAdapter("gpt2", {"GPT2LMHeadModel": ("GPTModel", {})}, _config_from_hf, _config_to_hf, _rules))

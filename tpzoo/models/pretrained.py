@@ -1,8 +1,11 @@
-"""A tpzoo model folder: the config and the full (tp-independent) weights, loadable at any tp.
+"""Building a model by its class name (``build_model``, the one builder that scripts, checkpoints and
+conversion use), and the tpzoo model folder: the config and the full (tp-independent) weights,
+loadable at any tp.
 
     DIR/config.json        {"format": "tpzoo-model", "class": "GPTModel", "options": {...}, "config": {...}}
     DIR/model.safetensors  the full state dict (``sharding.full_state_dict``), float32
 
+    model = build_model("LlamaModel", get_preset("llama-tiny"), plan)   # any family's class
     save_pretrained(model, "ckpt")          # every tp rank calls it; tp rank 0 writes
     model = from_pretrained("ckpt")         # built for the current mesh, any tp
 
@@ -21,33 +24,38 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from tpzoo.models.base import StagedModel
-from tpzoo.models.bert import BertForSequenceClassification, BertModel
-from tpzoo.models.config import TransformerConfig
-from tpzoo.models.gpt import GPTModel
+from tpzoo.models.config import ModelConfig
+from tpzoo.models.families import config_from_dict, family, model_class
 from tpzoo.models.sharding import full_state_dict, load_full_state_dict, source_name
-from tpzoo.parallel import ParallelMesh, get_mesh
+from tpzoo.parallel import ParallelMesh, ParallelPlan
 
 FORMAT = "tpzoo-model"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
-MODEL_CLASSES: dict[str, type[StagedModel]] = {
-    "GPTModel": GPTModel, "BertModel": BertModel, "BertForSequenceClassification": BertForSequenceClassification,
-}
 
 
 def model_options(model: nn.Module) -> dict[str, Any]:
-    """The constructor options (besides config and mesh) that rebuild ``model``'s architecture."""
-    return {"add_binary_head": model.add_binary_head} if isinstance(model, BertModel) else {}
+    """The constructor options (besides config and plan) that rebuild ``model``'s architecture (its
+    family's ``SPEC.model_options``, e.g. BERT's ``add_binary_head``)."""
+    return family(model.config.model_type).spec.model_options(model)
 
 
-def build_model(class_name: str, config: TransformerConfig, mesh: ParallelMesh | None = None,
+def build_model(model: str | type[StagedModel], config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None,
                 **options: Any) -> StagedModel:
-    """``MODEL_CLASSES[class_name](config, mesh, **options)``, with an error naming the known classes."""
-    if class_name not in MODEL_CLASSES:
-        raise ValueError(f"unknown model class {class_name!r}; known: {', '.join(MODEL_CLASSES)}")
-    return MODEL_CLASSES[class_name](config, mesh, **options)
+    """``cls(config, plan, **options)``, ``cls`` being ``model`` or, for a name, that model class of any
+    registered family (``families.model_class``). ``options``: the class's constructor options and, for
+    one pipeline stage, ``pre_process``, ``post_process`` and ``layers``. ``plan``: a ``ParallelPlan``, a
+    bare mesh (default run options) or None (``get_mesh()``).
+
+    An engine's builder is ``functools.partial(build_model, class_name, config, **options)``: the
+    engine calls it as ``build(plan, pre_process=..., post_process=..., layers=...)``.
+    """
+    cls = model_class(model) if isinstance(model, str) else model
+    if not (isinstance(cls, type) and issubclass(cls, StagedModel)):
+        raise TypeError(f"model must be a model class name or a StagedModel subclass, got {model!r}")
+    return cls(config, plan, **options)
 
 
-def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
     """(class name, options, config, full state dict) of a tpzoo model folder."""
     path = Path(path)
     meta_file = path / CONFIG_FILE
@@ -58,11 +66,11 @@ def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], TransformerC
         hint = (f"it is a Hugging Face config (model_type {meta['model_type']!r}): convert it with "
                 f"python -m tpzoo.convert from-hf" if "model_type" in meta else f"expected format {FORMAT!r}")
         raise ValueError(f"{meta_file} is not a tpzoo model config; {hint}")
-    config = TransformerConfig.from_dict(meta["config"])
+    config = config_from_dict(meta["config"])
     return meta["class"], meta.get("options", {}), config, load_file(str(path / WEIGHTS_FILE))
 
 
-def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any], config: TransformerConfig,
+def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any], config: ModelConfig,
                      state: dict[str, Tensor]) -> Path:
     """Write a tpzoo model folder (created if missing)."""
     path = Path(path)
@@ -102,12 +110,12 @@ def load_state(model: StagedModel, state: dict[str, Tensor], *, strict: bool = T
     return load_full_state_dict(model, picked, strict=strict)
 
 
-def from_pretrained(path: str | Path, mesh: ParallelMesh | None = None, **stage: Any) -> StagedModel:
-    """Build the saved model for ``mesh`` (default ``get_mesh()``), any tp, and load its weights.
+def from_pretrained(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None, **stage: Any) -> StagedModel:
+    """Build the saved model for ``plan`` (a plan, a mesh, or None: ``get_mesh()``), any tp, and load its weights.
 
     ``stage`` (pre_process, post_process, layers) builds one pipeline stage of it instead.
     """
     class_name, options, config, state = read_pretrained(path)
-    model = build_model(class_name, config, mesh if mesh is not None else get_mesh(), **options, **stage)
+    model = build_model(class_name, config, plan, **options, **stage)
     load_state(model, state)
     return model

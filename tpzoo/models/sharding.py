@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from tpzoo.parallel import ParallelMesh
 from tpzoo.parallel.collectives import all_gather
+from tpzoo.parallel.param_facts import facts
 
 # A last pipeline stage's copy of the tied word embedding (``embedding.add_output_weight``): saved
 # state holds only the first stage's weight, and the copy is loaded from it.
@@ -34,17 +35,15 @@ def source_name(name: str) -> str:
 
 
 def tp_partitions(model: nn.Module, tp: int) -> dict[str, tuple[int, int]]:
-    """name -> (partition dim, full size along it) for every parameter marked ``tp_shard_dim``.
+    """name -> (partition dim, full size along it) for every tp shard (``param_facts``: ``tp_split_dim``).
 
-    The full size is tp x the shard, less the vocabulary padding where the owning module has a real
-    vocabulary size (``num_embeddings``: VocabParallelEmbedding, VocabParallelBias).
+    The full size is tp x the shard, less the vocabulary padding (``tp_full_size``, the real vocabulary).
     """
     out: dict[str, tuple[int, int]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        dim = getattr(p, "tp_shard_dim", None)
-        if dim is not None:
-            owner = model.get_submodule(name.rpartition(".")[0])
-            out[name] = (dim, getattr(owner, "num_embeddings", p.shape[dim] * tp))
+        f = facts(p)
+        if f.tp_split_dim is not None:
+            out[name] = (f.tp_split_dim, f.tp_full_size or p.shape[f.tp_split_dim] * tp)
     return out
 
 

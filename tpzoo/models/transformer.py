@@ -1,13 +1,13 @@
-"""The transformer layer: attention and MLP sublayers with residual connections, LayerNorm,
+"""The transformer block: attention and MLP sublayers with residual connections, their norms,
 bias-dropout-add, optional activation recompute and sequence parallelism.
 
-    pre-LN  (GPT):  x = x + drop(Attn(LN_a(x)) + b_o);      x = x + drop(MLP(LN_m(x)) + b_2)
-    post-LN (BERT): x = LN_a(x + drop(Attn(x) + b_o));      x = LN_m(x + drop(MLP(x) + b_2))
+    pre-norm  (GPT, Llama): x = x + drop(Attn(N_a(x)) + b_o);      x = x + drop(MLP(N_m(x)) + b_2)
+    post-norm (BERT):       x = N_a(x + drop(Attn(x) + b_o));      x = N_m(x + drop(MLP(x) + b_2))
 
-Activations between the sublayers are [b, s, h], replicated on the tp ranks, or with sequence
-parallelism [b, s/tp, h], each rank holding a slice of the sequence; then the LayerNorm weights
-are marked ``sequence_parallel`` (their gradients are partial sums that
-``sync_sequence_parallel_grads`` completes) and residual dropout draws from the "tp" stream.
+The block is handed its four parts (any attention, MLP and norm blocks of ``tpzoo.models``) and the
+plan; it owns only the residual wiring. Activations between the sublayers are [b, s, h], replicated
+on the tp ranks, or with ``plan.sequence_parallel`` [b, s/tp, h], each rank holding a slice of the
+sequence; then residual dropout draws from the "tp" stream (the norms mark their own parameters).
 """
 
 from __future__ import annotations
@@ -20,35 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tpzoo import kernels as K
-from tpzoo.models.attention import ParallelAttention
-from tpzoo.models.config import TransformerConfig
 from tpzoo.models.kv_cache import KVCache
-from tpzoo.models.mlp import ParallelMLP
-from tpzoo.parallel import ParallelMesh, RNGStatesTracker
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm over the last dim through ``tpzoo.kernels.layer_norm``; weight 1, bias 0 at init.
-
-    ``sequence_parallel``: it normalizes a sequence shard, so its parameters are marked for
-    ``sync_sequence_parallel_grads``.
-    """
-
-    def __init__(self, hidden_size: int, eps: float, sequence_parallel: bool = False,
-                 kernels: str | None = None) -> None:
-        super().__init__()
-        self.eps, self.kernels = eps, kernels
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.bias = nn.Parameter(torch.zeros(hidden_size))
-        for p in (self.weight, self.bias):
-            p.sequence_parallel = sequence_parallel
-
-    def forward(self, x: Tensor) -> Tensor:
-        return K.layer_norm(x, self.weight, self.bias, self.eps, backend=self.kernels)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}, sequence_parallel={self.weight.sequence_parallel}"
+from tpzoo.parallel import ParallelMesh, ParallelPlan, RNGStatesTracker
 
 
 def hidden_dropout(x: Tensor, p: float, training: bool, mesh: ParallelMesh, sequence_parallel: bool) -> Tensor:
@@ -83,34 +56,39 @@ def _rng_contexts(tracker: RNGStatesTracker) -> tuple[AbstractContextManager, Ab
 
 
 class TransformerLayer(nn.Module):
-    """One layer: [b, s, h] -> [b, s, h] ([b, s/tp, h] with sequence parallelism).
+    """One block: [b, s, h] -> [b, s, h] ([b, s/tp, h] with sequence parallelism).
 
-    ``mask``: bool, True = masked out, broadcastable to the scores [b, n, s, s] (BERT's padding
-    mask [b, 1, 1, s]), or None. With ``recompute_activations`` only the input is kept for backward
-    and the layer's forward runs again inside it.
+    ``self_attention`` returns (y, bias or None) and takes (x, mask, cache); ``mlp`` returns (y, bias
+    or None). ``norm_position``: "pre" or "post" (see module docstring). ``mask``: bool, True = masked
+    out, broadcastable to the scores [b, n, s, s] (BERT's padding mask [b, 1, 1, s]), or None. With
+    ``plan.recompute_activations`` only the input is kept for backward and the block's forward runs
+    again inside it.
     """
 
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh, layer_number: int) -> None:
+    def __init__(self, self_attention: nn.Module, mlp: nn.Module, attention_norm: nn.Module, mlp_norm: nn.Module,
+                 plan: ParallelPlan, *, hidden_dropout: float = 0.0, norm_position: str = "pre") -> None:
         super().__init__()
-        self.config, self.mesh, self.layer_number = config, mesh, layer_number
-        sp, eps, kernels = config.sequence_parallel, config.layernorm_epsilon, config.kernels
-        self.attention_norm = LayerNorm(config.hidden_size, eps, sp, kernels)
-        self.self_attention = ParallelAttention(config, mesh, layer_number)
-        self.mlp_norm = LayerNorm(config.hidden_size, eps, sp, kernels)
-        self.mlp = ParallelMLP(config, mesh)
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+        self.plan, self.hidden_dropout, self.norm_position = plan, hidden_dropout, norm_position
+        self.attention_norm = attention_norm
+        self.self_attention = self_attention
+        self.mlp_norm = mlp_norm
+        self.mlp = mlp
 
     def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        if self.config.recompute_activations and self.training and torch.is_grad_enabled():
+        if self.plan.recompute_activations and self.training and torch.is_grad_enabled():
             return checkpoint(self._forward, x, mask, cache, use_reentrant=False,
-                              context_fn=partial(_rng_contexts, self.mesh.rng))
+                              context_fn=partial(_rng_contexts, self.plan.mesh.rng))
         return self._forward(x, mask, cache)
 
-    def _bias_dropout_add(self, y: Tensor, bias: Tensor, residual: Tensor) -> Tensor:
-        return residual + hidden_dropout(y + bias, self.config.hidden_dropout, self.training, self.mesh,
-                                         self.config.sequence_parallel)
+    def _bias_dropout_add(self, y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
+        y = y if bias is None else y + bias
+        return residual + hidden_dropout(y, self.hidden_dropout, self.training, self.plan.mesh,
+                                         self.plan.sequence_parallel)
 
     def _forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None) -> Tensor:
-        if self.config.layernorm_position == "pre":
+        if self.norm_position == "pre":
             x = self._bias_dropout_add(*self.self_attention(self.attention_norm(x), mask, cache), x)
             return self._bias_dropout_add(*self.mlp(self.mlp_norm(x)), x)
         x = self.attention_norm(self._bias_dropout_add(*self.self_attention(x, mask, cache), x))
