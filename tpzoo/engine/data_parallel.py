@@ -85,7 +85,7 @@ def build_optimizer(params: list[nn.Parameter], config: EngineConfig, dp_group: 
 
     AdamW runs its multi-tensor (``foreach``) implementation, one kernel per op over all parameters,
     on CPU and GPU alike; the same update as the per-parameter loop, to the last bit on CPU (checked
-    against plain AdamW by tests/test_engine.py)."""
+    against plain AdamW by tests/engine/test_engine.py)."""
     options = dict(lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps, foreach=True)
     if config.use_distributed_optimizer:
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **options)

@@ -5,54 +5,52 @@
     loss, parts = eval_losses(engine, batch)               # and its part of each label key
     logits = eval_logits(engine, batch)                    # [G, ...] over dp, on every rank
 
-No backward and no training schedule: with pp > 1 every micro-batch walks the stages in order,
-stage i (chunk i // pp of pp rank i % pp) receiving its input [mbs, s(/tp), h] (float32) from
-stage i - 1 and sending its output to stage i + 1 over ``mesh.pp_group``, blocking. Every rank
-walks micro-batches and stages in the same order, so the sends and receives pair up. Each stage
-gets its micro-batch's extras as in ``train_step`` (``engine._feeds``); the chunks run under
-no_grad, in eval mode (dropout off; each chunk's mode is restored afterwards), under the
-engine's autocast. The last stage's outputs are broadcast to the other ranks of its pp group.
+The same runner as ``train_step`` (``engine.runner``, see ``tpzoo.engine.pipeline``), forward
+only: with pp > 1 the training schedule runs its forward actions and skips the backward ones
+(``schedule.eval``), stages exchanging hidden states of the stage's ``boundary_shape`` as in
+training. Each stage gets its micro-batch's extras as in ``train_step``
+(``engine.micro_batches``); the chunks run under no_grad, in eval mode (dropout off; each chunk's
+mode is restored afterwards), under the engine's autocast. Losses are summed over pp and dp as in
+training; the last stage's outputs are broadcast to the other ranks of its pp group.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.engine.pipeline import LOSS_LABELS
-from tpzoo.engine.train_step import AUTOCAST, Engine, label_counts, loss_keys, reduce_losses
+from tpzoo.engine.train_step import Engine, reduce_losses
 
 
-def _pp_rank_of(engine: Engine, pp_rank: int) -> int:
-    return dist.get_global_rank(engine.mesh.pp_group, pp_rank)
-
-
-def _stage_input(engine: Engine, stage: int, ids: Tensor) -> Tensor:
-    """Stage ``stage``'s input for this micro-batch: the token ids [mbs, s] on stage 0, else the
-    previous stage's hidden states [mbs, s(/tp), h] received from its pp rank."""
-    if stage == 0:
-        return ids
-    mesh, c = engine.mesh, engine.chunks[0].model.config
-    seq = ids.shape[1] // (mesh.tp_size if c.sequence_parallel else 1)
-    hidden = torch.empty(ids.shape[0], seq, c.hidden_size, device=mesh.device)
-    dist.recv(hidden, src=_pp_rank_of(engine, (stage - 1) % mesh.pp_size), group=mesh.pp_group)
-    return hidden
+@contextmanager
+def _evaluating(engine: Engine) -> Iterator[None]:
+    """The engine's chunks in eval mode under no_grad; their modes are restored afterwards."""
+    modes = [chunk.training for chunk in engine.chunks]
+    try:
+        for chunk in engine.chunks:
+            chunk.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for chunk, mode in zip(engine.chunks, modes):
+            chunk.train(mode)
 
 
 def _broadcast_last(engine: Engine, out: Tensor | None) -> Tensor:
     """The last stage's output (float32, any shape) on every rank of the pp group: shape, then data."""
     mesh = engine.mesh
     if mesh.pp_size == 1:
-        return out.float()
-    src = _pp_rank_of(engine, (engine.num_stages - 1) % mesh.pp_size)
+        return out
+    src = dist.get_global_rank(mesh.pp_group, (engine.num_stages - 1) % mesh.pp_size)
     ndim = torch.tensor([out.dim() if out is not None else 0], device=mesh.device)
     dist.broadcast(ndim, src=src, group=mesh.pp_group)
     shape = torch.tensor(out.shape if out is not None else [0] * int(ndim), dtype=torch.long, device=mesh.device)
     dist.broadcast(shape, src=src, group=mesh.pp_group)
-    data = out.float().contiguous() if out is not None else torch.empty(shape.tolist(), device=mesh.device)
+    data = out.contiguous() if out is not None else torch.empty(shape.tolist(), device=mesh.device)
     dist.broadcast(data, src=src, group=mesh.pp_group)
     return data
 
@@ -62,44 +60,19 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
     on every rank of the pp group (and the same on the tp ranks): one tuple per micro-batch.
 
     ``batch`` is a global batch as ``train_step`` takes it (input_ids [G, s], labels, BERT's extras).
-    ``logits=False``: the model's losses given the labels, one per label key of ``LOSS_LABELS`` in
-    the batch: per-token losses [mbs, s] (GPT, BERT MLM), then BERT's per-pair sentence-order losses
-    [mbs] when ``next_sentence_label`` is given; per-example losses [mbs] for sequence classification.
-    ``logits=True``: the labels are withheld and the tuple holds the logits, [mbs, s, V] or
-    [mbs, num_labels].
+    ``logits=False``: the model's losses given the labels, one per label key of the model's
+    ``label_keys`` in the batch: per-token losses [mbs, s] (GPT, BERT MLM), then BERT's per-pair
+    sentence-order losses [mbs] when ``next_sentence_label`` is given; per-example losses [mbs] for
+    sequence classification. ``logits=True``: the labels are withheld and the tuple holds the
+    logits, [mbs, s, V] or [mbs, num_labels].
     """
-    mesh = engine.mesh
-    ids, extras = engine._feeds(batch)
-    for e in extras:
-        e.pop("counts")
-        if logits:
-            for key in LOSS_LABELS:
-                e.pop(key, None)
-    returned = 1 if logits else sum(key in batch for key in LOSS_LABELS)  # outputs of the last stage
-    modes = [chunk.training for chunk in engine.chunks]
-    autocast = (torch.autocast(mesh.device.type, dtype=AUTOCAST[engine.config.precision])
-                if engine.config.precision in AUTOCAST else nullcontext())
-    last = engine.num_stages - 1
-    outputs = []
-    try:
-        for chunk in engine.chunks:
-            chunk.eval()
-        with torch.no_grad(), autocast:
-            for x, extra in zip(ids, extras):
-                out: tuple[Tensor, ...] = (None,) * returned
-                for stage in range(mesh.pp_rank, engine.num_stages, mesh.pp_size):
-                    # stages of other pp ranks in between are theirs to run; ours wait in recv
-                    y = engine.chunks[stage // mesh.pp_size].model(_stage_input(engine, stage, x), **extra)
-                    if stage < last:
-                        dist.send(y.float().contiguous(), dst=_pp_rank_of(engine, (stage + 1) % mesh.pp_size),
-                                  group=mesh.pp_group)
-                    else:
-                        out = y if isinstance(y, tuple) else (y,)
-                outputs.append(tuple(_broadcast_last(engine, o) for o in out))
-    finally:
-        for chunk, mode in zip(engine.chunks, modes):
-            chunk.train(mode)
-    return outputs
+    ids, extras = engine.micro_batches(batch, labels=not logits)
+    with _evaluating(engine):
+        engine.runner.run(ids, extras, backward=False, keep=True)
+    kept = engine.runner.outputs()  # on the ranks of the last stage only
+    returned = 1 if logits else len(engine.loss_keys(batch))  # outputs of the last stage
+    return [tuple(_broadcast_last(engine, kept[k][j] if kept is not None else None) for j in range(returned))
+            for k in range(engine.m)]
 
 
 def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:
@@ -115,12 +88,11 @@ def eval_losses(engine: Engine, batch: dict[str, Tensor]) -> tuple[float, dict[s
     """The global-batch mean loss as ``train_step`` reports it (for each label key, its part: the sum of
     its losses / its non-ignored count in the global batch; the parts added up: BERT's MLM +
     sentence-order loss), and the parts by label key, without updating anything: the same numbers on
-    every rank and mesh (one all-reduce over dp of [1 + K] numbers)."""
-    counts = [n.to(engine.mesh.device) for n in label_counts(batch)]
-    parts = [[o.sum() / n for o, n in zip(out, counts)] for out in forward_only(engine, batch)]  # [m][K]
-    total = torch.stack([sum(p) for p in parts]).sum()
-    return reduce_losses(total, torch.stack([torch.stack(p) for p in parts]).sum(0), loss_keys(batch),
-                         [engine.mesh.dp_group])
+    every rank and mesh (one all-reduce over pp and dp of [1 + K] numbers, as in ``train_step``)."""
+    ids, extras = engine.micro_batches(batch)
+    with _evaluating(engine):
+        total, parts = engine.runner.run(ids, extras, backward=False)
+    return reduce_losses(total, parts, engine.loss_keys(batch), [engine.mesh.pp_group, engine.mesh.dp_group])
 
 
 def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:

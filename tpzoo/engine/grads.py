@@ -2,9 +2,9 @@
 
 Each distinct gradient element counts exactly once in the global norm:
 
-    tp shards (``param.tp_shard_dim`` set)      on every tp rank  (each holds different numbers)
+    tp shards (``facts(p).tp_split_dim`` set)   on every tp rank  (each holds different numbers)
     tp replicas (LayerNorm, row-parallel bias)  on tp rank 0 only (the others hold copies)
-    ``param.pp_shared`` (e.g. the word embedding tied across the first and last stage)
+    ``facts(p).pp_tied`` (the word embedding tied across the first and last stage)
                                                 on the first pipeline stage only
     dp replicas                                 not summed: after the gradient all-reduce every
                                                 dp rank holds the same gradients (ZeRO-1 too)
@@ -21,12 +21,14 @@ import torch.distributed as dist
 from torch import nn
 
 from tpzoo.parallel.mesh import ParallelMesh
+from tpzoo.parallel.param_facts import facts
 
 
 def _counted_here(p: nn.Parameter, mesh: ParallelMesh) -> bool:
-    if not hasattr(p, "tp_shard_dim") and mesh.tp_rank != 0:
+    f = facts(p)
+    if f.tp_split_dim is None and mesh.tp_rank != 0:
         return False
-    return not (getattr(p, "pp_shared", False) and mesh.pp_rank != 0)
+    return not (f.pp_tied and mesh.pp_rank != 0)
 
 
 def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh) -> torch.Tensor:

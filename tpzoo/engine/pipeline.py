@@ -1,5 +1,10 @@
-"""Pipeline stages: cut a ``StagedModel`` into chunks, wrap them for ``torch.distributed.pipelining``,
-pick the schedule, and keep the tied word embedding of the first and last stage in step.
+"""Pipeline stages: cut a model into chunks, wrap them for ``torch.distributed.pipelining``, pick the
+schedule, and keep the tied word embedding of the first and last stage in step.
+
+The engine knows a model only through ``tpzoo.models.base.PipelineStage``: ``build(plan,
+pre_process=, post_process=, layers=)`` makes one stage; the stage names the label keys whose
+per-element losses its last stage returns (``label_keys``) and the shape of the hidden states it
+hands the next stage (``boundary_shape``).
 
 Chunk c of pp rank r is pipeline stage ``r + c x pp`` (the layout interleaved schedules expect):
 
@@ -15,17 +20,22 @@ takes the next one on each forward: every schedule runs a stage's forwards in mi
 inside a stage needs nothing: the activations crossing stages are the same on the tp ranks
 ([b, s, h], or [b, s/tp, h] with sequence parallelism, each tp rank sending its own shard to the
 same tp rank of the next stage over its pp group).
+
+``PipelineRunner`` is the one path a step's micro-batches take, training or not: forward and
+backward through the schedule (or, with pp = 1, one chunk in a loop), or forward only through the
+same schedule (``schedule.eval``: torch runs its forward actions and skips the backward ones).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.pipelining import (
-    PipelineStage,
+    PipelineStage as TorchStage,  # tpzoo.models.base.PipelineStage is the model side of a stage
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -33,12 +43,11 @@ from torch.distributed.pipelining import (
 )
 
 from tpzoo.engine.config import EngineConfig
-from tpzoo.models.base import StagedModel
-from tpzoo.parallel import ParallelMesh
+from tpzoo.models.base import PipelineStage
+from tpzoo.parallel import ParallelMesh, ParallelPlan
+from tpzoo.parallel.param_facts import facts
 
-# the label keys of a batch, in the order a model returns their per-element losses when given them
-# (BERT: per-token MLM loss [b, s], per-sequence binary-head loss [b]); each is divided by its global count
-LOSS_LABELS = ("labels", "next_sentence_label")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
@@ -66,21 +75,26 @@ class _ContiguousGrad(torch.autograd.Function):
 
 class StageModule(nn.Module):
     """One pipeline stage: hidden [b, s(/tp), h] (token ids [b, s] on the first stage) -> hidden, or on
-    the last stage this micro-batch's share of the loss [1]: for each label key of ``LOSS_LABELS`` in
+    the last stage this micro-batch's share of the loss [1]: for each of the model's ``label_keys`` in
     the batch, its part sum(its per-element losses) / (its non-ignored count in the global batch), the
-    parts added up. ``parts`` [K] sums the step's parts so far, detached (None before the first)."""
+    parts added up. ``parts`` [K] sums the step's parts so far, detached (None before the first).
 
-    def __init__(self, model: StagedModel) -> None:
+    A micro-batch fed without ``counts`` (labels withheld, e.g. for logits) adds nothing: the last
+    stage returns 0 [1]. With ``keep``, the last stage also keeps each micro-batch's model outputs
+    (detached, float32) in ``kept``, one tuple per micro-batch."""
+
+    def __init__(self, model: PipelineStage) -> None:
         super().__init__()
         self.model = model
         self.feed: list[dict[str, Tensor]] = []
         self.calls = 0
         self.parts: Tensor | None = None
+        self.kept: list[tuple[Tensor, ...]] | None = None
 
-    def start(self, feed: list[dict[str, Tensor]]) -> None:
+    def start(self, feed: list[dict[str, Tensor]], keep: bool = False) -> None:
         """The extras of the step's micro-batches, in order (the labels and their global ``counts``, one
         per label key present, are read by the last stage)."""
-        self.feed, self.calls, self.parts = feed, 0, None
+        self.feed, self.calls, self.parts, self.kept = feed, 0, None, [] if keep else None
 
     def finish(self) -> None:
         if self.calls != len(self.feed):
@@ -89,26 +103,37 @@ class StageModule(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         extras = dict(self.feed[self.calls])
         self.calls += 1
-        counts = extras.pop("counts")
+        counts = extras.pop("counts", None)
         out = self.model(x if not x.is_floating_point() else _ContiguousGrad.apply(x), **extras)
         if not self.model.post_process:
             return out.contiguous()
-        losses = out if isinstance(out, tuple) else (out,)
-        if len(losses) != len(counts):
-            raise ValueError(f"{type(self.model).__name__} returned {len(losses)} losses for the {len(counts)} label "
-                             f"keys of the batch ({', '.join(k for k in LOSS_LABELS if k in extras)}); it must return "
-                             f"one per-element loss per label key")
-        parts = [loss.sum() / n for loss, n in zip(losses, counts)]
+        outputs = out if isinstance(out, tuple) else (out,)
+        if self.kept is not None:
+            self.kept.append(tuple(o.detach().float() for o in outputs))
+        if counts is None:
+            return torch.zeros(1, device=outputs[0].device)
+        if len(outputs) != len(counts):
+            keys = ", ".join(k for k in self.model.label_keys if k in extras)
+            raise ValueError(f"{type(self.model).__name__} returned {len(outputs)} losses for the {len(counts)} "
+                             f"label keys of the batch ({keys}); it must return one per-element loss per label key")
+        parts = [loss.sum() / n for loss, n in zip(outputs, counts)]
         detached = torch.stack(parts).detach().float()
         self.parts = detached if self.parts is None else self.parts + detached
         return sum(parts).reshape(1)  # [1]: torch concatenates these
 
 
-def build_chunks(build: Callable[..., StagedModel], layers: list[range], mesh: ParallelMesh) -> list[StageModule]:
-    """This rank's stages: ``build(pre_process=, post_process=, layers=)`` for stages r, r + pp, ..."""
-    last = len(layers) - 1
-    return [StageModule(build(pre_process=i == 0, post_process=i == last, layers=layers[i]))
-            for i in range(mesh.pp_rank, len(layers), mesh.pp_size)]
+def build_chunks(build: Callable[..., PipelineStage], layers: list[range], plan: ParallelPlan) -> list[StageModule]:
+    """This rank's stages: ``build(plan, pre_process=, post_process=, layers=)`` for stages r, r + pp, ..."""
+    last, mesh = len(layers) - 1, plan.mesh
+    chunks = []
+    for i in range(mesh.pp_rank, len(layers), mesh.pp_size):
+        model = build(plan, pre_process=i == 0, post_process=i == last, layers=layers[i])
+        if not isinstance(model, PipelineStage):
+            raise TypeError(f"the builder returned a {type(model).__name__}, not a pipeline stage: it needs "
+                            f"label_keys, pre_process, post_process, layer_numbers and boundary_shape() "
+                            f"(see tpzoo.models.base.PipelineStage)")
+        chunks.append(StageModule(model))
+    return chunks
 
 
 def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineConfig, m: int, mesh: ParallelMesh,
@@ -117,36 +142,103 @@ def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineCon
 
     Shapes are given (static mode): without them torch infers them by running an extra forward and
     backward of the first micro-batch, which would consume a micro-batch's extras here. Stages send
-    float32 hidden states [mbs, s(/tp), h] (the residual stream stays float32 under autocast).
-    ``scale_grads=False``: each micro-batch's loss is already divided by the global token count, so
-    the gradients must add up, not be averaged over micro-batches.
+    float32 hidden states of the stage's ``boundary_shape`` ([mbs, s(/tp), h]; the residual stream
+    stays float32 under autocast). ``scale_grads=False``: each micro-batch's loss is already divided
+    by the global token count, so the gradients must add up, not be averaged over micro-batches.
     """
-    mbs, c = config.micro_batch_size, chunks[0].model.config
-    hidden = torch.empty(mbs, seq_length // (mesh.tp_size if c.sequence_parallel else 1), c.hidden_size,
-                         device="meta", requires_grad=True)  # the received input needs its gradient
+    mbs = config.micro_batch_size
+    shape = chunks[0].model.boundary_shape(mbs, seq_length)
+    hidden = torch.empty(shape, device="meta", requires_grad=True)  # the received input needs its gradient
     stages = []
     for i, chunk in enumerate(chunks):
         index = mesh.pp_rank + i * mesh.pp_size
         inputs = torch.empty(mbs, seq_length, dtype=torch.long, device="meta") if index == 0 else hidden
         last = index == num_stages - 1
         outputs = torch.empty(1, device="meta") if last else hidden
-        stages.append(PipelineStage(chunk, index, num_stages, mesh.device, input_args=inputs, output_args=outputs,
-                                    input_grads=None if index == 0 else hidden, output_grads=None if last else hidden,
-                                    group=mesh.pp_group))
+        stages.append(TorchStage(chunk, index, num_stages, mesh.device, input_args=inputs, output_args=outputs,
+                                 input_grads=None if index == 0 else hidden, output_grads=None if last else hidden,
+                                 group=mesh.pp_group))
     cls = SCHEDULE_CLASSES[config.schedule]
     return cls(stages[0] if len(stages) == 1 else stages, m, loss_fn=loss_fn, scale_grads=False)
 
 
+class PipelineRunner:
+    """This rank's chunks of the model (``build_chunks``) and the schedules over them, one per sequence
+    length: runs a step's micro-batches forward and, when training, backward (see module docstring)."""
+
+    def __init__(self, build: Callable[..., PipelineStage], plan: ParallelPlan, layers: list[range],
+                 config: EngineConfig, m: int) -> None:
+        self.plan, self.mesh, self.config, self.m = plan, plan.mesh, config, m
+        self.num_stages = len(layers)
+        self.chunks = build_chunks(build, layers, plan)
+        self.label_keys: tuple[str, ...] = self.chunks[0].model.label_keys
+        self.schedules: dict[int, object] = {}  # sequence length -> pipeline schedule (pp > 1)
+        self.scale = 1.0
+
+    def _loss_fn(self, loss: Tensor, _target: Tensor) -> Tensor:
+        """The last stage's output is already the micro-batch's share of the loss; torch's schedules
+        index a target whenever a loss_fn is set, so the labels are passed as one and not read here."""
+        return loss.sum() * self.scale
+
+    def autocast(self):
+        """bf16 or fp16 autocast on the mesh's device for those precisions, else nothing."""
+        dtype = AUTOCAST.get(self.config.precision)
+        return torch.autocast(self.mesh.device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    def run(self, ids: list[Tensor], extras: list[dict[str, Tensor]], *, backward: bool, scale: float = 1.0,
+            keep: bool = False) -> tuple[Tensor, Tensor]:
+        """Forward (and with ``backward`` backward, the losses multiplied by ``scale``) of the micro-batches
+        ``ids`` [m x [mbs, s]] with their ``extras``, under the config's autocast. Returns the sum of this
+        rank's micro-batch losses (scaled) and of their unscaled parts [K] (one per label key): nonzero
+        on the last stage only. ``keep``: the last stage keeps its outputs (``outputs``)."""
+        self.scale = scale
+        for chunk in self.chunks:
+            chunk.start(extras, keep)
+        device = self.mesh.device
+        with self.autocast():
+            if self.mesh.pp_size == 1:
+                total = torch.zeros((), device=device)
+                for x in ids:
+                    loss = self._loss_fn(self.chunks[0](x), x)
+                    if backward:
+                        loss.backward()
+                    total += loss.detach()
+            else:
+                total = self._run_schedule(ids, backward)
+        for chunk in self.chunks:
+            chunk.finish()
+        parts = next((chunk.parts for chunk in self.chunks if chunk.parts is not None), None)
+        return total, parts if parts is not None else torch.zeros(len(extras[0].get("counts", ())), device=device)
+
+    def _run_schedule(self, ids: list[Tensor], backward: bool) -> Tensor:
+        first, last = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.pp_size - 1
+        local = torch.cat(ids)
+        seq = local.shape[1]
+        if seq not in self.schedules:
+            self.schedules[seq] = build_schedule(self.chunks, self.num_stages, self.config, self.m, self.mesh, seq,
+                                                 self._loss_fn)
+        schedule = self.schedules[seq]
+        losses: list[Tensor] = []
+        (schedule.step if backward else schedule.eval)(*((local,) if first else ()), target=local if last else None,
+                                                       losses=losses if last else None)
+        return torch.stack(losses).sum().float() if last else torch.zeros((), device=self.mesh.device)
+
+    def outputs(self) -> list[tuple[Tensor, ...]] | None:
+        """The last stage's kept outputs of the last ``run(keep=True)``; None on the ranks without it."""
+        return next((chunk.kept for chunk in self.chunks if chunk.model.post_process), None)
+
+
 class TiedEmbeddingSync:
-    """Sums the gradients of ``pp_shared`` parameters (the word embedding on the first stage and its
-    copy in the last stage's head) over {first stage, last stage}, one group per (dp, tp) coordinate.
+    """Sums the gradients of ``pp_tied`` parameters (``tpzoo.parallel.param_facts``: the word embedding
+    on the first stage and its copy in the last stage's head) over {first stage, last stage}, one group
+    per (dp, tp) coordinate.
 
     Every rank makes every group, in the same order (``new_group`` is collective); with pp = 1 there
     is nothing to do.
     """
 
     def __init__(self, chunks: list[StageModule], mesh: ParallelMesh, config: EngineConfig) -> None:
-        self.params = [p for c in chunks for p in c.parameters() if getattr(p, "pp_shared", False)]
+        self.params = [p for c in chunks for p in c.parameters() if facts(p).pp_tied]
         self.group = None
         if mesh.pp_size == 1:
             return
