@@ -1,6 +1,6 @@
 """python -m tpzoo.convert: Hugging Face folders <-> tpzoo model folders, in one process, no GPU.
 
-    python -m tpzoo.convert from-hf HF_DIR OUT_DIR     # GPT-2 / BERT (safetensors) -> tpzoo
+    python -m tpzoo.convert from-hf HF_DIR OUT_DIR     # a Hugging Face folder (safetensors) -> tpzoo
     python -m tpzoo.convert to-hf TPZOO_DIR OUT_DIR    # tpzoo -> a folder from_pretrained opens
 
 A tpzoo model folder holds the full weights, so it loads at any tensor-parallel size
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
 from tpzoo.convert.mapping import ARCHITECTURES, ConversionError
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import ModelConfig
 from tpzoo.models.pretrained import CONFIG_FILE, model_options, read_pretrained, write_pretrained
 
 
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_training_checkpoint(path: Path) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+def read_training_checkpoint(path: Path) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
     """(class name, options, config, full state dict) of a training checkpoint, like ``read_pretrained``:
     the whole model loaded at tp=1 in this process (a one-rank process group, closed again)."""
     import torch.distributed as dist

@@ -1,12 +1,13 @@
-"""``from_hf`` / ``to_hf``: Hugging Face GPT-2 and BERT <-> tpzoo models, at any tp, bit for bit.
+"""``from_hf`` / ``to_hf``: Hugging Face models <-> tpzoo models, at any tp, bit for bit.
 
     model = from_hf(GPT2LMHeadModel.from_pretrained("gpt2"))   # a transformers model ...
     model = from_hf("path/to/hf-folder")                        # ... or a folder from save_pretrained
     to_hf(model, "out")            # out/config.json + out/model.safetensors; from_pretrained opens it
 
+The architectures are those of the model families' Hugging Face adapters (``mapping.ARCHITECTURES``).
 Both work on full state dicts (``tpzoo.models.sharding``), so a model converted at tp=1 loads at
-tp=4 and back. The layout changes are in ``mapping``. Needs the transformers package (the
-``test`` extra) only for configs; weights go through safetensors directly.
+tp=4 and back. Needs the transformers package (the ``test`` extra) only for configs; weights go
+through safetensors directly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from torch import Tensor
 
 from tpzoo.convert.mapping import (
     ARCHITECTURES,
+    MODEL_TYPES,
     ConversionError,
+    adapter,
     architecture_of,
     config_from_hf,
     config_to_hf,
@@ -29,20 +32,13 @@ from tpzoo.convert.mapping import (
     tied_repeats,
 )
 from tpzoo.models.base import StagedModel
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import ModelConfig
+from tpzoo.models.hf_rules import transformers_module
 from tpzoo.models.pretrained import FORMAT, build_model, model_options, write_once
 from tpzoo.models.sharding import load_full_state_dict
-from tpzoo.parallel import ParallelMesh
+from tpzoo.parallel import ParallelMesh, ParallelPlan
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as e:
-        raise ImportError("Hugging Face conversion needs transformers: pip install transformers") from e
-    return transformers
 
 
 def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
@@ -53,10 +49,10 @@ def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
     raw = json.loads((path / "config.json").read_text())
     if raw.get("format") == FORMAT:
         raise ConversionError(f"{path} is a tpzoo model folder, not a Hugging Face one; convert it with to-hf")
-    if raw.get("model_type") not in ("gpt2", "bert"):
+    if raw.get("model_type") not in MODEL_TYPES:
         raise ConversionError(f"{path}/config.json has model_type {raw.get('model_type')!r}; tpzoo converts "
-                              f"'gpt2' and 'bert' models")
-    config = _transformers().AutoConfig.from_pretrained(str(path))
+                              f"{', '.join(map(repr, MODEL_TYPES))} models")
+    config = transformers_module().AutoConfig.from_pretrained(str(path))
     if (path / HF_WEIGHTS).is_file():
         return config, load_file(str(path / HF_WEIGHTS))
     if (path / HF_INDEX).is_file():
@@ -89,38 +85,42 @@ def architecture(hf_config: Any) -> str:
 
 
 def hf_to_tpzoo(hf_config: Any, hf_state: dict[str, Tensor], arch: str | None = None
-                ) -> tuple[str, dict[str, Any], TransformerConfig, dict[str, Tensor]]:
+                ) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
     """(tpzoo class, options, config, full state dict) of a Hugging Face config and state dict."""
     arch = arch or architecture(hf_config)
+    model_type = adapter(arch).model_type
+    if getattr(hf_config, "model_type", model_type) != model_type:
+        raise ConversionError(f"{arch} takes a config of model_type {model_type!r}, got {hf_config.model_type!r}")
     config = config_from_hf(hf_config, arch)
     class_name, options = ARCHITECTURES[arch]
     return class_name, dict(options), config, state_dict_from_hf(hf_state, config, arch)
 
 
-def tpzoo_to_hf(class_name: str, options: dict[str, Any], config: TransformerConfig, state: dict[str, Tensor]
+def tpzoo_to_hf(class_name: str, options: dict[str, Any], config: ModelConfig, state: dict[str, Tensor]
                 ) -> tuple[Any, dict[str, Tensor], set[str]]:
     """(Hugging Face config, state dict with tied repeats, the names of those repeats)."""
     arch = architecture_of(class_name, options)
     return config_to_hf(config, arch), state_dict_to_hf(state, config, arch), tied_repeats(config, arch)
 
 
-def from_hf(source: Any, mesh: ParallelMesh | None = None) -> StagedModel:
-    """A tpzoo model sharded for ``mesh`` (default ``get_mesh()``) with the weights of ``source``:
-    a GPT2LMHeadModel, BertForPreTraining, BertForMaskedLM or BertForSequenceClassification, or a
-    folder holding one (config.json + model.safetensors). Every tp rank calls it."""
+def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> StagedModel:
+    """A tpzoo model sharded for ``plan`` (a ``ParallelPlan``, a mesh, or None: ``get_mesh()``) with the
+    weights of ``source``: a transformers model of one of ``ARCHITECTURES`` (GPT2LMHeadModel,
+    BertForPreTraining, LlamaForCausalLM, ...), or a folder holding one (config.json +
+    model.safetensors). Every tp rank calls it."""
     if isinstance(source, (str, Path)):
         hf_config, hf_state = read_hf(source)
         arch = None
     else:
         hf_config, hf_state, arch = source.config, source.state_dict(), type(source).__name__
     class_name, options, config, state = hf_to_tpzoo(hf_config, hf_state, arch)
-    model = build_model(class_name, config, mesh, **options)
+    model = build_model(class_name, config, plan, **options)
     load_full_state_dict(model, state)
     return model
 
 
 def to_hf(model: StagedModel, out_dir: str | Path) -> Path:
-    """Write ``model`` as a Hugging Face folder that ``from_pretrained`` opens (GPT-2's vocabulary
+    """Write ``model`` as a Hugging Face folder that ``from_pretrained`` opens (the vocabulary
     padding dropped). Every rank calls it; one writes."""
     def write(state: dict[str, Tensor]) -> None:
         hf_config, hf_state, tied = tpzoo_to_hf(type(model).__name__, model_options(model), model.config, state)
