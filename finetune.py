@@ -1,11 +1,10 @@
 """Fine-tune a pretrained tpzoo checkpoint (or a converted Hugging Face model) on the pp x dp x tp
 mesh: a BERT becomes a sequence classifier (``--task demo``, a GLUE folder, or csv/tsv/jsonl files),
-a GPT fine-tunes as a causal LM on jsonl text. ``python finetune.py --load CKPT --task demo`` or
+a GPT or Llama fine-tunes as a causal LM on jsonl text (what a family fine-tunes as: its ``finetune``
+in ``tpzoo.models.families``). ``python finetune.py --load CKPT --task demo`` or
 ``torchrun --nproc-per-node N finetune.py ...``. Flags, data and checkpoints: docs/finetuning.md."""
 
 from __future__ import annotations
-
-import argparse
 
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
@@ -17,14 +16,14 @@ PROG = "finetune.py"
 
 
 def parser() -> CommandParser:
-    p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT causal LM (docs/finetuning.md).")
+    p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT / Llama causal LM (docs/finetuning.md).")
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--load", metavar="CKPT", help="pretrained checkpoint (pretrain.py's --save dir or an iter "
                    "folder) or tpzoo model folder (python -m tpzoo.convert from-hf); required")
     g.add_argument("--task", choices=TASKS, help="a named classification task (GLUE ones read --data-dir)")
     g.add_argument("--data-dir", metavar="DIR", help="the GLUE task's folder (train.tsv, dev.tsv)")
     g.add_argument("--train-data", metavar="FILE", help="csv/tsv/jsonl: text, optional text_b, label (BERT); "
-                   "jsonl text (GPT)")
+                   "jsonl text (GPT, Llama)")
     g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
     g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
     g.add_argument("--epochs", type=positive_int, default=5)

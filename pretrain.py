@@ -1,5 +1,6 @@
-"""Pretrain a GPT or BERT on the pp x dp x tp mesh: ``python pretrain.py`` (a tiny GPT on the demo
-corpus, a few minutes on a CPU) or ``torchrun --nproc-per-node N pretrain.py --tp .. --pp ..``.
+"""Pretrain a model of any family (``--model``, see ``tpzoo.models.families``) on the pp x dp x tp
+mesh: ``python pretrain.py`` (a tiny GPT on the demo corpus, a few minutes on a CPU) or
+``torchrun --nproc-per-node N pretrain.py --tp .. --pp ..``.
 ``python pretrain.py --load DIR`` continues a saved run as it was configured.
 Flags, schedule, metrics and checkpoints: docs/training.md."""
 
@@ -14,21 +15,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.build import add_data_args  # noqa: E402
+from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
                                  add_precision_args, add_run_args, command_parser, exit_on_misuse,
                                  fill_model_defaults, set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
 PROG = "pretrain.py"
-# Schedule defaults per --model (docs/training.md). Post-LN BERT sits on the unigram plateau (MLM loss =
-# unigram entropy) for hundreds of steps and does not leave it at GPT's lr 3e-3: it needs a lower lr
-# and more steps (the same holds for a Hugging Face BertForPreTraining on the same batches).
-MODEL_DEFAULTS = {"gpt": dict(train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_iters=30),
-                  "bert": dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50)}
+# Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)
+MODEL_DEFAULTS = {name: f.train_defaults for name, f in FAMILIES.items()}
 
 
 def parser() -> CommandParser:
-    p = command_parser(PROG, "Pretrain a GPT or BERT on the pp x dp x tp mesh (docs/training.md).")
+    p = command_parser(PROG, f"Pretrain a model ({', '.join(FAMILIES)}) on the pp x dp x tp mesh "
+                       "(docs/training.md).")
     add_model_args(p)
     add_parallel_args(p)
     add_optimizer_args(p, micro_batch_size=8, global_batch_size=32)

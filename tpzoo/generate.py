@@ -1,4 +1,5 @@
-"""Text from a GPT: greedy, temperature, top-k and top-p sampling over a KV cache, at any tp.
+"""Text from a causal LM of any family (GPT, Llama: a family whose data kind is "causal-lm" in
+``tpzoo.models.families``): greedy, temperature, top-k and top-p sampling over a KV cache, at any tp.
 
     python -m tpzoo.generate --load MODEL --prompt "the cat"
     torchrun --standalone --nproc-per-node 2 -m tpzoo.generate --tp 2 --load MODEL ...
@@ -20,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.models import GPTModel, KVCache
+from tpzoo.models import CausalLM, KVCache
+from tpzoo.models.families import FAMILIES, family
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -38,15 +40,16 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 
 
 @torch.no_grad()
-def generate(model: GPTModel, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
+def generate(model: CausalLM, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, eos_id: int | None = None, seed: int = 0) -> Tensor:
     """input_ids [b, s] -> [b, s + n], n <= max_new_tokens (fewer once every row has emitted ``eos_id``).
 
     temperature 0 is greedy (argmax); otherwise sample softmax(logits / temperature) after top-k /
     top-p filtering, from a generator seeded with ``seed``.
     """
-    if model.config.sequence_parallel:
-        raise ValueError("generation decodes one token at a time: build the model with sequence_parallel=False")
+    if model.plan.sequence_parallel:
+        raise ValueError("generation decodes one token at a time: build the model with a plan of "
+                         "sequence_parallel=False")
     if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:
         raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0 and max_new_tokens >= 0; got "
                          f"temperature={temperature}, top_p={top_p}, top_k={top_k}, max_new_tokens={max_new_tokens}")
@@ -75,12 +78,19 @@ def generate(model: GPTModel, input_ids: Tensor, max_new_tokens: int, *, tempera
     return out
 
 
+def check_causal_lm(model: torch.nn.Module, load: str) -> None:
+    """ValueError unless ``model`` is a causal LM (KV cache) of a causal-LM family: what generation decodes."""
+    if not (isinstance(model, CausalLM) and family(model.config.model_type).data == "causal-lm"):
+        causal = ", ".join(f.name for f in FAMILIES.values() if f.data == "causal-lm")
+        raise ValueError(f"{load} holds a {type(model).__name__}; generation needs a causal LM (a model of {causal})")
+
+
 def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
 
-    parser = argparse.ArgumentParser(prog="python -m tpzoo.generate", description="text from a tpzoo GPT")
+    parser = argparse.ArgumentParser(prog="python -m tpzoo.generate", description="text from a tpzoo causal LM")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "
                         "tpzoo model folder (config.json + model.safetensors)")
     parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
@@ -96,8 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         mesh = init_mesh(tp=args.tp)
         model = load_model(args.load, mesh)
-        if not isinstance(model, GPTModel):
-            raise ValueError(f"{args.load} holds a {type(model).__name__}; generation needs a GPT model")
+        check_causal_lm(model, args.load)
         tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=model.config.vocab_size)
         ids = torch.tensor([tokenizer.encode(args.prompt)], device=mesh.device)
         if ids.shape[1] == 0:

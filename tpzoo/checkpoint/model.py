@@ -14,16 +14,20 @@ from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
 from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
-from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
-from tpzoo.models.pretrained import CONFIG_FILE, MODEL_CLASSES, load_state, model_options, read_pretrained
-from tpzoo.parallel import ParallelMesh, get_mesh
+from tpzoo.models.config import RUN_OPTIONS, ModelConfig
+from tpzoo.models.families import config_from_dict
+from tpzoo.models.pretrained import CONFIG_FILE, build_model, load_state, model_options, read_pretrained
+from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
 
 logger = logging.getLogger(__name__)
 
 
 def model_record(model: StagedModel) -> dict[str, Any]:
-    """meta.json's "model": {"class", "options" (constructor options), "config" (TransformerConfig dict)}."""
-    return {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict()}
+    """meta.json's "model": {"class", "options" (constructor options), "config" (the model config's dict),
+    "plan" (the run options it was built with: ``ParallelPlan.options()``, for the record; loading takes
+    the loader's plan)}. Checkpoints written before the plan kept those options inside "config"."""
+    return {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict(),
+            "plan": model.plan.options()}
 
 
 def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path) -> None:
@@ -33,57 +37,59 @@ def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path
         problems.append(f"class: checkpoint {record['class']}, model {type(model).__name__}")
     if record["options"] != model_options(model):
         problems.append(f"options: checkpoint {record['options']}, model {model_options(model)}")
-    saved, own = TransformerConfig.from_dict(record["config"]).to_dict(), model.config.to_dict()
-    problems += [f"{k}: checkpoint {saved[k]!r}, model {own[k]!r}" for k in own
-                 if k not in RUN_OPTIONS and saved[k] != own[k]]
+    saved, own = config_from_dict(record["config"]).to_dict(), model.config.to_dict()
+    problems += [f"{k}: checkpoint {saved.get(k)!r}, model {own.get(k)!r}" for k in {**own, **saved}
+                 if k not in RUN_OPTIONS and saved.get(k) != own.get(k)]
     if problems:
         raise ValueError(f"checkpoint {folder} holds another model than the engine's ({'; '.join(problems)}); "
                          f"build the model with the checkpoint's settings (tpzoo.checkpoint.read_meta) or load "
                          f"just its weights with tpzoo.checkpoint.load_model")
 
 
-def _build(class_name: str, options: dict[str, Any], config: TransformerConfig, mesh: ParallelMesh,
-           model_class: type | None, config_overrides: dict[str, Any] | None, stage: dict[str, Any]) -> StagedModel:
+def _build(class_name: str, options: dict[str, Any], config: ModelConfig, plan: ParallelPlan,
+           model_class: type | str | None, config_overrides: dict[str, Any] | None,
+           stage: dict[str, Any]) -> StagedModel:
     """The saved model (or ``model_class``) with ``config_overrides``, as this pp rank's stage of an even
     split when pp > 1 and ``stage`` is not given. The saved constructor options apply to the saved class only."""
-    if model_class is None:
-        if class_name not in MODEL_CLASSES:
-            raise ValueError(f"unknown model class {class_name!r}; known: {', '.join(MODEL_CLASSES)}")
-        model_class = MODEL_CLASSES[class_name]
-    elif not (isinstance(model_class, type) and issubclass(model_class, StagedModel)):
-        raise TypeError(f"model_class must be a StagedModel subclass, got {model_class!r}")
-    if model_class.__name__ != class_name:
+    wanted = class_name if model_class is None else model_class
+    if getattr(wanted, "__name__", wanted) != class_name:
         options = {}
     config = config.replace(**(config_overrides or {}))
+    mesh = plan.mesh
     if not stage and mesh.pp_size > 1:
         layers = split_layers(config.num_layers, mesh.pp_size)[mesh.pp_rank]
         stage = dict(pre_process=mesh.pp_rank == 0, post_process=mesh.pp_rank == mesh.pp_size - 1, layers=layers)
-    return model_class(config, mesh, **options, **stage)
+    return build_model(wanted, config, plan, **options, **stage)
 
 
-def load_model(path: str | Path, mesh: ParallelMesh | None = None, *, model_class: type | None = None,
-               config_overrides: dict[str, Any] | None = None, **stage: Any) -> StagedModel:
-    """Build the saved model for ``mesh`` (default ``get_mesh()``) and load its weights, whatever mesh saved them.
+def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None, *,
+               model_class: type | str | None = None, config_overrides: dict[str, Any] | None = None,
+               **stage: Any) -> StagedModel:
+    """Build the saved model for ``plan`` and load its weights, whatever mesh saved them. ``plan``: a
+    ``ParallelPlan`` (mesh and run options such as sequence parallelism), a bare mesh (default run
+    options) or None (``get_mesh()``).
 
     ``path``: a training checkpoint (save dir or iter folder; collective: every rank calls this) or a
     tpzoo model folder (config.json + model.safetensors). Any tp; with pp > 1 this pp rank's stage of
     an even split, or the stage that ``stage`` (pre_process, post_process, layers) names.
-    ``model_class`` replaces the saved class (BertModel -> BertForSequenceClassification) and/or
-    ``config_overrides`` change the config (e.g. {"num_labels": 3}); then parameters whose names and
+    ``model_class`` (a class, or a class name of a registered family) replaces the saved class
+    (BertModel -> BertForSequenceClassification) and/or ``config_overrides`` change the config (e.g.
+    {"num_labels": 3}); then parameters whose names and
     shapes match load and the others keep their seeded init, listed in a warning. Without either, every
     parameter must load.
     """
-    mesh = mesh if mesh is not None else get_mesh()
+    plan = as_plan(plan)
+    mesh = plan.mesh
     strict = model_class is None and not config_overrides
     path = Path(path)
     if (path / CONFIG_FILE).is_file():
         class_name, options, config, state = read_pretrained(path)
-        model = _build(class_name, options, config, mesh, model_class, config_overrides, stage)
+        model = _build(class_name, options, config, plan, model_class, config_overrides, stage)
         fresh = load_state(model, state, strict=strict)
     else:
         folder = resolve_checkpoint(path)
         record = read_meta(folder)["checkpoint"]["model"]
-        model = _build(record["class"], record["options"], TransformerConfig.from_dict(record["config"]), mesh,
+        model = _build(record["class"], record["options"], config_from_dict(record["config"]), plan,
                        model_class, config_overrides, stage)
         saved = FileSystemReader(folder).read_metadata().state_dict_metadata
         entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)

@@ -16,7 +16,8 @@ import json
 import sys
 from typing import Sequence
 
-from tpzoo.data.build import add_cache_arg, add_data_args
+from tpzoo.data.build import add_cache_arg, add_data_args, data_kind
+from tpzoo.models.families import FAMILIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer")
     p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes")
-    p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (GPT)")
-    p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (BERT)")
+    p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (causal LMs: GPT, Llama)")
+    p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (masked LMs: BERT)")
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
     add_data_args(p)
@@ -56,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
     add_data_args(p)
-    p.add_argument("--model", choices=("gpt", "bert"), default="gpt")
+    p.add_argument("--model", choices=tuple(FAMILIES), default="gpt", help="the family; its data kind decides the "
+                   "samples (default: %(default)s)")
     p.add_argument("--seq-length", type=int, default=64)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--indices", type=int, nargs="+", default=[0])
@@ -74,7 +76,7 @@ def _inspect(args: argparse.Namespace) -> None:
     from tpzoo.data.build import resolve_data
     from tpzoo.data.indexed import IndexedDataset
 
-    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
+    tok, prefix = resolve_data("causal-lm", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
     data = IndexedDataset(prefix)
     print(
         json.dumps(
@@ -97,9 +99,10 @@ def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets, resolve_data
 
     tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
+    causal = data_kind(args.model) == "causal-lm"
     options = (
         {}
-        if args.model == "gpt"
+        if causal
         else {
             "whole_word_masking": args.whole_word_masking,
             "binary_head": None if args.binary_head == "none" else args.binary_head,
@@ -111,7 +114,7 @@ def _samples(args: argparse.Namespace) -> None:
     pieces = tok.pieces()
     for i in args.indices:
         sample = train[i]
-        if args.model == "gpt":
+        if causal:
             print(
                 json.dumps(
                     {"index": i, "input": tok.decode(sample["input_ids"]), "labels": tok.decode(sample["labels"])}
@@ -136,10 +139,10 @@ def _demo(export: str | None, cache_path: str | None) -> None:
     import os
     import shutil
 
-    from tpzoo.data.demo import demo_data, demo_dir, demo_task, unigram_entropy
+    from tpzoo.data.demo import PREFIXES, demo_data, demo_dir, demo_task, unigram_entropy
     from tpzoo.data.tokenizer import load_tokenizer
 
-    tok_path, gpt = demo_data("gpt", cache_path)
+    tok_path, causal = demo_data("causal-lm", cache_path)
     if export:
         os.makedirs(export, exist_ok=True)
         for path in [tok_path, demo_dir(cache_path) / "corpus.jsonl", *demo_task(cache_path)]:
@@ -149,10 +152,9 @@ def _demo(export: str | None, cache_path: str | None) -> None:
         json.dumps(
             {
                 "tokenizer": tok_path,
-                "gpt": gpt,
-                "bert": demo_data("bert", cache_path)[1],
+                **{kind: demo_data(kind, cache_path)[1] for kind in PREFIXES},
                 "task": demo_task(cache_path),
-                "unigram_entropy_nats": round(unigram_entropy(gpt, vocab), 4),
+                "unigram_entropy_nats": round(unigram_entropy(causal, vocab), 4),
             }
         )
     )

@@ -6,6 +6,11 @@ train/valid/test datasets from ``--split``, ``--seq-length``, ``--seed`` and the
                                         samples_needed(args.train_iters, G, args.eval_interval, args.eval_iters),
                                         args.split)
     batch_k = [train[i] for i in range(k * G, (k + 1) * G)]   # the same on any mesh
+
+``model`` is a family name (``--model``: "gpt", "llama", "bert" ...) or a data kind: what is read
+follows the family's data kind (``tpzoo.models.families``): "causal-lm" reads documents ending in
+end-of-document as ``GPTDataset`` windows, "masked-lm" sentence-split documents as ``BertDataset``
+samples. Every family of a data kind reads the same tokenized ``--dataset`` cache (``cache_name``).
 """
 
 from __future__ import annotations
@@ -25,9 +30,27 @@ from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import is_main_process, say
 from tpzoo.data.sources import resolve_files
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.models.families import DATA_KINDS, FAMILIES, family
 
-MODELS = ("gpt", "bert")
 DEFAULT_CACHE = "$TPZOO_CACHE, else ~/.cache/tpzoo"
+
+
+def data_kind(model: str) -> str:
+    """The data kind ("causal-lm" or "masked-lm") of a family name, or of a data kind itself."""
+    if model in DATA_KINDS:
+        return model
+    if model not in FAMILIES:
+        raise ValueError(f"model must be one of {', '.join(FAMILIES)} (or a data kind: {', '.join(DATA_KINDS)}), "
+                         f"got {model!r}")
+    return family(model).data
+
+
+def cache_name(model: str) -> str:
+    """What the tokenized ``--dataset`` cache of ``model``'s data kind is filed under: the first
+    registered family of that kind ("gpt" for every causal LM), so that all its families share one
+    tokenization and caches written before the family registry stay valid."""
+    kind = data_kind(model)
+    return next(name for name, f in FAMILIES.items() if f.data == kind)
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -92,13 +115,14 @@ def samples_needed(
 def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str, cache_path: str | None = None) -> str:
     """Tokenize raw files (``--dataset``) once into ``cache_dir(cache_path)/datasets/``; returns the
     indexed-dataset prefix. The cache key covers the files (path, size, mtime), the tokenizer and the
-    model. Says on stderr where the data is, whether it is built now or found."""
+    data kind (``cache_name``). Says on stderr where the data is, whether it is built now or found."""
     from tpzoo.data.preprocess import describe_files, preprocess
 
+    causal, filed_as = data_kind(model) == "causal-lm", cache_name(model)
     files = resolve_files(spec)
     stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
-    key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, model]).encode()).hexdigest()[:16]
-    name = f"datasets/{model}-{key}"
+    key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, filed_as]).encode()).hexdigest()[:16]
+    name = f"datasets/{filed_as}-{key}"
     final = cache_dir(cache_path) / name
     if final.is_dir():
         if is_main_process():
@@ -111,7 +135,7 @@ def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str, cache_path: str
 
     def build(out: Path) -> None:
         preprocess(
-            files, str(out / "data"), tokenizer, append_eod=model == "gpt", split_sentences=model == "bert", title=title
+            files, str(out / "data"), tokenizer, append_eod=causal, split_sentences=not causal, title=title
         )
 
     return str(cached_build(name, build, cache_path) / "data")
@@ -128,8 +152,7 @@ def resolve_data(
     tokenized into the cache (``cache_path``, see ``cache_dir``); else the bundled demo corpus
     (built there too). Without ``tokenizer_model`` the tokenizer recorded in the dataset is used.
     Raises ValueError if they do not match."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    data_kind(model)  # a known family or kind
     if data_path and dataset:
         raise ValueError("pass either --data-path or --dataset, not both")
     if not data_path and not dataset:
@@ -165,25 +188,24 @@ def build_datasets(
     **bert_options: Any,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
-    (None where 0 are asked). GPT samples are ``GPTDataset`` windows, BERT's ``BertDataset``
+    (None where 0 are asked). Causal-LM samples are ``GPTDataset`` windows, masked-LM ones ``BertDataset``
     samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob)."""
     from tpzoo.data.bert_dataset import BertDataset
     from tpzoo.data.gpt_dataset import GPTDataset
 
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    causal = data_kind(model) == "causal-lm"
     indexed = IndexedDataset(prefix)
     indexed.check_tokenizer(tokenizer)
-    if model == "gpt" and indexed.metadata.get("append_eod") is False:
+    if causal and indexed.metadata.get("append_eod") is False:
         raise ValueError(
             f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
-            "together; preprocess it again with --append-eod for GPT"
+            f"together; preprocess it again with --append-eod for a causal LM ({model})"
         )
     out = []
     for k, docs in enumerate(split_documents(indexed.num_documents, split)):
         if not num_samples[k]:
             out.append(None)
-        elif model == "gpt":
+        elif causal:
             out.append(GPTDataset(indexed, docs, seq_length, num_samples[k], seed, k))
         else:
             out.append(BertDataset(indexed, docs, tokenizer, seq_length, num_samples[k], seed, k, **bert_options))

@@ -17,6 +17,7 @@ from typing import Iterable
 import numpy as np
 
 from tpzoo.data import grammar
+from tpzoo.data.build import data_kind
 from tpzoo.data.cache import cache_dir, cached_build
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.preprocess import write_indexed
@@ -28,6 +29,9 @@ CORPUS_DOCUMENTS, CORPUS_SEED = 12_000, 0
 TASK_SPLITS = {"train": (2_000, 1), "valid": (500, 2)}  # examples, seed
 TOKENIZER_VOCAB = 512
 _VERSION = 1  # bump when the generator or the build changes
+# the demo corpus's indexed dataset per data kind (file names from before the families; kept so that
+# built caches stay valid)
+PREFIXES = {"causal-lm": "gpt", "masked-lm": "bert"}
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
@@ -41,8 +45,8 @@ def _build(out: Path) -> None:
     docs = grammar.corpus(CORPUS_DOCUMENTS, CORPUS_SEED)
     write_jsonl(out / "corpus.jsonl", ({"text": d} for d in docs))
     tok, meta = load_tokenizer(DEMO_TOKENIZER), {"inputs": ["tpzoo demo corpus"], "json_key": "text"}
-    write_indexed(docs, str(out / "gpt"), tok, append_eod=True, progress=False, metadata=meta)
-    write_indexed(docs, str(out / "bert"), tok, split_sentences=True, progress=False, metadata=meta)
+    write_indexed(docs, str(out / PREFIXES["causal-lm"]), tok, append_eod=True, progress=False, metadata=meta)
+    write_indexed(docs, str(out / PREFIXES["masked-lm"]), tok, split_sentences=True, progress=False, metadata=meta)
     for split, (n, seed) in TASK_SPLITS.items():
         write_jsonl(
             out / f"sentiment_{split}.jsonl", ({"text": t, "label": y} for t, y in grammar.sentiment_task(n, seed))
@@ -50,7 +54,7 @@ def _build(out: Path) -> None:
 
 
 def demo_dir(cache_path: str | os.PathLike | None = None) -> Path:
-    """The folder of ``cache_dir(cache_path)`` holding ``corpus.jsonl``, ``gpt.*``, ``bert.*`` and
+    """The folder of ``cache_dir(cache_path)`` holding ``corpus.jsonl``, ``PREFIXES``' datasets and
     ``sentiment_*.jsonl``, built on first use."""
     name = f"demo-v{_VERSION}-{sha256_of([DEMO_TOKENIZER])[:12]}"
 
@@ -62,11 +66,10 @@ def demo_dir(cache_path: str | os.PathLike | None = None) -> Path:
 
 
 def demo_data(model: str = "gpt", cache_path: str | os.PathLike | None = None) -> tuple[str, str]:
-    """``(tokenizer path, indexed-dataset prefix)`` of the demo corpus for ``model`` ("gpt": documents
-    ending in end-of-document; "bert": split into sentences)."""
-    if model not in ("gpt", "bert"):
-        raise ValueError(f"model must be 'gpt' or 'bert', got {model!r}")
-    return str(DEMO_TOKENIZER), str(demo_dir(cache_path) / model)
+    """``(tokenizer path, indexed-dataset prefix)`` of the demo corpus for ``model``, a family name or a
+    data kind (``tpzoo.data.build.data_kind``): "causal-lm", documents ending in end-of-document;
+    "masked-lm", documents split into sentences."""
+    return str(DEMO_TOKENIZER), str(demo_dir(cache_path) / PREFIXES[data_kind(model)])
 
 
 def demo_task(cache_path: str | os.PathLike | None = None) -> tuple[str, str]:

@@ -1,14 +1,18 @@
 """The flags ``pretrain.py`` and ``finetune.py`` share (Megatron-LM's names, ``shared/CONTRACT.md``
-section 1), and what they turn into: the mesh, the ``TransformerConfig`` and the ``EngineConfig``.
+section 1), and what they turn into: the model config (what the model is), the ``ParallelPlan`` (how it
+runs: mesh, sequence parallelism, recompute, kernels, seed) and the ``EngineConfig``.
 
-    parser = command_parser("pretrain.py", "Pretrain a GPT or BERT on the pp x dp x tp mesh.")
+    parser = command_parser("pretrain.py", "Pretrain a model on the pp x dp x tp mesh.")
     add_model_args(parser); add_parallel_args(parser); add_optimizer_args(parser); add_precision_args(parser)
     args = parser.parse_args()
     config = model_config(args)                       # the preset, overridden by the model flags given
+    plan = plan_from_args(args, init_mesh(args.tp, args.pp, args.dp))
     engine = engine_config(args)                      # batch, schedule, optimizer, precision
 
-Flags a script does not want to default are None until given; ``model_config`` applies only
-those given. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit status 2.
+``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset. Flags a
+script does not want to default are None until given; ``model_config`` applies only those given.
+This module imports without torch. Misuse leaves through ``exit_on_misuse``: one line on stderr,
+exit status 2.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ import argparse
 import math
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from tpzoo.engine.config import SCHEDULES, EngineConfig
-from tpzoo.models.config import ATTENTION_BACKENDS, KERNEL_BACKENDS, TransformerConfig
-from tpzoo.models.presets import PRESETS, get_preset
+from tpzoo.models.config import ModelConfig, field_names
+from tpzoo.models.families import FAMILIES, PRESETS, family
+from tpzoo.models.presets import get_preset
+from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS
 
-# flag -> TransformerConfig field, for the model flags that override a preset
-MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
-               "hidden_dropout", "attention_dropout")
-DEFAULT_PRESET = {"gpt": "gpt-tiny", "bert": "bert-tiny"}
+if TYPE_CHECKING:
+    from tpzoo.parallel import ParallelMesh, ParallelPlan
+
+# flag -> model config field, for the model flags that override a preset (a family's config may lack
+# one: num_query_groups is Llama's; giving it for another family is refused)
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+               "max_position_embeddings", "hidden_dropout", "attention_dropout")
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 
 
@@ -128,12 +137,16 @@ def probability(text: str) -> float:
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
     """``--model --preset`` and the shape flags that override the preset (None = the preset's)."""
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(DEFAULT_PRESET), default=default_model)
-    g.add_argument("--preset", choices=tuple(PRESETS), help="model shape (default: gpt-tiny / bert-tiny)")
+    g.add_argument("--model", choices=tuple(FAMILIES), default=default_model, help="the model family")
+    defaults = ", ".join(f.default_preset for f in FAMILIES.values())
+    g.add_argument("--preset", choices=tuple(PRESETS), help=f"model shape, of the --model family (default: the "
+                   f"family's {defaults})")
     g.add_argument("--num-layers", type=positive_int)
     g.add_argument("--hidden-size", type=positive_int)
     g.add_argument("--num-attention-heads", type=positive_int)
-    g.add_argument("--ffn-hidden-size", type=positive_int, help="default: 4 x hidden size")
+    g.add_argument("--num-query-groups", type=positive_int, help="key/value heads of grouped-query attention "
+                   "(llama; default: the preset's)")
+    g.add_argument("--ffn-hidden-size", type=positive_int, help="default: the preset's (gpt, bert: 4 x hidden size)")
     g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
     g.add_argument("--max-position-embeddings", type=positive_int, help="default: the preset's")
     g.add_argument("--hidden-dropout", type=probability, help="default: the preset's")
@@ -203,23 +216,35 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
 
 
-def model_config(args: argparse.Namespace, base: TransformerConfig | None = None, **changes: Any
-                 ) -> TransformerConfig:
-    """``base`` (default: ``--preset``, else the model's tiny preset) with the model flags given,
-    the run options (seed, kernels, recompute, sequence parallelism) and ``changes`` applied."""
+def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
+    """``base`` (default: ``--preset``, else the ``--model`` family's default preset) with the model
+    flags given and ``changes`` applied. A flag the family's config has no field for is a ValueError."""
     if base is None:
-        base = get_preset(args.preset or DEFAULT_PRESET[args.model])
+        base = get_preset(args.preset or family(args.model).default_preset)
     if base.model_type != args.model:
         raise ValueError(f"--preset {args.preset} is a {base.model_type} model but --model is {args.model}; "
                          f"drop one of them or make them agree")
     given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
-    config = base.replace(**given, seed=args.seed, kernels=args.kernels, attention_backend=args.attention_backend,
-                          recompute_activations=args.recompute_activations,
-                          sequence_parallel=args.sequence_parallel, **changes)
+    foreign = [name for name in given if name not in field_names(type(base))]
+    if foreign:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
+        raise ValueError(f"{flags} does not apply to --model {base.model_type} (its {type(base).__name__} has no "
+                         f"{', '.join(foreign)}); drop it")
+    config = base.replace(**given, **changes)
     if args.seq_length > config.max_position_embeddings:
         raise ValueError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                          f"{config.max_position_embeddings}; lower the first or raise the second")
     return config
+
+
+def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan:
+    """The ``ParallelPlan`` of ``mesh`` and the run option flags: --sequence-parallel,
+    --recompute-activations, --kernels, --attention-backend and --seed (the weights' seed)."""
+    from tpzoo.parallel import ParallelPlan
+
+    return ParallelPlan(mesh, sequence_parallel=args.sequence_parallel,
+                        recompute_activations=args.recompute_activations, kernels=args.kernels,
+                        attention_backend=args.attention_backend, seed=args.seed)
 
 
 def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:

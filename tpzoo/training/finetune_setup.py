@@ -1,15 +1,16 @@
 """What a fine-tuning run is built from, before its first step: the pretrained model (its kind from
-the checkpoint), the tokenizer, the task's data, the model config and the engine.
+the checkpoint's family), the tokenizer, the task's data, the model config, the plan and the engine.
 
     run = build_finetune(args)     # ValueError/FileNotFoundError on misuse, before any training
-    run.kind                       # "classification" (a BERT checkpoint) or "causal-lm" (a GPT one)
+    run.kind                       # the family's ``finetune``: "classification" (BERT) or "causal-lm" (GPT, Llama)
     run.engine, run.train, run.valid, run.label_names
     run.report                     # lines finetune() prints once: the classes, the sample lengths
 
 ``--load`` is a training checkpoint (``pretrain.py``'s or ``finetune.py``'s) or a tpzoo model folder
-(``python -m tpzoo.convert from-hf``). A BERT checkpoint becomes a ``BertForSequenceClassification``
-(encoder and, where saved, pooler loaded; a fresh head of ``num_labels`` = the task's classes); a
-GPT checkpoint stays a ``GPTModel`` for causal-LM fine-tuning.
+(``python -m tpzoo.convert from-hf``). The model built is the family's ``finetune_model``
+(``tpzoo.models.families``): a BERT checkpoint becomes a ``BertForSequenceClassification`` (encoder
+and, where saved, pooler loaded; a fresh head of ``num_labels`` = the task's classes); a GPT or Llama
+checkpoint stays a causal LM.
 
 Classifier labels: a ``--load`` checkpoint that records ``label_names`` (a ``finetune.py`` one) maps
 the data files' labels through them; else the training file's labels become ids in ``label_order``;
@@ -20,6 +21,7 @@ samples' lengths, within [the least a sample needs, max_position_embeddings] (``
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +32,16 @@ from tpzoo.data.causal_lm import CausalLMDataset, read_texts
 from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
-from tpzoo.models import BertForSequenceClassification
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import ModelConfig
+from tpzoo.models.families import FAMILIES, config_from_dict, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
-from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.args import engine_config, model_config, plan_from_args
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.setup import default_run_dir
 
-KINDS = {"bert": "classification", "gpt": "causal-lm"}
 # what a sample of each kind is, and what happens to one longer than --seq-length
 SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", "span several windows")}
 
@@ -49,9 +50,9 @@ SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", 
 class FinetuneRun:
     args: argparse.Namespace
     mesh: ParallelMesh
-    kind: str                         # "classification" or "causal-lm"
+    kind: str                         # the family's finetune kind: "classification" or "causal-lm"
     tokenizer: Tokenizer
-    config: TransformerConfig         # the fine-tuned model's
+    config: ModelConfig               # the fine-tuned model's
     engine: Engine
     train: Any                        # map-style dataset of samples (TaskDataset / CausalLMDataset)
     valid: Any
@@ -68,14 +69,14 @@ class FinetuneRun:
                     args=vars(self.args), **extra)
 
 
-def saved_model(path: str) -> tuple[str, TransformerConfig, dict[str, Any]]:
+def saved_model(path: str) -> tuple[str, ModelConfig, dict[str, Any]]:
     """(class name, config, meta) of the model at ``path``: a model folder (meta {}) or a checkpoint."""
     if (Path(path) / CONFIG_FILE).is_file():
         class_name, _, config, _ = read_pretrained(path)
         return class_name, config, {}
     meta = read_meta(path)
     record = meta["checkpoint"]["model"]
-    return record["class"], TransformerConfig.from_dict(record["config"]), meta
+    return record["class"], config_from_dict(record["config"]), meta
 
 
 def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_length: int,
@@ -100,7 +101,7 @@ def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_leng
     return TaskDataset(train, tokenizer, seq_length), TaskDataset(valid, tokenizer, seq_length), names
 
 
-def finetune_data(args: argparse.Namespace, kind: str, tokenizer: Tokenizer, saved: TransformerConfig,
+def finetune_data(args: argparse.Namespace, kind: str, tokenizer: Tokenizer, saved: ModelConfig,
                   meta: dict[str, Any]) -> tuple[Any, Any, list[str] | None, list[str]]:
     """(train, valid, label names, report lines) of the run; ``--seq-length auto`` is resolved here
     (``args.seq_length`` becomes the pick) from the training samples' lengths."""
@@ -128,7 +129,7 @@ def finetune_data(args: argparse.Namespace, kind: str, tokenizer: Tokenizer, sav
     return train, valid, names, report
 
 
-def check_data_args(args: argparse.Namespace, kind: str) -> None:
+def check_data_args(args: argparse.Namespace, kind: str, class_name: str) -> None:
     """Exactly one data source, and one that fits the checkpoint's kind."""
     files = args.train_data is not None or args.valid_data is not None
     if args.task and files:
@@ -138,8 +139,10 @@ def check_data_args(args: argparse.Namespace, kind: str) -> None:
     if not args.task and not files:
         raise ValueError("no data: pass --task NAME or --train-data FILE --valid-data FILE")
     if args.task and kind == "causal-lm":
-        raise ValueError(f"--load {args.load} holds a GPT model, which fine-tunes as a causal LM on "
-                         f"--train-data/--valid-data text files; --task {args.task} needs a BERT checkpoint")
+        classifiers = [f.name for f in FAMILIES.values() if f.finetune == "classification"]
+        raise ValueError(f"--load {args.load} holds a {class_name.removesuffix('Model')} model, which fine-tunes "
+                         f"as a causal LM on --train-data/--valid-data text files; --task {args.task} needs a "
+                         f"checkpoint of a classifier family ({', '.join(classifiers)})")
 
 
 def build_finetune(args: argparse.Namespace) -> FinetuneRun:
@@ -147,15 +150,16 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     if not args.load:
         raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
     class_name, saved, meta = saved_model(args.load)
-    kind = KINDS[saved.model_type]
-    check_data_args(args, kind)
+    fam = family(saved.model_type)
+    spec, kind = fam.spec, fam.finetune
+    check_data_args(args, kind, class_name)
     tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=saved.vocab_size)
     train, valid, names, report = finetune_data(args, kind, tokenizer, saved, meta)
     changes: dict[str, Any] = {}
     if kind == "classification":
-        if class_name == BertForSequenceClassification.__name__ and saved.num_labels != len(names):
+        if class_name == spec.finetune_model and saved.num_labels != len(names):
             raise ValueError(f"--load {args.load} is a classifier of {saved.num_labels} labels but the data has "
-                             f"{len(names)} ({names}); fine-tune a BERT encoder checkpoint instead")
+                             f"{len(names)} ({names}); fine-tune a {spec.pretrain_model} checkpoint instead")
         changes = dict(num_labels=len(names))
     ecfg = engine_config(args)
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
@@ -163,11 +167,11 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     args.model, args.preset = saved.model_type, None  # what model_config checks the flags against
     config = model_config(args, saved, **changes)
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
-    model_class = BertForSequenceClassification if kind == "classification" else None
+    model_class = spec.finetune_model if spec.finetune_model != class_name else None
     mesh = init_mesh(args.tp, args.pp, args.dp)
     manual_seed(args.seed, mesh)
-    engine = Engine(lambda **stage: load_model(args.load, mesh, model_class=model_class, config_overrides=overrides,
-                                               **stage), config, ecfg, mesh)
+    build = functools.partial(load_model, args.load, model_class=model_class, config_overrides=overrides)
+    engine = Engine(build, config, ecfg, plan_from_args(args, mesh))
     save_dir = Path(args.save) if args.save else None
     log_dir = Path(args.log_dir) if args.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
     return FinetuneRun(args, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tpzoo.models.config import TransformerConfig
+from tpzoo.models.config import ModelConfig
 from tpzoo.models.presets import num_parameters
 
 # dense peak FLOP/s per GPU (no sparsity) by device-name fragment, first match wins: bf16, fp16, fp32
@@ -47,7 +47,7 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return next((peaks.get(precision) for fragment, peaks in PEAK_FLOPS if fragment in name), None)
 
 
-def flops_per_token(config: TransformerConfig, seq_length: int) -> float:
+def flops_per_token(config: ModelConfig, seq_length: int) -> float:
     """Training FLOPs per token (forward + backward): 6 x parameters + 12 x layers x hidden x seq
     for the attention scores (PaLM's count; the full, not the causal, score matrix)."""
     return 6.0 * num_parameters(config) + 12.0 * config.num_layers * config.hidden_size * seq_length

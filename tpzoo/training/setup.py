@@ -1,5 +1,6 @@
 """What a pretraining run is built from, before its first step: the checkpoint to resume (checked
-against the flags), the mesh, the data, the model config and the engine.
+against the flags), the mesh and plan, the data, the model config and the engine. The ``--model``
+family (``tpzoo.models.families``) gives the data kind, the model class and the presets.
 
     run = build_run(args)        # raises ValueError/FileNotFoundError on misuse, before any training
     run.engine, run.train, run.valid, run.schedule, run.iteration, run.consumed_samples
@@ -17,6 +18,7 @@ is taken from it unless written on the command line (``given``); the mesh and th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,12 +33,12 @@ from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, resolve_data, samples_needed
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 from tpzoo.engine import Engine
-from tpzoo.models import BertModel, GPTModel
-from tpzoo.models.config import RUN_OPTIONS, TransformerConfig
+from tpzoo.models.config import RUN_OPTIONS, ModelConfig
+from tpzoo.models.families import config_from_dict, family
+from tpzoo.models.pretrained import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
-from tpzoo.training.args import engine_config, fill_model_defaults, model_config
+from tpzoo.training.args import engine_config, fill_model_defaults, model_config, plan_from_args
 from tpzoo.training.lr_schedule import LRSchedule
-
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Run:
     mesh: ParallelMesh
     tokenizer: Tokenizer
     data_prefix: str
-    config: TransformerConfig
+    config: ModelConfig
     engine: Engine
     schedule: LRSchedule
     train: Any                      # map-style dataset of dicts of [s] tensors
@@ -112,13 +114,13 @@ def _show(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def differing_fields(saved: TransformerConfig, wanted: TransformerConfig) -> list[str]:
+def differing_fields(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
     """``field checkpoint X, flags Y`` for each weight-shaping field that differs."""
     a, b = saved.to_dict(), wanted.to_dict()
     return [f"{k}: checkpoint {a[k]}, flags {b[k]}" for k in a if k not in RUN_OPTIONS and a[k] != b[k]]
 
 
-def check_vocabulary(tokenizer: Tokenizer, stored: TransformerConfig, load: str) -> None:
+def check_vocabulary(tokenizer: Tokenizer, stored: ModelConfig, load: str) -> None:
     """A resumed model's vocabulary must be the tokenizer's: ValueError naming both sizes."""
     if tokenizer.vocab_size != stored.vocab_size:
         raise ValueError(f"--load {load} holds a model of {stored.vocab_size} tokens but the tokenizer "
@@ -127,7 +129,7 @@ def check_vocabulary(tokenizer: Tokenizer, stored: TransformerConfig, load: str)
 
 
 def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: dict[str, Any] | None
-                         ) -> TransformerConfig:
+                         ) -> ModelConfig:
     """The flags' model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta)
     the checkpoint's config is the base, and any shape the flags change is a ValueError."""
     if saved is None:
@@ -135,7 +137,7 @@ def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: 
     if saved["model"] != args.model:
         raise ValueError(f"--load {args.load} holds a {saved['model']} model but --model is {args.model}; "
                          f"pass --model {saved['model']}")
-    stored = TransformerConfig.from_dict(saved["model_config"])
+    stored = config_from_dict(saved["model_config"])
     config = model_config(args, None if args.preset else stored, vocab_size=tokenizer.vocab_size)
     check_vocabulary(tokenizer, stored, args.load)
     differ = differing_fields(stored, config)
@@ -151,14 +153,6 @@ def default_run_dir(model: str) -> Path:
     if dist.get_world_size() > 1:
         dist.broadcast_object_list(name, src=0)
     return Path(name[0])
-
-
-def build_model(args: argparse.Namespace, config: TransformerConfig, mesh: ParallelMesh, **stage: Any
-                ) -> GPTModel | BertModel:
-    """One pipeline stage of the ``--model`` (``stage``: pre_process, post_process, layers)."""
-    if args.model == "gpt":
-        return GPTModel(config, mesh, **stage)
-    return BertModel(config, mesh, **stage)
 
 
 def build_run(args: argparse.Namespace, given: set[str] | None = None,
@@ -178,9 +172,9 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
         fill_model_defaults(args, model_defaults)
     schedule = LRSchedule.from_args(args)
     if saved is not None and args.tokenizer_model:  # before any data is tokenised with it
-        check_vocabulary(load_tokenizer(args.tokenizer_model), TransformerConfig.from_dict(saved["model_config"]),
-                         args.load)
+        check_vocabulary(load_tokenizer(args.tokenizer_model), config_from_dict(saved["model_config"]), args.load)
     mesh = init_mesh(args.tp, args.pp, args.dp)
+    plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
     tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model,
                                      cache_path=args.data_cache_path)
@@ -192,7 +186,8 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     needed = samples_needed(args.train_iters, g, args.eval_interval, args.eval_iters)
     needed = (max(needed[0], consumed + train_iters_left * g), needed[1], 0)  # pretraining never reads the test split
     train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split)
-    engine = Engine(lambda **stage: build_model(args, config, mesh, **stage), config, engine_cfg, mesh)
+    engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
+                    engine_cfg, plan)
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)
     run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, train, valid, save_dir,
               Path(args.log_dir) if args.log_dir else save_dir)
