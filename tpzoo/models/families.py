@@ -83,6 +83,8 @@ _GPT2 = dict(model_type="gpt", vocab_size=50257, max_position_embeddings=1024, l
              layernorm_position="pre", activation="gelu_tanh", type_vocab_size=0)
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, layernorm_epsilon=1e-12,
              layernorm_position="post", activation="gelu", type_vocab_size=2)
+_LLAMA = dict(model_type="llama", layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
+              tie_word_embeddings=False)
 # The tiny presets use the 512-token vocabulary of the bundled demo tokenizer.
 _TINY = dict(vocab_size=512, max_position_embeddings=256)
 # Post-LN BERT sits on the unigram plateau (MLM loss = unigram entropy) for hundreds of steps and does not
@@ -104,6 +106,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                "bert-large": dict(_BERT, num_layers=24, hidden_size=1024, num_attention_heads=16),
                "bert-tiny": dict(_BERT, **_TINY, num_layers=2, hidden_size=128, num_attention_heads=4,
                                  hidden_dropout=0.1, attention_dropout=0.1)}),
+    Family("llama", "tpzoo.models.llama", data="causal-lm", finetune="causal-lm", default_preset="llama-tiny",
+           train_defaults=_DECODER_DEFAULTS, presets={
+               "llama-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+                                  num_query_groups=2, ffn_hidden_size=352),
+               # TinyLlama-1.1B's shape
+               "llama-1b": dict(_LLAMA, num_layers=22, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
+                                ffn_hidden_size=5632, vocab_size=32000, max_position_embeddings=2048),
+               # Llama-3-8B's shape
+               "llama-8b": dict(_LLAMA, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                                ffn_hidden_size=14336, vocab_size=128256, max_position_embeddings=8192,
+                                rotary_base=500000.0)}),
 )}
 PRESETS: dict[str, dict[str, Any]] = {name: fields for f in FAMILIES.values() for name, fields in f.presets.items()}
 
