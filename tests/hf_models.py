@@ -1,5 +1,5 @@
-"""Tiny Hugging Face GPT-2 and BERT built from configs (random init, no hub), and the checks of
-tpzoo against them. Imported by test_models (inside the ranks) and test_convert."""
+"""Tiny Hugging Face GPT-2, BERT and Llama built from configs (random init, no hub), and the checks of
+tpzoo against them. Imported by test_models (inside the ranks), test_convert and test_convert_llama."""
 
 from __future__ import annotations
 
@@ -40,6 +40,17 @@ def hf_bert(cls: type, tie: bool = True) -> torch.nn.Module:
         max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
         tie_word_embeddings=tie, attn_implementation="eager")
     return randomize(cls(config))
+
+
+def hf_llama(tie: bool = False, kv_heads: int = 2) -> transformers.LlamaForCausalLM:
+    """LlamaForCausalLM with ``kv_heads`` of 4 heads, RoPE theta and RMSNorm epsilon off their defaults
+    (a converter that dropped them would change the logits)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,
+        num_key_value_heads=kv_heads, max_position_embeddings=32, rms_norm_eps=1e-4, rope_theta=500.0,
+        tie_word_embeddings=tie, attn_implementation="eager")
+    return randomize(transformers.LlamaForCausalLM(config))
 
 
 def mean_loss(per_token: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Generation: KV-cache decoding equals full recomputation, text is the same at tp=1 and tp=2, and the
-tokenizer defaults to the checkpoint's (or the model folder's) and must have the model's vocabulary."""
+"""Generation: KV-cache decoding equals full recomputation, text is the same at tp=1 and tp=2 for every
+causal-LM family (GPT, Llama: ``families.CAUSAL``), a model of another kind is refused, and the tokenizer
+defaults to the checkpoint's (or the model folder's) and must have the model's vocabulary."""
 
 from __future__ import annotations
 
@@ -12,26 +13,32 @@ from pathlib import Path
 import pytest
 import torch
 from data_helpers import small_corpus
+from families import CASES, MAIN
 from pretrain_helpers import TINY, pretrain
 
 from tpzoo.data.demo import demo_data
 from tpzoo.data.tokenizer import load_tokenizer
-from tpzoo.generate import filter_logits, generate
-from tpzoo.models import GPTModel, KVCache, TransformerConfig
+from tpzoo.generate import check_causal_lm, filter_logits, generate
+from tpzoo.models import CausalLM, KVCache
 from tpzoo.models.pretrained import save_pretrained
-from tpzoo.parallel import init_mesh
+from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
+CAUSAL = [name for name in MAIN if CASES[name].inputs == "causal-lm"]  # one case per causal-LM family
+SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=32, hidden_dropout=0.0,
+             attention_dropout=0.0)
 
 
-def tiny_gpt(backend: str, vocab: int = 97) -> TransformerConfig:
-    return TransformerConfig(model_type="gpt", num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=vocab,
-                             max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0,
-                             attention_backend=backend, seed=7)
+def tiny(case: str, vocab: int = 97):
+    return CASES[case].config(vocab_size=vocab, **SIZES)
 
 
-def greedy_without_cache(model: GPTModel, ids: torch.Tensor, n: int) -> torch.Tensor:
+def build(case: str, mesh, backend: str, vocab: int = 97) -> CausalLM:
+    return CASES[case].build(tiny(case, vocab), ParallelPlan(mesh, attention_backend=backend, seed=7))
+
+
+def greedy_without_cache(model: CausalLM, ids: torch.Tensor, n: int) -> torch.Tensor:
     for _ in range(n):
         ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     return ids
@@ -40,28 +47,34 @@ def greedy_without_cache(model: GPTModel, ids: torch.Tensor, n: int) -> torch.Te
 def generation_checks(model_dir: str) -> None:
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     outputs = {}
-    for tp in (1, 2):
-        mesh = init_mesh(tp=tp)
+    for case in CAUSAL:
+        kv_heads = getattr(tiny(case), "query_groups", SIZES["num_attention_heads"])  # grouped-query attention
+        for tp in (1, 2):
+            mesh = init_mesh(tp=tp)
+            for backend in ("sdpa", "fused-softmax"):
+                model, tag = build(case, mesh, backend).eval(), f"{case} tp={tp} {backend}"
+                with torch.no_grad():
+                    full = model(ids)
+                    cache, pieces = KVCache(), []
+                    for a, b in ((0, 3), (3, 5), *((t, t + 1) for t in range(5, 9))):  # prefill, a chunk, tokens
+                        pieces.append(model(ids[:, a:b], cache=cache))
+                err = (torch.cat(pieces, dim=1) - full).abs().max() / full.abs().max()
+                assert err < 1e-5, f"{tag}: cached decoding differs from the full forward by {err:.2e}"
+                assert cache.length == 9 and cache.keys[1].shape == (2, kv_heads // tp, 9, 8), tag
+                greedy = generate(model, ids[:, :4], 6)
+                assert torch.equal(greedy, greedy_without_cache(model, ids[:, :4], 6)), f"{tag} greedy"
+                sampled = generate(model, ids[:, :4], 6, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+                outputs[case, tp, backend] = (greedy, sampled)
         for backend in ("sdpa", "fused-softmax"):
-            model = GPTModel(tiny_gpt(backend), mesh).eval()
-            with torch.no_grad():
-                full = model(ids)
-                cache, pieces = KVCache(), []
-                for a, b in ((0, 3), (3, 5), *((t, t + 1) for t in range(5, 9))):  # prefill, a chunk, single tokens
-                    pieces.append(model(ids[:, a:b], cache=cache))
-            err = (torch.cat(pieces, dim=1) - full).abs().max() / full.abs().max()
-            assert err < 1e-5, f"tp={tp} {backend}: cached decoding differs from the full forward by {err:.2e}"
-            assert cache.length == 9 and cache.keys[1].shape == (2, 4 // tp, 9, 8)
-            greedy = generate(model, ids[:, :4], 6)
-            assert torch.equal(greedy, greedy_without_cache(model, ids[:, :4], 6)), f"tp={tp} {backend} greedy"
-            sampled = generate(model, ids[:, :4], 6, temperature=0.8, top_k=20, top_p=0.9, seed=3)
-            outputs[tp, backend] = (greedy, sampled)
-    for backend in ("sdpa", "fused-softmax"):
-        assert all(torch.equal(a, b) for a, b in zip(outputs[1, backend], outputs[2, backend])), backend
+            assert all(torch.equal(a, b) for a, b in zip(outputs[case, 1, backend], outputs[case, 2, backend])), \
+                f"{case} {backend}: tp=2 generates other tokens than tp=1"
     with pytest.raises(ValueError, match="prompt of 9 tokens \\+ max_new_tokens=30 exceeds max_position_embeddings=32"):
         generate(model, ids, 30)
+    encoder = CASES[next(name for name in MAIN if CASES[name].inputs != "causal-lm")]
+    with pytest.raises(ValueError, match=f"holds a {encoder.model}; generation needs a causal LM"):
+        check_causal_lm(encoder.build(encoder.config(), ParallelPlan(init_mesh(tp=1))), "model-dir")
     vocab = load_tokenizer(demo_data()[0]).vocab_size
-    save_pretrained(GPTModel(tiny_gpt("auto", vocab), init_mesh(tp=1)), model_dir)
+    save_pretrained(build(CAUSAL[0], init_mesh(tp=1), "auto", vocab), model_dir)
 
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}

@@ -26,7 +26,7 @@ from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, full_state_dict, get_preset
 from tpzoo.models.pretrained import save_pretrained
 from tpzoo.models.sharding import gather_full, load_full_state_dict, source_name, tp_partitions
-from tpzoo.parallel import init_mesh, manual_seed
+from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.testing import spawn
 
 G, S, SAVE_AT, STEPS = 16, 8, 3, 5
@@ -42,7 +42,11 @@ FP16_TOL = 2e-5  # fp16 autocast: another tp rounds the matmuls differently (mea
 def model_config(kind: str, dropout: float = 0.0):
     return get_preset(f"{kind}-tiny", num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
                       vocab_size=VOCAB[kind], max_position_embeddings=16, hidden_dropout=dropout,
-                      attention_dropout=dropout, kernels="torch", tie_word_embeddings=kind == "bert")
+                      attention_dropout=dropout, tie_word_embeddings=kind == "bert")
+
+
+def plan(mesh) -> ParallelPlan:
+    return ParallelPlan(mesh, kernels="torch")
 
 
 def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
@@ -60,10 +64,10 @@ def make_engine(run: str, mesh, zero: bool) -> Engine:
     kind, precision, _, dropout = RUNS[run]
     config = model_config(kind, dropout)
     cls = GPTModel if kind == "gpt" else BertModel
-    return Engine(lambda **stage: cls(config, mesh, **stage), config,
+    return Engine(lambda plan, **stage: cls(config, plan, **stage), config,
                   EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G, lr=LR,
                                weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, precision=precision,
-                               initial_loss_scale=2.0**10, use_distributed_optimizer=zero), mesh)
+                               initial_loss_scale=2.0**10, use_distributed_optimizer=zero), plan(mesh))
 
 
 def train(engine: Engine, run: str, steps: range) -> list[float]:
@@ -148,15 +152,15 @@ def logits(model, kind: str) -> torch.Tensor:
 def check_load_model(root: str, refs: dict) -> dict:
     """load_model at tp 1 and 2 gives the trained model's logits; pipeline stages; a new head for BERT."""
     out = {}
-    reference = GPTModel(model_config("gpt"), init_mesh(tp=1))
+    reference = GPTModel(model_config("gpt"), plan(init_mesh(tp=1)))
     load_full_state_dict(reference, {k: torch.from_numpy(v) for k, v in refs["gpt"]["state"][0].items()
                                      if not k.startswith("head.word")})
     expected = logits(reference, "gpt")
     for tp in (1, 2):
-        got = logits(load_model(f"{root}/gpt/iter_0000003", init_mesh(tp=tp)), "gpt")
+        got = logits(load_model(f"{root}/gpt/iter_0000003", plan(init_mesh(tp=tp))), "gpt")
         out[f"load_model tp={tp} logits rel err"] = err = ((got - expected).abs().max() / expected.abs().max()).item()
         assert err <= (0 if tp == 1 else 1e-5), f"tp={tp}: logits differ by {err:.3g}"
-    stage = load_model(f"{root}/bert", init_mesh(tp=2, pp=4, dp=1))
+    stage = load_model(f"{root}/bert", plan(init_mesh(tp=2, pp=4, dp=1)))
     assert len(stage.layers) == 1 and stage.pre_process == (stage.mesh.pp_rank == 0)
     for name, value in full_state_dict(stage).items():
         assert np.array_equal(value.numpy(), refs["bert"]["state"][0][source_name(name)]), name
@@ -164,7 +168,7 @@ def check_load_model(root: str, refs: dict) -> dict:
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())
     logging.getLogger("tpzoo.checkpoint").addHandler(handler)
-    clf = load_model(f"{root}/bert", init_mesh(tp=2), model_class=BertForSequenceClassification,
+    clf = load_model(f"{root}/bert", plan(init_mesh(tp=2)), model_class=BertForSequenceClassification,
                      config_overrides={"num_labels": 3})
     assert clf.config.num_labels == 3 and logits(clf, "bert").shape == (G, 3)
     assert len(records) == 1 and "2 parameters" in records[0] and "head.classifier.bias, head.classifier.weight" \

@@ -13,7 +13,7 @@ import transformers
 from hf_models import hf_bert, hf_gpt2
 
 from tpzoo.convert import ConversionError, hf_to_tpzoo, read_hf, tpzoo_to_hf
-from tpzoo.convert.mapping import heads_from_qkv, qkv_from_heads
+from tpzoo.models.hf_rules import heads_from_qkv, qkv_from_heads
 
 ROOT = Path(__file__).resolve().parents[2]
 D = 32 // 4  # head dim of the tiny models

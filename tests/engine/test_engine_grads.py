@@ -10,23 +10,21 @@ from torch import nn
 
 from tpzoo.engine.grads import clip_grad_norm, global_grad_norm, grads_are_finite
 from tpzoo.engine.loss_scale import DynamicLossScaler
-from tpzoo.parallel import init_mesh
+from tpzoo.parallel import init_mesh, mark
 from tpzoo.testing import spawn
 
 
-def param(grad: list[float], **marks) -> nn.Parameter:
+def param(grad: list[float], **facts) -> nn.Parameter:
     p = nn.Parameter(torch.zeros(len(grad)))
     p.grad = torch.tensor(grad)
-    for key, value in marks.items():
-        setattr(p, key, value)
-    return p
+    return mark(p, **facts)
 
 
 def rank_params(pp_rank: int, tp_rank: int) -> list[nn.Parameter]:
     """Per rank: a tp shard (differs by tp rank), a tp replica (same on both tp ranks) and, on the
     first and last stage, the tied embedding (same on both stages)."""
-    params = [param([1.0 + tp_rank + 10 * pp_rank, 2.0], tp_shard_dim=0), param([3.0 + pp_rank])]
-    params.append(param([5.0 + tp_rank, 1.0], tp_shard_dim=0, pp_shared=True))
+    params = [param([1.0 + tp_rank + 10 * pp_rank, 2.0], tp_split_dim=0), param([3.0 + pp_rank])]
+    params.append(param([5.0 + tp_rank, 1.0], tp_split_dim=0, pp_tied=True))
     return params
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ def tiny_engine(pp: int, dp: int) -> Engine:
     mesh = init_mesh(pp=pp, dp=dp, timeout=timedelta(seconds=TIMEOUT_S))
     config = get_preset("gpt-tiny", num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=101,
                         max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
-    return Engine(lambda **stage: GPTModel(config, mesh, **stage), config,
+    return Engine(partial(GPTModel, config), config,
                   EngineConfig(micro_batch_size=1, global_batch_size=2 * dp, timeout_s=TIMEOUT_S), mesh)
 
 

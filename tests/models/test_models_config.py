@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from tpzoo.models import PRESETS, TransformerConfig, format_presets, get_preset, list_presets, num_parameters
+from tpzoo.models import (PRESETS, BertModel, TransformerConfig, family, format_presets, get_preset, list_presets,
+                          num_parameters)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -21,9 +22,6 @@ from tpzoo.models import PRESETS, TransformerConfig, format_presets, get_preset,
     (dict(layernorm_position="middle"), "TransformerConfig.layernorm_position must be one of 'pre', 'post', "
                                         "got 'middle'"),
     (dict(activation="relu"), "TransformerConfig.activation must be one of 'gelu', 'gelu_tanh', got 'relu'"),
-    (dict(attention_backend="flash"), "TransformerConfig.attention_backend must be one of 'auto', "
-                                      "'fused-softmax', 'sdpa', got 'flash'"),
-    (dict(kernels="cuda"), "TransformerConfig.kernels must be one of None, 'auto', 'triton', 'torch', got 'cuda'"),
     (dict(tie_word_embeddings=1), "TransformerConfig.tie_word_embeddings must be True or False, got int 1"),
     (dict(num_labels=1), "TransformerConfig.num_labels must be >= 2, got 1"),
     (dict(hidden_size=100, num_attention_heads=12), "hidden_size=100 is not divisible by num_attention_heads=12"),
@@ -35,10 +33,12 @@ def test_config_rejects_bad_values_naming_them(changes, message):
 
 
 def test_config_round_trips_through_a_plain_dict():
-    config = get_preset("bert-base", sequence_parallel=True, kernels="torch", hidden_dropout=0.0)
+    config = get_preset("bert-base", hidden_dropout=0.0)
     data = json.loads(json.dumps(config.to_dict()))
     assert TransformerConfig.from_dict(data) == config
-    assert config.ffn_size == 3072 and config.head_dim == 64 and not config.causal
+    assert config.ffn_size == 3072 and config.head_dim == 64 and not BertModel.causal
+    # the older layout, which held the run options (now the ParallelPlan's), still reads
+    assert TransformerConfig.from_dict({**data, "sequence_parallel": True, "kernels": "torch", "seed": 3}) == config
     with pytest.raises(ValueError, match=r"unknown TransformerConfig field\(s\) \['hidden'\]"):
         TransformerConfig.from_dict({**data, "hidden": 3})
     with pytest.raises(ValueError, match=r"unknown TransformerConfig field\(s\) \['layers'\]"):
@@ -56,24 +56,21 @@ def test_unknown_preset_names_the_known_ones():
         num_parameters(get_preset("bert-base"), "lm")
 
 
+# num_parameters' head of each Hugging Face architecture
+HEADS = {"GPT2LMHeadModel": "lm", "LlamaForCausalLM": "lm", "BertForPreTraining": "pretraining",
+         "BertForMaskedLM": "mlm", "BertForSequenceClassification": "classification"}
+
+
 def hf_counts(name: str) -> dict[str, int]:
-    """Parameters of the Hugging Face models of preset ``name``, built on the meta device (no memory)."""
+    """Parameters of the Hugging Face models of preset ``name`` (every architecture its family converts to,
+    configs from the family's adapter), built on the meta device (no memory)."""
     import transformers
 
     c = get_preset(name)
-    if c.model_type == "gpt":
-        hf = transformers.GPT2Config(n_layer=c.num_layers, n_embd=c.hidden_size, n_head=c.num_attention_heads,
-                                     vocab_size=c.vocab_size, n_positions=c.max_position_embeddings)
-        classes = {"lm": transformers.GPT2LMHeadModel}
-    else:
-        hf = transformers.BertConfig(num_hidden_layers=c.num_layers, hidden_size=c.hidden_size,
-                                     num_attention_heads=c.num_attention_heads, intermediate_size=c.ffn_size,
-                                     vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings,
-                                     num_labels=c.num_labels)
-        classes = {"pretraining": transformers.BertForPreTraining, "mlm": transformers.BertForMaskedLM,
-                   "classification": transformers.BertForSequenceClassification}
+    adapter = family(c.model_type).spec.hf
     with torch.device("meta"):
-        return {head: sum(p.numel() for p in cls(hf).parameters()) for head, cls in classes.items()}
+        models = {arch: getattr(transformers, arch)(adapter.config_to_hf(c, arch)) for arch in adapter.architectures}
+    return {HEADS[arch]: sum(p.numel() for p in model.parameters()) for arch, model in models.items()}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

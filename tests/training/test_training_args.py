@@ -94,3 +94,31 @@ def test_given_tells_written_flags_from_defaults():
     assert p.given([]) == set()
     assert p.given(["--tp", "2", "--lr", "1e-3", "--bf16"]) == {"tp", "lr", "bf16"}
     assert p.given(["--tensor-model-parallel-size", "1", "--seed", "1234"]) == {"tp", "seed"}  # default values count
+
+
+def pretrain_args(flags: list[str]):
+    sys.path.insert(0, str(ROOT))
+    try:
+        from pretrain import parser
+    finally:
+        sys.path.remove(str(ROOT))
+    return parser().parse_args(flags)
+
+
+def test_model_config_takes_each_familys_default_preset_and_refuses_a_foreign_flag():
+    """--model picks the family's default preset; a flag the family's config has no field for (or a
+    preset of another family) is a ValueError naming it, and the run options are the plan's, not the config's."""
+    from tpzoo.models.families import FAMILIES
+    from tpzoo.training.args import model_config
+
+    for name, family in FAMILIES.items():
+        config = model_config(pretrain_args(["--model", name, "--num-layers", "3"]))
+        assert config.model_type == name and config.num_layers == 3, config
+        assert "sequence_parallel" not in config.to_dict() and "seed" not in config.to_dict()
+    flagged = [n for n in FAMILIES if "num_query_groups" not in model_config(pretrain_args(["--model", n])).to_dict()]
+    assert flagged, "a family without grouped-query attention"
+    with pytest.raises(ValueError, match=f"--num-query-groups does not apply to --model {flagged[0]}"):
+        model_config(pretrain_args(["--model", flagged[0], "--num-query-groups", "2"]))
+    other = next(n for n in FAMILIES if n != flagged[0])
+    with pytest.raises(ValueError, match=f"is a {other} model but --model is {flagged[0]}"):
+        model_config(pretrain_args(["--model", flagged[0], "--preset", FAMILIES[other].default_preset]))
