@@ -3,9 +3,9 @@
 The commands and Python block of docs/finetuning.md (and README's fine-tuning command) run once, in one folder
 (module fixture), each after the commands whose folders it reads, two at a time: they pretrain a BERT and a
 GPT with pretrain.py, export the BERT to Hugging Face and convert it back, and fine-tune each. The tests
-then read what those runs wrote: the accuracy reached, the GPT's validation loss, the best checkpoint. Apart from them: sentence pairs from data files at
-tp=1 and under torchrun at tp=2 (the same numbers), real paragraphs with sparse integer labels and
-``--seq-length auto``, and misuse.
+then read what those runs wrote: the accuracy reached, the GPT's validation loss, the best checkpoint.
+Apart from them: sentence pairs from data files at tp=1 and under torchrun at tp=2 (the same numbers, both
+runs at once), real paragraphs with sparse integer labels and ``--seq-length auto``, and misuse.
 """
 
 from __future__ import annotations
