@@ -20,12 +20,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tpzoo.run_options import PLAN_OPTIONS
+
 Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
 
 LAYERNORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 # run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
-OLD_RUN_OPTIONS = frozenset({"attention_backend", "kernels", "recompute_activations", "sequence_parallel", "seed"})
+OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS)
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
 # loads into (and a run resumes with) a config that differs from the saved one only in these
 RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std"})
@@ -146,9 +148,3 @@ class TransformerConfig(ModelConfig):
 
 def field_names(cls: type = TransformerConfig) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
-
-
-def check_divisible(what: str, n: int, tp: int, hint: str) -> None:
-    """ValueError naming ``what``=n and tp when the tensor-parallel size does not divide n."""
-    if n % tp:
-        raise ValueError(f"{what}={n} is not divisible by the tensor-parallel size tp={tp}: {hint}")
