@@ -100,23 +100,13 @@ def _launch(
     return out, db_part
 
 
-class _BiasGelu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, bias: torch.Tensor | None, tanh: bool) -> torch.Tensor:
-        x = x.contiguous()
-        bias = None if bias is None else bias.contiguous()
-        ctx.save_for_backward(x, bias)
-        ctx.tanh = tanh
-        return _launch(x, bias, None, tanh)[0]
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        x, bias = ctx.saved_tensors
-        dx, db_part = _launch(x, bias, dy.contiguous(), ctx.tanh)
-        db = None if bias is None else db_part.sum(0).to(bias.dtype)
-        return dx, db, None
+def forward(x: torch.Tensor, bias: torch.Tensor | None, tanh: bool) -> torch.Tensor:
+    """GELU(x + bias) (bias [x.shape[-1]] or None), a new contiguous tensor of x's shape and dtype."""
+    return _launch(x.contiguous(), None if bias is None else bias.contiguous(), None, tanh)[0]
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-    """GELU(x + bias) (bias [x.shape[-1]] or None); approximate is "none" (erf) or "tanh"."""
-    return _BiasGelu.apply(x, bias, approximate == "tanh")
+def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
+             tanh: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dbias): dx = dy * GELU'(x + bias) (x's dtype, contiguous), dbias = sum_rows dx (None without bias)."""
+    dx, db_part = _launch(x.contiguous(), None if bias is None else bias.contiguous(), dy.contiguous(), tanh)
+    return dx, None if bias is None else db_part.sum(0).to(bias.dtype)

@@ -10,7 +10,6 @@ If triton was already imported without it (torch.compile imports triton), the ca
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -22,9 +21,7 @@ import torch
 BACKENDS = ("auto", "triton", "torch")
 
 
-@functools.cache
-def _have_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
+_HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a constant torch.compile can trace
 
 
 def backend_for(device: torch.device, backend: str | None = None) -> str:
@@ -34,7 +31,7 @@ def backend_for(device: torch.device, backend: str | None = None) -> str:
         source = "backend" if backend is not None else "TPZOO_KERNELS"
         raise ValueError(f"{source}={choice!r} is not a backend; use one of {', '.join(BACKENDS)}")
     if choice == "auto":
-        return "triton" if device.type == "cuda" and _have_triton() else "torch"
+        return "triton" if device.type == "cuda" and _HAVE_TRITON else "torch"
     return choice
 
 
@@ -56,15 +53,34 @@ def _use_interpreter() -> None:
         )
 
 
+def use_triton(x: torch.Tensor, backend: str | None = None) -> bool:
+    """Whether an op on ``x`` runs a Triton kernel: the backend is triton and x is not empty.
+
+    Plain Python over the environment and x's device, so torch.compile traces it (fullgraph).
+    On CPU tensors it turns Triton's interpreter on (see the module docstring) when run eagerly.
+    """
+    if backend_for(x.device, backend) == "torch" or x.numel() == 0:
+        return False
+    if not _HAVE_TRITON:
+        raise ImportError("TPZOO_KERNELS=triton needs the triton package: pip install triton")
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        _use_interpreter()  # now: an op's first call imports torch._dynamo, which imports triton
+    return True
+
+
+def kernel_module(name: str, device: torch.device) -> ModuleType:
+    """The Triton kernel module ``name`` (softmax, norms, activations, ...) to run on ``device``.
+
+    Imported on first use; on CPU tensors after checking that Triton's interpreter is on.
+    """
+    if device.type == "cpu":
+        _use_interpreter()
+    return importlib.import_module(f"{__package__}.{name}")
+
+
 def triton_kernels(x: torch.Tensor, name: str, backend: str | None = None) -> ModuleType | None:
-    """The Triton kernel module ``name`` (softmax, norms, activations) to run on ``x``, or None for torch.
+    """The Triton kernel module ``name`` to run on ``x``, or None for torch.
 
     Empty tensors always take the torch path (there is nothing to launch).
     """
-    if backend_for(x.device, backend) == "torch" or x.numel() == 0:
-        return None
-    if not _have_triton():
-        raise ImportError("TPZOO_KERNELS=triton needs the triton package: pip install triton")
-    if x.device.type == "cpu":
-        _use_interpreter()
-    return importlib.import_module(f"{__package__}.{name}")
+    return kernel_module(name, x.device) if use_triton(x, backend) else None

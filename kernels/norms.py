@@ -132,52 +132,50 @@ def _norm_bwd(
             tl.store(DBp + group * n + start + cols, db, mask=keep)
 
 
-class _Norm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, is_rms: bool):
-        x2 = launch.as_rows(x)
-        weight = weight.contiguous()
-        bias = None if bias is None else bias.contiguous()
-        rows, n = x2.shape
-        y = launch.new_empty((rows, n), x.dtype, x.device)
-        rstd = launch.new_empty((rows,), torch.float32, x.device)
-        mean = rstd if is_rms else launch.new_empty((rows,), torch.float32, x.device)  # RMS: never touched
-        block, looped = launch.row_block(n)
-        _norm_fwd[(rows,)](
-            x2, weight, weight if bias is None else bias, y, mean, rstd, n, x2.stride(0), y.stride(0), eps,
-            IS_RMS=is_rms, HAS_BIAS=bias is not None, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
-        )
-        ctx.save_for_backward(x2, weight, bias, mean, rstd)
-        ctx.is_rms = is_rms
-        return y.view(x.shape)
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+            is_rms: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(y, mean, rstd): y of x's shape and dtype (contiguous), float32 mean and rstd of shape x.shape[:-1].
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        x2, weight, bias, mean, rstd = ctx.saved_tensors
-        dy2 = launch.as_rows(dy)
-        rows, n = x2.shape
-        dx = launch.new_empty((rows, n), x2.dtype, x2.device)
-        groups, rows_per_group = launch.partial_groups(x2.device, rows)
-        dw_part = launch.new_empty((groups, n), torch.float32, x2.device)
-        db_part = dw_part if bias is None else launch.new_empty((groups, n), torch.float32, x2.device)
-        block, looped = launch.row_block(n)
-        proj = launch.new_empty((rows, 2), torch.float32, x2.device) if looped else rstd  # unused unless looped
-        _norm_bwd[(groups,)](
-            x2, weight, dy2, dx, mean, rstd, proj, dw_part, db_part, rows, n,
-            x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_group,
-            IS_RMS=ctx.is_rms, HAS_BIAS=bias is not None, BLOCK=block, LOOPED=looped,
-            num_warps=launch.num_warps(block),
-        )
-        dw = dw_part.sum(0).to(weight.dtype)
-        db = None if bias is None else db_part.sum(0).to(bias.dtype)
-        return dx.view(dy.shape), dw, db, None, None
+    RMSNorm (is_rms) has no mean: None.
+    """
+    x2 = launch.as_rows(x)
+    weight = weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    rows, n = x2.shape
+    y = launch.new_empty((rows, n), x.dtype, x.device)
+    rstd = launch.new_empty((rows,), torch.float32, x.device)
+    mean = None if is_rms else launch.new_empty((rows,), torch.float32, x.device)
+    block, looped = launch.row_block(n)
+    _norm_fwd[(rows,)](
+        x2, weight, weight if bias is None else bias, y, rstd if mean is None else mean, rstd, n,
+        x2.stride(0), y.stride(0), eps,
+        IS_RMS=is_rms, HAS_BIAS=bias is not None, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
+    )
+    stats = x.shape[:-1]
+    return y.view(x.shape), None if mean is None else mean.view(stats), rstd.view(stats)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """LayerNorm over the last dim of x; weight and bias are [x.shape[-1]]."""
-    return _Norm.apply(x, weight, bias, eps, False)
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             mean: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dx, dweight, dbias) from the forward's inputs and float32 statistics (mean None: RMSNorm).
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim of x; weight is [x.shape[-1]]."""
-    return _Norm.apply(x, weight, None, eps, True)
+    dx has x's shape and dtype (contiguous); dweight (dbias) weight's (bias's) dtype; dbias None without bias.
+    """
+    x2 = launch.as_rows(x)
+    dy2 = launch.as_rows(dy)
+    weight = weight.contiguous()
+    rows, n = x2.shape
+    dx = launch.new_empty((rows, n), x.dtype, x.device)
+    groups, rows_per_group = launch.partial_groups(x.device, rows)
+    dw_part = launch.new_empty((groups, n), torch.float32, x.device)
+    db_part = dw_part if bias is None else launch.new_empty((groups, n), torch.float32, x.device)
+    block, looped = launch.row_block(n)
+    proj = launch.new_empty((rows, 2), torch.float32, x.device) if looped else rstd  # unused unless looped
+    _norm_bwd[(groups,)](
+        x2, weight, dy2, dx, rstd if mean is None else mean, rstd, proj, dw_part, db_part, rows, n,
+        x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_group,
+        IS_RMS=mean is None, HAS_BIAS=bias is not None, BLOCK=block, LOOPED=looped,
+        num_warps=launch.num_warps(block),
+    )
+    db = None if bias is None else db_part.sum(0).to(bias.dtype)
+    return dx.view(x.shape), dw_part.sum(0).to(weight.dtype), db

@@ -2,15 +2,16 @@
 
 Every op is differentiable; any floating dtype in, the same dtype out, float32 math inside.
 Each op takes ``backend="auto"|"triton"|"torch"``; None (the default) reads TPZOO_KERNELS
-(see ``dispatch``).
+(see ``dispatch``). The Triton path calls the ``torch.ops.tpzoo.*`` operators of ``library``;
+the torch path is plain torch code (``reference``), which torch.compile compiles like any other.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import reference
-from .dispatch import triton_kernels
+from . import library, reference
+from .dispatch import use_triton
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -51,10 +52,9 @@ def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: flo
             raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
         if mask.dim() > 4 or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(x.shape))):
             raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to x of shape {list(x.shape)}")
-    kernels = triton_kernels(x, "softmax", backend)
-    if kernels is None:
+    if not use_triton(x, backend):
         return reference.scaled_masked_softmax(x, mask, scale)
-    return kernels.scaled_softmax(x, mask, float(scale), causal=False)
+    return library.scaled_masked_softmax(x, mask, float(scale))
 
 
 def scaled_causal_softmax(x: torch.Tensor, scale: float, *, backend: str | None = None) -> torch.Tensor:
@@ -64,10 +64,9 @@ def scaled_causal_softmax(x: torch.Tensor, scale: float, *, backend: str | None 
     never reads the keys above it. Backward as in ``scaled_masked_softmax``.
     """
     _check_scores(x)
-    kernels = triton_kernels(x, "softmax", backend)
-    if kernels is None:
+    if not use_triton(x, backend):
         return reference.scaled_causal_softmax(x, scale)
-    return kernels.scaled_softmax(x, None, float(scale), causal=True)
+    return library.scaled_causal_softmax(x, float(scale))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5, *,
@@ -80,10 +79,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _check_hidden("weight", weight, x)
     if bias is not None:
         _check_hidden("bias", bias, x)
-    kernels = triton_kernels(x, "norms", backend)
-    if kernels is None:
+    if not use_triton(x, backend):
         return reference.layer_norm(x, weight, bias, eps)
-    return kernels.layer_norm(x, weight, bias, float(eps))
+    return library.layer_norm(x, weight, bias, float(eps))[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -91,10 +89,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight; x [..., hidden], weight [hidden]."""
     _check_float("x", x, x)
     _check_hidden("weight", weight, x)
-    kernels = triton_kernels(x, "norms", backend)
-    if kernels is None:
+    if not use_triton(x, backend):
         return reference.rms_norm(x, weight, eps)
-    return kernels.rms_norm(x, weight, float(eps))
+    return library.rms_norm(x, weight, float(eps))[0]
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none", *,
@@ -109,12 +106,26 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "no
         _check_hidden("bias", bias, x)
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
-    kernels = triton_kernels(x, "activations", backend)
-    if kernels is None:
+    if not use_triton(x, backend):
         return reference.bias_gelu(x, bias, approximate)
-    return kernels.bias_gelu(x, bias, approximate)
+    return library.bias_gelu(x, bias, approximate == "tanh")
 
 
 def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
     """GELU(x) elementwise, any shape; approximate "none" (erf) or "tanh"."""
     return bias_gelu(x, None, approximate, backend=backend)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
+                  ignore_index: int = -100, *, vocab_size: int | None = None,
+                  backend: str | None = None) -> torch.Tensor:
+    """Per-token ``F.cross_entropy(logits[..., :vocab_size], target, reduction="none", ...)``, fused.
+
+    logits [..., V'] any float dtype (columns past ``vocab_size``, default V', are padding);
+    target [...] int ids in [0, vocab_size) or ``ignore_index`` (loss 0 there). Returns float32
+    (float64 for float64 logits). The gradient is written in the forward pass; the tp-sharded
+    form is ``tpzoo.parallel.vocab_parallel_cross_entropy`` (docs/kernels.md).
+    """
+    from tpzoo.parallel.cross_entropy import cross_entropy as fused  # here: tpzoo.parallel imports tpzoo.kernels
+
+    return fused(logits, target, label_smoothing, ignore_index, vocab_size=vocab_size, backend=backend)

@@ -114,38 +114,33 @@ def _softmax_bwd(
         launch.store(dx_row + start + cols, dx, start + cols < sk)
 
 
-class _ScaledSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
-        batch, heads, sq, sk = x.shape
-        x = launch.unit_last_stride(x)
-        y = launch.new_empty(x.shape, x.dtype, x.device)
-        m = mask.expand(x.shape) if mask is not None else y  # y: a placeholder pointer, never read
-        block, looped = launch.row_block(sk)
-        _softmax_fwd[(batch * heads * sq,)](
-            x, m, y, heads, sq, sk, x.stride(0), x.stride(1), x.stride(2),
-            m.stride(0), m.stride(1), m.stride(2), m.stride(3), scale,
-            HAS_MASK=mask is not None, CAUSAL=causal, BLOCK=block, LOOPED=looped,
-            num_warps=launch.num_warps(block),
-        )
-        ctx.save_for_backward(y)
-        ctx.scale, ctx.causal = scale, causal
-        return y
+def forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
+    """y = softmax(scale * x) over the last dim of a 4-D x; ``mask`` (bool, True = masked) broadcasts to x.
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (y,) = ctx.saved_tensors
-        batch, heads, sq, sk = y.shape
-        dy = launch.unit_last_stride(dy)
-        dx = launch.new_empty(y.shape, y.dtype, y.device)
-        block, looped = launch.row_block(sk)
-        _softmax_bwd[(batch * heads * sq,)](
-            y, dy, dx, heads, sq, sk, dy.stride(0), dy.stride(1), dy.stride(2), ctx.scale,
-            CAUSAL=ctx.causal, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
-        )
-        return dx, None, None, None
+    y is a new contiguous tensor of x's shape and dtype.
+    """
+    batch, heads, sq, sk = x.shape
+    x = launch.unit_last_stride(x)
+    y = launch.new_empty(x.shape, x.dtype, x.device)
+    m = mask.expand(x.shape) if mask is not None else y  # y: a placeholder pointer, never read
+    block, looped = launch.row_block(sk)
+    _softmax_fwd[(batch * heads * sq,)](
+        x, m, y, heads, sq, sk, x.stride(0), x.stride(1), x.stride(2),
+        m.stride(0), m.stride(1), m.stride(2), m.stride(3), scale,
+        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK=block, LOOPED=looped,
+        num_warps=launch.num_warps(block),
+    )
+    return y
 
 
-def scaled_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
-    """softmax(scale * x) over the last dim of a 4-D x; ``mask`` (bool, True = masked) broadcasts to x."""
-    return _ScaledSoftmax.apply(x, mask, scale, causal)
+def backward(y: torch.Tensor, dy: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """dx = scale * y * (dy - sum(dy * y)) from the forward's output y (contiguous) and dy (any strides)."""
+    batch, heads, sq, sk = y.shape
+    dy = launch.unit_last_stride(dy)
+    dx = launch.new_empty(y.shape, y.dtype, y.device)
+    block, looped = launch.row_block(sk)
+    _softmax_bwd[(batch * heads * sq,)](
+        y, dy, dx, heads, sq, sk, dy.stride(0), dy.stride(1), dy.stride(2), scale,
+        CAUSAL=causal, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
+    )
+    return dx
