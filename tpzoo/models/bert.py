@@ -112,7 +112,7 @@ class BertLMHead(nn.Module):
         y = K.bias_gelu(y, bias, fused.gelu_approximate(c.activation), backend=self.plan.kernels)
         y = self.layernorm(gather_from_tp_region(y, self.mesh.tp_group))         # [b, s, h]
         logits = vocab_parallel_logits(y, weight, self.output_bias.bias, self.mesh, sequence_parallel=False)
-        return lm_output(logits, labels, c.vocab_size, self.mesh)
+        return lm_output(logits, labels, c.vocab_size, self.mesh, self.plan.kernels)
 
 
 class BertHead(nn.Module):

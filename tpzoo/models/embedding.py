@@ -147,11 +147,14 @@ def vocab_parallel_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, m
     return F.linear(hidden, weight, bias)
 
 
-def lm_output(logits: Tensor, labels: Tensor | None, vocab_size: int, mesh: ParallelMesh) -> Tensor:
+def lm_output(logits: Tensor, labels: Tensor | None, vocab_size: int, mesh: ParallelMesh,
+              kernels: str | None) -> Tensor:
     """This rank's logits [b, s, V'/tp] -> per-token loss [b, s] (float32, 0 where labels == -100),
-    or with no labels the logits over the real vocabulary [b, s, V] (gathered)."""
+    or with no labels the logits over the real vocabulary [b, s, V] (gathered). ``kernels``: the
+    plan's tpzoo.kernels backend, which runs the fused cross entropy."""
     if labels is not None:
-        return vocab_parallel_cross_entropy(logits, labels, vocab_size=vocab_size, tp_group=mesh.tp_group)
+        return vocab_parallel_cross_entropy(logits, labels, vocab_size=vocab_size, tp_group=mesh.tp_group,
+                                            backend=kernels)
     return gather_from_tp_region(logits, mesh.tp_group)[..., :vocab_size]
 
 
@@ -171,4 +174,4 @@ class LMHead(nn.Module):
         hidden = self.final_layernorm(hidden)
         logits = vocab_parallel_logits(hidden, output_weight(self, embedding_weight), None, self.plan.mesh,
                                        self.plan.sequence_parallel)
-        return lm_output(logits, labels, self.vocab_size, self.plan.mesh)
+        return lm_output(logits, labels, self.vocab_size, self.plan.mesh, self.plan.kernels)
