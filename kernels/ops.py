@@ -129,18 +129,3 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
     from tpzoo.parallel.cross_entropy import cross_entropy as fused  # here: tpzoo.parallel imports tpzoo.kernels
 
     return fused(logits, target, label_smoothing, ignore_index, vocab_size=vocab_size, backend=backend)
-
-
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
-                  ignore_index: int = -100, *, vocab_size: int | None = None,
-                  backend: str | None = None) -> torch.Tensor:
-    """Per-token ``F.cross_entropy(logits[..., :vocab_size], target, reduction="none", ...)``, fused.
-
-    logits [..., V'] any float dtype (columns past ``vocab_size``, default V', are padding);
-    target [...] int ids in [0, vocab_size) or ``ignore_index`` (loss 0 there). Returns float32
-    (float64 for float64 logits). The gradient is written in the forward pass; the tp-sharded
-    form is ``tpzoo.parallel.vocab_parallel_cross_entropy`` (docs/kernels.md).
-    """
-    from tpzoo.parallel.cross_entropy import cross_entropy as fused  # here: tpzoo.parallel imports tpzoo.kernels
-
-    return fused(logits, target, label_smoothing, ignore_index, vocab_size=vocab_size, backend=backend)
