@@ -220,7 +220,7 @@ def check_misuse(tp_group) -> None:
     with pytest.raises(TypeError, match="int32/int64 ids"):
         emb(torch.zeros(2, 2))
     logits = torch.zeros(2, 3, 4)
-    with pytest.raises(IndexError, match=r"targets must lie in \[0, 16\) or equal ignore_index=-100; got 16\.\.16"):
+    with pytest.raises(RuntimeError, match=r"targets must lie in \[0, 16\) or equal ignore_index=-100"):
         vocab_parallel_cross_entropy(logits, torch.tensor([[0, 16, -100], [1, 2, 3]]), tp_group=tp_group)
     with pytest.raises(ValueError, match=r"logits \(2, 3, 4\) and target \(2, 4\) disagree"):
         vocab_parallel_cross_entropy(logits, torch.zeros(2, 4, dtype=torch.long), tp_group=tp_group)
