@@ -215,7 +215,7 @@ def check_misuse(tp_group) -> None:
         RowParallelLinear(8, 8, sequence_parallel=True, tp_group=tp_group)(torch.zeros(2, 6, 2))
     del sp
     emb = VocabParallelEmbedding(10, 4, tp_group=tp_group)
-    with pytest.raises(IndexError, match=r"token ids must lie in \[0, 10\); got 10\.\.12"):
+    with pytest.raises(RuntimeError, match=r"token ids must lie in \[0, 10\)"):  # a device-side assertion
         emb(torch.tensor([[1, 10, 12]]))
     with pytest.raises(TypeError, match="int32/int64 ids"):
         emb(torch.zeros(2, 2))

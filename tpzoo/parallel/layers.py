@@ -35,6 +35,7 @@ from tpzoo.parallel.collectives import (
     scatter_to_tp_region,
 )
 from tpzoo.parallel.param_facts import facts, mark
+from tpzoo.parallel.token_ids import assert_in_range
 
 InitMethod = Callable[[Tensor], object]
 
@@ -187,7 +188,8 @@ class VocabParallelEmbedding(nn.Module):
     The vocabulary V is padded to V' (a multiple of ``pad_vocab_to_multiple_of`` x tp) with zero
     rows that no valid id reaches; rank r holds rows [r V'/tp, (r+1) V'/tp). Each rank looks up
     the ids in its range, writes zeros for the others, and the tp ranks sum: [b, s] -> [b, s, h]
-    (``sequence_parallel``: reduce-scattered to [b, s/tp, h]). Ids outside [0, V) raise.
+    (``sequence_parallel``: reduce-scattered to [b, s/tp, h]). Ids outside [0, V) fail a device-side
+    assertion (``token_ids``; no host-device sync: check a batch on the host with ``check_token_ids``).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, init_method: InitMethod | None = None,
@@ -208,12 +210,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         if input_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"VocabParallelEmbedding expects int32/int64 ids, got {input_ids.dtype}")
-        in_range = (input_ids >= 0) & (input_ids < self.num_embeddings)
-        if input_ids.is_cuda:
-            torch._assert_async(in_range.all(), "token id outside [0, vocab size)")
-        elif not bool(in_range.all()):
-            bad = input_ids[~in_range]
-            raise IndexError(f"token ids must lie in [0, {self.num_embeddings}); got {bad.min().item()}..{bad.max().item()}")
+        assert_in_range(input_ids, self.num_embeddings, "token ids")  # asynchronous: no host-device sync
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)

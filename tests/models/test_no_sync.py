@@ -1,0 +1,115 @@
+"""No host-device synchronisation inside forward and backward: the tensor methods that wait for the
+device (``item``, ``bool``, ``int``, ``float``, an index, ``tolist``, ``numpy``, ``cpu``, ``nonzero``)
+are counted (patched on torch.Tensor, so the autograd functions' backward is seen too) over forward
+and backward of every case of ``families.CASES`` at tp 1 (both attention backends) and of
+``families.MAIN`` at tp 2 with sequence parallelism and recompute (one spawn of 2 ranks): zero.
+The host-side id check (``check_token_ids``) and the device-side one are checked here too.
+(On a GPU, tests/gpu/test_gpu_no_sync.py runs the families under torch.cuda.set_sync_debug_mode.)
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+
+import pytest
+import torch
+from families import CASES, MAIN, batch, without_labels
+
+from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
+from tpzoo.parallel.token_ids import check_token_ids
+from tpzoo.testing import spawn
+
+B, S, VOCAB = 2, 8, 101
+TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,
+            max_position_embeddings=16, hidden_dropout=0.1, attention_dropout=0.1)
+SYNCING = ("item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu", "nonzero")
+
+
+def count_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Patch the ``SYNCING`` methods of torch.Tensor to record "method at file:line" of each call."""
+    calls: list[str] = []
+    for method in SYNCING:
+        original = getattr(torch.Tensor, method)
+
+        @functools.wraps(original)
+        def counted(self, *args, _original=original, _method=method, **kwargs):
+            where = traceback.extract_stack(limit=2)[0]
+            calls.append(f"{_method} at {where.filename}:{where.lineno}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    return calls
+
+
+def syncs_of(name: str, plan: ParallelPlan) -> list[str]:
+    """The syncing calls of one training forward (with labels) and backward of case ``name``."""
+    case = CASES[name]
+    config = case.config(**TINY, **({"num_labels": 3} if case.inputs == "classification" else {}))
+    model = case.build(config, plan)
+    manual_seed(0, plan.mesh)
+    g = torch.Generator().manual_seed(0)
+    kwargs = batch(case, torch.randint(0, VOCAB, (B, S), generator=g), g)
+    kwargs = {**without_labels(kwargs), **{key: kwargs[key] for key in model.label_keys}}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = count_syncs(monkeypatch)
+        out = model(**kwargs)
+        sum(part.sum() for part in (out if isinstance(out, tuple) else (out,))).backward()
+    return calls
+
+
+def test_the_counter_sees_syncs_in_forward_and_backward(monkeypatch):
+    """The check can fail: a bool() in a forward and an item() in an autograd backward are counted."""
+
+    class Syncing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad.sum().item()
+            return grad * 2
+
+    x = torch.ones(3, requires_grad=True)
+    calls = count_syncs(monkeypatch)
+    y = Syncing.apply(x)
+    bool(y.all())
+    y.sum().backward()
+    assert [c.split()[0] for c in calls] == ["__bool__", "item"], calls
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "fused-softmax"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_sync_at_tp1(name, attention):
+    plan = ParallelPlan(init_mesh(tp=1), kernels="torch", attention_backend=attention)
+    assert syncs_of(name, plan) == []
+
+
+def no_sync_at_tp2() -> dict[str, list[str]]:
+    plan = ParallelPlan(init_mesh(tp=2), kernels="torch", sequence_parallel=True, recompute_activations=True)
+    return {name: syncs_of(name, plan) for name in MAIN}
+
+
+@pytest.fixture(scope="module")
+def tp2_syncs() -> dict[str, list[str]]:
+    return spawn(no_sync_at_tp2, 2)[0]
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_no_sync_at_tp2_with_sequence_parallelism_and_recompute(tp2_syncs, name):
+    assert tp2_syncs[name] == []
+
+
+def test_token_ids_checked_on_the_host_and_on_the_device():
+    check_token_ids(torch.tensor([[0, 100]]), VOCAB, "input_ids")
+    check_token_ids(torch.tensor([[-100, 3]]), VOCAB, "labels", ignore_index=-100)
+    with pytest.raises(IndexError, match=r"input_ids must lie in \[0, 101\); got -1\.\.130"):
+        check_token_ids(torch.tensor([[5, 130, -1, 101]]), VOCAB, "input_ids")
+    with pytest.raises(IndexError, match=r"labels must lie in \[0, 101\) or equal ignore_index=-100; got 101\.\.101"):
+        check_token_ids(torch.tensor([[-100, 101]]), VOCAB, "labels", ignore_index=-100)
+    with pytest.raises(TypeError, match="input_ids must be an int32/int64 tensor, got torch.float32"):
+        check_token_ids(torch.zeros(2), VOCAB, "input_ids")
+    model = CASES[MAIN[0]].build(CASES[MAIN[0]].config(**TINY), ParallelPlan(init_mesh(tp=1), kernels="torch"))
+    with pytest.raises(RuntimeError, match=r"token ids must lie in \[0, 101\)"):  # torch._assert_async, on the CPU
+        model(torch.tensor([[1, 101]]))
