@@ -19,7 +19,7 @@ groups and the full weight is the same at every tp. With g = n this is [q_0 k_0 
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tpzoo import kernels as K
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.rope import RotaryEmbedding
+from tpzoo.models.transformer import in_tp_stream
 from tpzoo.parallel import ColumnParallelLinear, ParallelPlan, RowParallelLinear, init_method_normal
 
 
@@ -120,15 +121,14 @@ class ParallelAttention(nn.Module):
         if causal and mask is not None:
             raise ValueError("causal attention takes no padding mask")
         # Each tp rank holds other heads: their dropout masks must differ, so draw from the "tp" stream.
-        rng = self.mesh.rng.fork() if p > 0 else nullcontext()
         if self.backend == "sdpa":
             keep = None if mask is None else ~mask
             sq, sk = q.shape[2], k.shape[2]
             if causal and sq != sk:  # decoding with cached keys: query i sees keys <= i + sk - sq
                 keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-            with rng:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p,
-                                                      is_causal=causal and sq == sk)
+            attend = partial(F.scaled_dot_product_attention, q, k, v, attn_mask=keep, dropout_p=p,
+                             is_causal=causal and sq == sk)
+            return in_tp_stream(self.mesh, attend) if p > 0 else attend()
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = torch.matmul(q, k.transpose(-1, -2))                     # [b, n/tp, s, s]
         if causal:
@@ -136,6 +136,5 @@ class ParallelAttention(nn.Module):
         else:
             probs = K.scaled_masked_softmax(scores, mask, scale, backend=kernels)
         if p > 0:
-            with rng:
-                probs = F.dropout(probs, p, training=True)
+            probs = in_tp_stream(self.mesh, F.dropout, probs, p, training=True)
         return torch.matmul(probs, v)

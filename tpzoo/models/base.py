@@ -27,9 +27,11 @@ from typing import ClassVar, Iterable, Iterator, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from tpzoo.models.compile import compile_model
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.norms import build_norm
+from tpzoo.models.recompute import recompute
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
 from tpzoo.parallel.param_facts import mark
 
@@ -82,7 +84,8 @@ class StagedModel(nn.Module):
     ``plan``: a ``ParallelPlan`` (mesh and run options), a bare mesh (default options) or None
     (``get_mesh()``). Subclasses set ``model_type``, ``config_class`` and ``label_keys`` and define
     ``build_embedding()``, ``build_layer(i)``, ``build_head()`` and ``forward``. Parameters live on
-    ``plan.mesh.device``.
+    ``plan.mesh.device``. With ``plan.compile`` the layers and the head are compiled
+    (``tpzoo.models.compile``).
     """
 
     model_type: ClassVar[str] = ""  # the family name its configs carry
@@ -121,6 +124,8 @@ class StagedModel(nn.Module):
             # copies' gradients, and counts them once in the gradient norm (tpzoo.engine.grads)
             mark(self.embedding.word_embeddings.weight, pp_tied=True)
         self.to(plan.mesh.device)
+        if plan.compile:
+            compile_model(self)
 
     def build_embedding(self) -> nn.Module:
         raise NotImplementedError
@@ -153,9 +158,11 @@ class StagedModel(nn.Module):
         return self.pre_process and self.post_process and len(self.layers) == self.config.num_layers
 
     def run_layers(self, hidden: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]."""
+        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]; with ``plan.recompute_activations``
+        (training, grad on) each layer keeps only its input and reruns in backward (``recompute``)."""
+        rerun = self.plan.recompute_activations and self.training and torch.is_grad_enabled()
         for layer in self.layers.values():
-            hidden = layer(hidden, mask, cache)
+            hidden = recompute(layer, self.mesh.rng, hidden, mask, cache) if rerun else layer(hidden, mask, cache)
         return hidden
 
     def extra_repr(self) -> str:

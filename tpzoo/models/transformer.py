@@ -1,5 +1,5 @@
 """The transformer block: attention and MLP sublayers with residual connections, their norms,
-bias-dropout-add, optional activation recompute and sequence parallelism.
+bias-dropout-add and sequence parallelism (activation recompute wraps whole layers: ``recompute``).
 
     pre-norm  (GPT, Llama): x = x + drop(Attn(N_a(x)) + b_o);      x = x + drop(MLP(N_m(x)) + b_2)
     post-norm (BERT):       x = N_a(x + drop(Attn(x) + b_o));      x = N_m(x + drop(MLP(x) + b_2))
@@ -12,16 +12,22 @@ sequence; then residual dropout draws from the "tp" stream (the norms mark their
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from functools import partial
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from tpzoo.models.kv_cache import KVCache
-from tpzoo.parallel import ParallelMesh, ParallelPlan, RNGStatesTracker
+from tpzoo.parallel import ParallelMesh, ParallelPlan
+
+
+@torch.compiler.disable  # swaps generator states, which dynamo cannot trace: compiled blocks call it eagerly
+def in_tp_stream(mesh: ParallelMesh, fn: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """``fn(*args, **kwargs)`` drawing its random numbers from the mesh's "tp" stream (``mesh.rng.fork()``):
+    dropout on activations split across the tp ranks, each rank its own mask."""
+    with mesh.rng.fork():
+        return fn(*args, **kwargs)
 
 
 def hidden_dropout(x: Tensor, p: float, training: bool, mesh: ParallelMesh, sequence_parallel: bool) -> Tensor:
@@ -29,30 +35,9 @@ def hidden_dropout(x: Tensor, p: float, training: bool, mesh: ParallelMesh, sequ
     same mask everywhere), the "tp" stream when x is a sequence shard (each shard its own mask)."""
     if not training or p == 0.0:
         return x
-    with mesh.rng.fork() if sequence_parallel else nullcontext():
-        return F.dropout(x, p, training=True)
-
-
-class _Replay:
-    """Sets the tracker's streams back to ``saved`` for the block, then restores them. Re-enterable:
-    a zero-bubble schedule's split backward (input, then weights) recomputes a layer twice."""
-
-    def __init__(self, tracker: RNGStatesTracker) -> None:
-        self.tracker, self.saved, self.current = tracker, dict(tracker.states), {}
-
-    def __enter__(self) -> None:
-        self.current = dict(self.tracker.states)
-        self.tracker.states.update(self.saved)
-
-    def __exit__(self, *exc: object) -> None:
-        self.tracker.states.update(self.current)
-
-
-def _rng_contexts(tracker: RNGStatesTracker) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """For ``checkpoint(context_fn=...)``: the recompute replays the tracker's streams from where the
-    forward found them, so dropout under ``mesh.rng.fork()`` draws the same masks twice (checkpoint
-    itself restores only the default generator)."""
-    return nullcontext(), _Replay(tracker)
+    if sequence_parallel:
+        return in_tp_stream(mesh, F.dropout, x, p, training=True)
+    return F.dropout(x, p, training=True)
 
 
 class TransformerLayer(nn.Module):
@@ -60,9 +45,8 @@ class TransformerLayer(nn.Module):
 
     ``self_attention`` returns (y, bias or None) and takes (x, mask, cache); ``mlp`` returns (y, bias
     or None). ``norm_position``: "pre" or "post" (see module docstring). ``mask``: bool, True = masked
-    out, broadcastable to the scores [b, n, s, s] (BERT's padding mask [b, 1, 1, s]), or None. With
-    ``plan.recompute_activations`` only the input is kept for backward and the block's forward runs
-    again inside it.
+    out, broadcastable to the scores [b, n, s, s] (BERT's padding mask [b, 1, 1, s]), or None.
+    ``StagedModel.run_layers`` recomputes it in backward under ``plan.recompute_activations``.
     """
 
     def __init__(self, self_attention: nn.Module, mlp: nn.Module, attention_norm: nn.Module, mlp_norm: nn.Module,
@@ -76,18 +60,12 @@ class TransformerLayer(nn.Module):
         self.mlp_norm = mlp_norm
         self.mlp = mlp
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        if self.plan.recompute_activations and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, mask, cache, use_reentrant=False,
-                              context_fn=partial(_rng_contexts, self.plan.mesh.rng))
-        return self._forward(x, mask, cache)
-
     def _bias_dropout_add(self, y: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
         y = y if bias is None else y + bias
         return residual + hidden_dropout(y, self.hidden_dropout, self.training, self.plan.mesh,
                                          self.plan.sequence_parallel)
 
-    def _forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         if self.norm_position == "pre":
             x = self._bias_dropout_add(*self.self_attention(self.attention_norm(x), mask, cache), x)
             return self._bias_dropout_add(*self.mlp(self.mlp_norm(x)), x)
