@@ -122,3 +122,62 @@ def test_model_config_takes_each_familys_default_preset_and_refuses_a_foreign_fl
     other = next(n for n in FAMILIES if n != flagged[0])
     with pytest.raises(ValueError, match=f"is a {other} model but --model is {flagged[0]}"):
         model_config(pretrain_args(["--model", flagged[0], "--preset", FAMILIES[other].default_preset]))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_compile_flag_makes_a_compiling_plan(script):
+    """--compile (off by default) sets ParallelPlan.compile; where torch.compile cannot run, a ValueError
+    naming the problem and its fix (the scripts turn it into one line and exit 2)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        parser = __import__(script.removesuffix(".py")).parser
+    finally:
+        sys.path.remove(str(ROOT))
+    from tpzoo.parallel import init_mesh
+    from tpzoo.training.args import plan_from_args
+
+    mesh = init_mesh(tp=1)
+    assert not plan_from_args(parser().parse_args([]), mesh).compile
+    assert plan_from_args(parser().parse_args(["--compile"]), mesh).compile
+
+
+@pytest.mark.parametrize("env, problem", [
+    ({"TPZOO_COMPILE_BACKEND": "nonsense"}, "--compile: TPZOO_COMPILE_BACKEND=nonsense is not a torch.compile backend"),
+    ({"TPZOO_COMPILE_MODE": "reduce-overhead"}, "TPZOO_COMPILE_MODE=reduce-overhead records CUDA graphs and needs a "
+                                                "GPU; unset it on the cpu"),
+    ({"CXX": "/no/such/compiler"}, "inductor on the CPU needs a C++ compiler and none was found"),
+], ids=["backend", "reduce-overhead-on-cpu", "no-c++-compiler"])
+def test_compile_refused_where_it_cannot_run(monkeypatch, env, problem):
+    from tpzoo.parallel import init_mesh
+    from tpzoo.training.args import plan_from_args
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        plan_from_args(pretrain_args(["--compile"]), init_mesh(tp=1))
+
+
+def test_pretrain_compile_refusal_is_one_line_and_exit_2(tmp_path):
+    env = {**clean_env(1), "TPZOO_COMPILE_BACKEND": "nonsense"}
+    done = subprocess.run([sys.executable, str(ROOT / "pretrain.py"), "--compile", "--train-iters", "1"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "pretrain.py: error: --compile: TPZOO_COMPILE_BACKEND=nonsense is not a torch.compile backend" in done.stderr
+
+
+def test_pretrain_with_compile_logs_the_eager_losses(tmp_path, monkeypatch):
+    """A short pretrain.py run with --compile (aot_eager: what inductor traces, run eagerly) logs the
+    losses of the same run without it."""
+    from pretrain_helpers import TINY, metrics, pretrain
+
+    monkeypatch.setenv("TPZOO_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setenv("TORCH_LOGS", "dynamo")  # dynamo says when it traces a frame
+    flags = TINY + "--train-iters 4 --eval-interval 0 --kernels torch".split()
+    traced = {name: "torchdynamo start tracing forward" in pretrain(flags + extra + ["--save", name], tmp_path).stderr
+              for name, extra in (("eager", []), ("compiled", ["--compile"]))}
+    assert traced == {"eager": False, "compiled": True}, traced
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert eager.keys() == compiled.keys() == {1, 2, 3, 4}
+    for step in eager:
+        assert abs(compiled[step]["loss"] - eager[step]["loss"]) <= 1e-5 * abs(eager[step]["loss"]), (step, compiled,
+                                                                                                    eager)

@@ -1,6 +1,6 @@
 """The flags ``pretrain.py`` and ``finetune.py`` share (Megatron-LM's names, ``shared/CONTRACT.md``
 section 1), and what they turn into: the model config (what the model is), the ``ParallelPlan`` (how it
-runs: mesh, sequence parallelism, recompute, kernels, seed) and the ``EngineConfig``.
+runs: mesh, sequence parallelism, recompute, kernels, compile, seed) and the ``EngineConfig``.
 
     parser = command_parser("pretrain.py", "Pretrain a model on the pp x dp x tp mesh.")
     add_model_args(parser); add_parallel_args(parser); add_optimizer_args(parser); add_precision_args(parser)
@@ -214,6 +214,9 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-activations", action="store_true", help="recompute each layer in backward")
     g.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    g.add_argument("--compile", action="store_true", help="torch.compile each layer and the loss head (backend: "
+                   "$TPZOO_COMPILE_BACKEND, inductor if unset; docs/training.md); off unless given: its speed-up "
+                   "is not yet measured on a GPU")
 
 
 def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
@@ -239,12 +242,19 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
 
 def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan:
     """The ``ParallelPlan`` of ``mesh`` and the run option flags: --sequence-parallel,
-    --recompute-activations, --kernels, --attention-backend and --seed (the weights' seed)."""
+    --recompute-activations, --kernels, --attention-backend, --compile and --seed (the weights' seed).
+    --compile where torch.compile cannot run here (``tpzoo.models.compile.compile_problem``) is a ValueError."""
     from tpzoo.parallel import ParallelPlan
 
+    if args.compile:
+        from tpzoo.models.compile import compile_problem
+
+        problem = compile_problem(mesh.device)
+        if problem:
+            raise ValueError(f"--compile: {problem}")
     return ParallelPlan(mesh, sequence_parallel=args.sequence_parallel,
                         recompute_activations=args.recompute_activations, kernels=args.kernels,
-                        attention_backend=args.attention_backend, seed=args.seed)
+                        attention_backend=args.attention_backend, seed=args.seed, compile=args.compile)
 
 
 def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:

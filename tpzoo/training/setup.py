@@ -74,7 +74,7 @@ class Run:
 
 # flags of one launch, not of the run: a resume never takes them from the checkpoint
 LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
-                          "recompute_activations", "kernels", "attention_backend", "load", "save"})
+                          "recompute_activations", "kernels", "attention_backend", "compile", "load", "save"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 GIVEN_TOGETHER = {"bf16": {"fp16"}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
                   "dataset": {"data_path", "tokenizer_model"}}
