@@ -1,179 +1,364 @@
-"""Training-step time of tpzoo's GPT (tp=1) against Hugging Face transformers and a plain PyTorch GPT.
+"""Training-step speed of tpzoo against what a user picks instead, in one run on one device.
 
-    python bench/models.py                                    # CPU: a small GPT-2; GPU: gpt2, bf16
-    python bench/models.py --preset gpt2 --batch-size 8 --seq-length 1024
+    python bench/models.py          # CUDA: gpt2, gpt2-xl, bert-large, llama-1b; CPU: a tiny smoke run
+    python bench/models.py --models gpt2 --micro-batch-size 16 --contenders tpzoo-compile,plain-compile
 
-All three models have the same shape and the same weights (tpzoo's, converted), and start from
-the same loss. One step = forward with the loss, backward, AdamW step. The three take turns
-step by step; reported are the best and the median time per step, and the ratios of the best
-times tpzoo/Hugging Face and tpzoo/plain (below 1: tpzoo is faster; the best time is the one
-least disturbed by other processes). On a GPU also tokens/s and MFU: (6 N + 12 L h s) FLOPs
-per token (N parameters in matrix multiplies, L layers, h hidden, s sequence) over the device's
-peak bf16 rate.
+Contenders (``--contenders``), every one from tpzoo's initial weights (converted with tpzoo.convert)
+and one fixed batch, so all start from the same loss (checked: a first loss further than LOSS_RTOL
+from the first contender's is a bug, named below the table, and the script exits 1):
+
+    tpzoo           tpzoo.engine.Engine at tp 1 with EngineConfig(precision="bf16") on CUDA (fp32 on
+                    the CPU): forward, backward, clipping to norm 1 and AdamW, the step a user's run takes
+    tpzoo-compile   the same with ParallelPlan(mesh, compile=True)
+    plain           the family's plain PyTorch model (bench/baselines.py), bf16 autocast, fused AdamW,
+                    clipping to norm 1; plain-compile: under torch.compile, what a nanoGPT user runs
+    hf, hf-compile  the family's Hugging Face model (baselines.REFERENCES) the same way, eager and compiled
+
+The contenders take turns step by step, so a noisy machine slows them alike; each runs ``--warmup``
+untimed steps (the first compiles), then ``--steps`` timed ones. Below the table: each model's target
+(TARGETS, the issue's) and whether the best tpzoo contender meets it. Columns of the table:
+
+    ms/step, median ms   best and median time of one optimizer step (the best is the least disturbed)
+    tokens/s             micro-batch x sequence length / best time
+    MFU                  flops_per_token x tokens/s / the device's peak dense bf16 FLOP/s (bench/flops.py)
+    peak GiB             torch.cuda.max_memory_allocated during its timed steps, counting its own tensors
+                         only (the others' resident state is subtracted)
+    loss@0, d loss@0     its first loss; that minus the first listed contender's
+    x plain-compile, x hf-compile   its tokens/s over that contender's, from the same run
+
+Memory: a contender keeps its weights, gradients and AdamW state (about STATE_BYTES per parameter)
+resident while all take turns. When that, for all of them, exceeds the free device memory
+(``--memory-gib`` sets the budget), or a step runs out of memory, they run one after another
+(said below the table); a model whose state alone exceeds it, or a contender that runs out of
+memory alone, is reported skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import gc
+import math
+import os
 import statistics
+import sys
 import time
+from datetime import date
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+import transformers
+from baselines import REFERENCES, hf_inputs, load_hf, make_batch  # bench/, the script's folder
+from flops import flops_per_token, parameter_counts, peak_flops
 from torch import nn
 
-from tpzoo.convert import tpzoo_to_hf
-from tpzoo.models import GPTModel, TransformerConfig, full_state_dict, get_preset, num_parameters
+from tpzoo.convert import ARCHITECTURES, tpzoo_to_hf
+from tpzoo.engine import Engine, EngineConfig
+from tpzoo.models import full_state_dict, get_preset
+from tpzoo.models.compile import BACKEND_ENV
+from tpzoo.models.config import ModelConfig
+from tpzoo.models.families import PRESETS, family
+from tpzoo.models.pretrained import build_model
 from tpzoo.parallel import ParallelPlan, init_mesh
 
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+CUDA = torch.cuda.is_available()
+CONTENDERS = ("tpzoo", "tpzoo-compile", "plain", "plain-compile", "hf", "hf-compile")
+DEFAULT_CONTENDERS = ("tpzoo", "tpzoo-compile", "plain-compile", "hf", "hf-compile")
+RATIO_TO = ("plain-compile", "hf-compile")
+COLUMNS = ("model", "shape", "contender", "ms/step", "median ms", "tokens/s", "MFU", "peak GiB", "loss@0", "d loss@0",
+           *(f"x {r}" for r in RATIO_TO))
+# preset -> (micro-batch size, sequence length): the issue's shapes on CUDA, tiny ones on the CPU; other
+# presets: DEFAULT_SHAPE (the sequence no longer than the model's positions)
+SHAPES = {"gpt2": (8, 1024), "gpt2-xl": (8, 1024), "bert-large": (64, 128), "llama-1b": (4, 2048),
+          "gpt-tiny": (2, 64), "bert-tiny": (2, 64), "llama-tiny": (2, 64)}
+DEFAULT_SHAPE = (8, 1024) if CUDA else (2, 64)
+KNOWN_MODELS = [name for name, fields in PRESETS.items() if fields["model_type"] in REFERENCES]
+DEFAULT_MODELS = ("gpt2", "gpt2-xl", "bert-large", "llama-1b") if CUDA else ("gpt-tiny", "bert-tiny", "llama-tiny")
+STATE_BYTES = 16          # per parameter: weights, gradients, AdamW's two moments (fp32; or bf16 + fp32 main)
+LOSS_RTOL = {"bf16": 1e-2, "fp32": 1e-4}
+LR = 1e-4
+GiB = 2.0**30
 
 
-class PlainBlock(nn.Module):
-    def __init__(self, h: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln_1, self.ln_2 = nn.LayerNorm(h, eps=eps), nn.LayerNorm(h, eps=eps)
-        self.c_attn, self.c_proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.c_fc, self.mlp_proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The issue's goal for a model: the best tpzoo contender reaches ``mfu`` and, with a ``reference``,
+    ``ratio`` x that contender's tokens/s."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(h, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-        x = x + self.c_proj(y)
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+    mfu: float
+    reference: str | None = None
+    ratio: float = 0.0
+
+    def __str__(self) -> str:
+        ratio = f"{self.ratio}x {self.reference} tokens/s and " if self.reference else ""
+        return f"tpzoo >= {ratio}>= {self.mfu:.0%} MFU"
 
 
-class PlainGPT(nn.Module):
-    """GPT-2 in plain PyTorch, nanoGPT style: the baseline without any parallel machinery."""
-
-    def __init__(self, c: TransformerConfig) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(c.vocab_size, c.hidden_size), nn.Embedding(c.max_position_embeddings,
-                                                                                      c.hidden_size)
-        self.h = nn.ModuleList(PlainBlock(c.hidden_size, c.num_attention_heads, c.layernorm_epsilon)
-                               for _ in range(c.num_layers))
-        self.ln_f = nn.LayerNorm(c.hidden_size, eps=c.layernorm_epsilon)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
-        for block in self.h:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-
-    def load_hf(self, hf_state: dict[str, torch.Tensor]) -> None:
-        """Hugging Face GPT-2 weights: Conv1D [in, out] -> Linear [out, in]."""
-        names = {"attn.c_attn": "c_attn", "attn.c_proj": "c_proj", "mlp.c_fc": "c_fc", "mlp.c_proj": "mlp_proj"}
-        state = {}
-        for key, t in hf_state.items():
-            key = key.removeprefix("transformer.")
-            for theirs, ours in names.items():
-                if f".{theirs}." in key:
-                    key = key.replace(theirs, ours)
-                    t = t.t() if key.endswith("weight") else t
-            state[key] = t
-        state.pop("lm_head.weight")
-        self.load_state_dict(state)
+TARGETS = {"gpt2": Target(0.38, "plain-compile", 1.2), "gpt2-xl": Target(0.45),
+           "bert-large": Target(0.40, "hf-compile", 1.4), "llama-1b": Target(0.45, "hf-compile", 1.1)}
 
 
-def build(config: TransformerConfig, plan: ParallelPlan) -> dict[str, nn.Module]:
-    """tpzoo, Hugging Face and plain GPTs with tpzoo's weights."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    device = plan.mesh.device
-    tpzoo = GPTModel(config, plan)
-    hf_config, hf_state, _ = tpzoo_to_hf("GPTModel", {}, config, full_state_dict(tpzoo))
-    hf = transformers.GPT2LMHeadModel(hf_config)
-    hf.load_state_dict(hf_state)
-    plain = PlainGPT(config)
-    plain.load_hf(hf_state)
-    return {"tpzoo": tpzoo, "hf": hf.to(device), "plain": plain.to(device)}
+def allocated() -> int:
+    return torch.cuda.memory_allocated() if CUDA else 0
 
 
-def losses(models: dict[str, nn.Module], ids: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
-    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)
-    return {
-        "tpzoo": lambda: models["tpzoo"](ids, labels=labels).sum() / (labels != -100).sum(),
-        "hf": lambda: models["hf"](ids, labels=ids).loss,
-        "plain": lambda: models["plain"](ids),
-    }
+@dataclasses.dataclass
+class Setup:
+    """One model's benchmark: config, the batch every contender reads, tpzoo's initial weights."""
+
+    preset: str
+    config: ModelConfig
+    batch: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]            # full state dict (CPU) of tpzoo's model, before any step
+    plan: ParallelPlan
+    precision: str
+
+    @property
+    def model(self) -> tuple[str, dict]:
+        """tpzoo's class name and constructor options for the family's Hugging Face reference."""
+        return ARCHITECTURES[REFERENCES[self.config.model_type].hf_architecture]
 
 
-def main() -> None:
-    cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="gpt2")
-    p.add_argument("--num-layers", type=int, default=None if cuda else 2)
-    p.add_argument("--hidden-size", type=int, default=None if cuda else 256)
-    p.add_argument("--num-attention-heads", type=int, default=None if cuda else 4)
-    p.add_argument("--vocab-size", type=int, default=None if cuda else 8192)
-    p.add_argument("--batch-size", type=int, default=8 if cuda else 4)
-    p.add_argument("--seq-length", type=int, default=1024 if cuda else 128)
-    p.add_argument("--steps", type=int, default=20 if cuda else 6, help="timed steps per model")
-    p.add_argument("--warmup", type=int, default=3 if cuda else 2, help="untimed steps per model, the first included")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=cuda, help="autocast to bfloat16")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "fused-softmax", "sdpa"])
-    p.add_argument("--kernels", default=None, choices=["auto", "triton", "torch"])
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def make_setup(preset: str, b: int, s: int, plan: ParallelPlan, precision: str, layers: int | None) -> Setup:
+    """The model of ``preset`` (``layers`` layers, None: the preset's; no dropout), a batch of b x s tokens;
+    no weights yet (``load_weights``)."""
+    config = get_preset(preset, hidden_dropout=0.0, attention_dropout=0.0, **({"num_layers": layers} if layers else {}))
+    batch = make_batch(family(config.model_type).data, config.vocab_size, b, s, plan.mesh.device)
+    return Setup(preset, config, batch, {}, plan, precision)
 
-    mesh = init_mesh(tp=1)
-    overrides = {k: v for k, v in dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                                       num_attention_heads=args.num_attention_heads,
-                                       vocab_size=args.vocab_size).items() if v is not None}
-    config = get_preset(args.preset, **overrides, hidden_dropout=0.0, attention_dropout=0.0)
-    models = build(config, ParallelPlan(mesh, attention_backend=args.attention_backend, kernels=args.kernels))
-    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_length),
-                        generator=torch.Generator().manual_seed(0)).to(mesh.device)
-    step_loss = losses(models, ids)
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
-    autocast = torch.autocast(mesh.device.type, torch.bfloat16, enabled=args.bf16)
 
-    def step(name: str) -> tuple[float, float]:
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        sync()
-        start = time.perf_counter()
-        with autocast:
-            loss = step_loss[name]()
+def load_weights(setup: Setup) -> None:
+    """``setup.state``: the weights of tpzoo's model drawn from the plan's seed, as its engines draw them."""
+    cls, options = setup.model
+    source = build_model(cls, setup.config, setup.plan, **options)
+    setup.state = {k: v.detach().float().cpu() for k, v in full_state_dict(source).items()}
+
+
+def tpzoo_step(setup: Setup, compile: bool) -> Callable[[], float]:
+    """One Engine.train_step over the batch (m = 1 micro-batch); returns the loss before the update."""
+    cls, options = setup.model
+    b = setup.batch["input_ids"].shape[0]
+    engine = Engine(functools.partial(build_model, cls, setup.config, **options), setup.config,
+                    EngineConfig(micro_batch_size=b, global_batch_size=b, lr=LR, precision=setup.precision),
+                    dataclasses.replace(setup.plan, compile=compile))
+    return lambda: engine.train_step(setup.batch).loss
+
+
+def torch_step(setup: Setup, which: str, compile: bool) -> Callable[[], float]:
+    """A step of the Hugging Face (``which`` "hf") or plain PyTorch model with tpzoo's weights: autocast
+    under bf16, backward, clipping to norm 1, fused AdamW; returns the loss before the update."""
+    ref, (cls, options) = REFERENCES[setup.config.model_type], setup.model
+    hf_config, hf_state, tied = tpzoo_to_hf(cls, options, setup.config, setup.state)
+    hf_config.use_cache = False
+    with torch.device(setup.plan.mesh.device):
+        if which == "hf":
+            model = getattr(transformers, ref.hf_architecture)(hf_config)
+            model.load_state_dict(hf_state)
+            inputs = hf_inputs(family(setup.config.model_type).data, setup.batch)
+        else:
+            model = ref.plain(setup.config)
+            load_hf(model, hf_state, ref.renames, tied)
+            inputs = dict(input_ids=setup.batch["input_ids"], labels=setup.batch["labels"])
+    model.train()
+    run = torch.compile(model) if compile else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, fused=True)
+
+    def step() -> float:
+        with torch.autocast(setup.plan.mesh.device.type, torch.bfloat16, enabled=setup.precision == "bf16"):
+            out = run(**inputs)
+            loss = out if which == "plain" else out.loss
         loss.backward()
-        optimizers[name].step()
-        optimizers[name].zero_grad(set_to_none=True)
-        sync()
-        return time.perf_counter() - start, loss.item()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
 
-    first = {name: step(name)[1] for name in models}  # same weights, same batch: the same loss
-    for _ in range(args.warmup - 1):
-        for name in models:
-            step(name)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(args.steps):
-        for name in models:
-            times[name].append(step(name)[0])
-    best = {name: min(t) for name, t in times.items()}
-    med = {name: statistics.median(t) for name, t in times.items()}
+    return step
 
-    tokens = args.batch_size * args.seq_length
-    matmul_params = num_parameters(config) - config.max_position_embeddings * config.hidden_size
-    flops = 6 * matmul_params + 12 * config.num_layers * config.hidden_size * args.seq_length
-    peak = next((v for k, v in PEAK_BF16.items() if cuda and k in torch.cuda.get_device_name()), None)
-    device = torch.cuda.get_device_name() if cuda else f"cpu, {torch.get_num_threads()} threads"
-    print(f"GPT {config.num_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads, "
-          f"vocab {config.vocab_size} ({num_parameters(config):,} parameters); batch {args.batch_size} x "
-          f"{args.seq_length} tokens; {'bf16' if args.bf16 else 'float32'}; {device}; {args.steps} steps each")
-    print(f"{'model':8}{'best ms':>10}{'median ms':>11}{'tokens/s':>12}{'MFU':>8}{'loss@0':>10}")
-    for name in models:
-        mfu = f"{flops * tokens / best[name] / peak:.1%}" if peak and args.bf16 else "-"
-        print(f"{name:8}{best[name] * 1e3:10.1f}{med[name] * 1e3:11.1f}{tokens / best[name]:12,.0f}{mfu:>8}"
-              f"{first[name]:10.4f}")
-    # The best of the steps is the time without interference from other processes (a shared CPU).
-    print(f"ratios (best time per step, below 1 = tpzoo faster): tpzoo/hf = {best['tpzoo'] / best['hf']:.2f}, "
-          f"tpzoo/plain = {best['tpzoo'] / best['plain']:.2f}")
+
+@dataclasses.dataclass
+class Entry:
+    """A contender's measurements; ``resident``: bytes it holds on the device between steps."""
+
+    resident: int
+    first: float = math.nan
+    times: list[float] = dataclasses.field(default_factory=list)
+    peak: int = 0
+
+
+def build(setup: Setup, name: str) -> tuple[Callable[[], float], Entry]:
+    """The contender's step function, and its Entry holding the bytes its building allocated."""
+    before = allocated()
+    compiled, kind = name.endswith("-compile"), name.removesuffix("-compile")
+    step = tpzoo_step(setup, compiled) if kind == "tpzoo" else torch_step(setup, kind, compiled)
+    return step, Entry(allocated() - before)
+
+
+def measure(setup: Setup, names: list[str], warmup: int, steps: int) -> dict[str, Entry]:
+    """Build every contender of ``names``, then ``warmup`` + ``steps`` rounds of one step each; the
+    contenders are freed on return (the entries hold numbers only)."""
+    built = {name: build(setup, name) for name in names}
+    for i in range(warmup + steps):
+        for step, e in built.values():
+            if CUDA:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            start, at = allocated(), time.perf_counter()
+            loss = step()                                      # .item(): waits for the step
+            elapsed = time.perf_counter() - at
+            peak = torch.cuda.max_memory_allocated() - start + e.resident if CUDA else 0
+            e.resident += allocated() - start                  # AdamW's state appears at the first step
+            if i == 0:
+                e.first = loss
+            if i >= warmup:
+                e.times.append(elapsed)
+                e.peak = max(e.peak, peak)
+    return {name: e for name, (_, e) in built.items()}
+
+
+def release() -> None:
+    """Free what the last contenders held (compiled graphs included)."""
+    torch._dynamo.reset()
+    gc.collect()
+    if CUDA:
+        torch.cuda.empty_cache()
+
+
+def run_model(setup: Setup, names: list[str], budget: float, args: argparse.Namespace
+              ) -> tuple[dict[str, Entry | str], str | None]:
+    """Each contender's Entry, or why it was skipped; and a note when they ran one after another."""
+    total, _ = parameter_counts(setup.config)
+    need = STATE_BYTES * total
+    out: dict[str, Entry | str] = {n: f"skipped: no plain PyTorch {setup.config.model_type} here" for n in names
+                                   if n.startswith("plain") and REFERENCES[setup.config.model_type].plain is None}
+    run = [n for n in names if n not in out]
+    note, skip = None, None
+    if need > budget:
+        skip = f"skipped: its state needs ~{need / GiB:.2g} GiB ({STATE_BYTES} B x {total:,} parameters), " \
+               f"{budget / GiB:.2g} GiB free"
+    else:
+        try:
+            load_weights(setup)
+        except torch.cuda.OutOfMemoryError:
+            skip = "skipped: out of memory"
+    if skip:
+        out.update({n: skip for n in run})
+        run = []
+        release()
+    if need * len(run) <= budget:
+        try:
+            out.update(measure(setup, run, args.warmup, args.steps))
+            run = []
+        except torch.cuda.OutOfMemoryError:
+            pass
+        release()
+    if len(run) > 1:
+        note = (f"{setup.preset}: the contenders ran one after another, not interleaved (together they do not "
+                f"fit {budget / GiB:.2g} GiB)")
+    for name in run:
+        try:
+            out.update(measure(setup, [name], args.warmup, args.steps))
+        except torch.cuda.OutOfMemoryError:
+            out[name] = "skipped: out of memory"
+        release()
+    return {n: out[n] for n in names}, note
+
+
+def report(setup: Setup, results: dict[str, Entry | str], peak: float | None, rtol: float) -> list[str]:
+    """The model's table rows, its target line (if any) and each first-loss disagreement (lines "FIRST LOSS")."""
+    b, s = setup.batch["input_ids"].shape
+    flops = flops_per_token(setup.config, s)
+    ran = {n: e for n, e in results.items() if isinstance(e, Entry)}
+    tokens = {n: b * s / min(e.times) for n, e in ran.items()}
+    ref_loss = next((e.first for e in ran.values()), math.nan)
+    rows, notes = [], []
+    for name, e in results.items():
+        if not isinstance(e, Entry):
+            rows.append(f"| {setup.preset} | {b}x{s} | {name} | {e} |" + " - |" * (len(COLUMNS) - 4))
+            continue
+        mfu = f"{flops * tokens[name] / peak:.1%}" if peak else "-"
+        mem = f"{e.peak / GiB:.2f}" if CUDA else "-"
+        ratios = [f"{tokens[name] / tokens[r]:.2f}" if r in tokens else "-" for r in RATIO_TO]
+        rows.append(f"| {setup.preset} | {b}x{s} | {name} | {min(e.times) * 1e3:.1f} | "
+                    f"{statistics.median(e.times) * 1e3:.1f} | {tokens[name]:,.0f} | {mfu} | {mem} | {e.first:.4f} | "
+                    f"{e.first - ref_loss:+.2e} | {' | '.join(ratios)} |")
+        if not abs(e.first - ref_loss) <= rtol * abs(ref_loss):
+            notes.append(f"FIRST LOSS: {setup.preset} {name} starts at {e.first:.6f}, the first contender at "
+                            f"{ref_loss:.6f} (same weights and batch; allowed relative difference {rtol})")
+    target = TARGETS.get(setup.preset)
+    mine = [n for n in tokens if n.startswith("tpzoo")]
+    if target and mine:
+        best = max(mine, key=tokens.get)
+        held = [flops * tokens[best] / peak >= target.mfu if peak else None]
+        got = f"{flops * tokens[best] / peak:.1%} MFU" if peak else "MFU unknown on this device"
+        if target.reference in tokens:
+            ratio = tokens[best] / tokens[target.reference]
+            held.append(ratio >= target.ratio)
+            got = f"{ratio:.2f}x {target.reference}, {got}"
+        elif target.reference:
+            held.append(None)
+            got = f"{target.reference} did not run, {got}"
+        verdict = "undecided" if None in held else "met" if all(held) else "not met"
+        notes.append(f"target {setup.preset}: {target}: {best} {got} -> {verdict}")
+    return rows + notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated presets")
+    p.add_argument("--contenders", default=",".join(DEFAULT_CONTENDERS), help=f"comma-separated, of {CONTENDERS}")
+    p.add_argument("--micro-batch-size", type=int, help="sequences per step (default: per model, SHAPES)")
+    p.add_argument("--seq-length", type=int, help="tokens per sequence (default: per model, SHAPES)")
+    p.add_argument("--steps", type=int, default=20 if CUDA else 1, help="timed steps per contender")
+    p.add_argument("--warmup", type=int, default=3 if CUDA else 1, help="untimed steps per contender, the first "
+                                                                         "(compiling) included")
+    p.add_argument("--num-layers", type=int, default=None if CUDA else 2,
+                   help="cut every model to this many layers (default: the preset's; 2 without CUDA)")
+    p.add_argument("--compile-backend", default="inductor" if CUDA else "eager",
+                   help="torch.compile's backend (default: inductor; eager, dynamo's tracing only, without CUDA)")
+    p.add_argument("--memory-gib", type=float, help="device memory the contenders may hold (default: what is free)")
+    args = p.parse_args(argv)
+    models, names = args.models.split(","), args.contenders.split(",")
+    if unknown := [m for m in models if m not in KNOWN_MODELS]:
+        p.error(f"unknown --models {','.join(unknown)}; choose from {','.join(KNOWN_MODELS)}")
+    if unknown := [n for n in names if n not in CONTENDERS]:
+        p.error(f"unknown --contenders {','.join(unknown)}; choose from {','.join(CONTENDERS)}")
+    if min(args.steps, args.warmup, 1 if args.num_layers is None else args.num_layers) < 1:
+        p.error(f"--steps, --warmup and --num-layers must be >= 1, got {args.steps}, {args.warmup} and "
+                f"{args.num_layers}")
+    positions = {m: get_preset(m).max_position_embeddings for m in models}
+    shapes = {m: (args.micro_batch_size or SHAPES.get(m, DEFAULT_SHAPE)[0],
+                  args.seq_length or min(SHAPES.get(m, DEFAULT_SHAPE)[1], positions[m])) for m in models}
+    if too_long := [f"{m} ({positions[m]})" for m in models if shapes[m][1] > positions[m]]:
+        p.error(f"--seq-length {args.seq_length} exceeds the positions of {', '.join(too_long)}; use a shorter one")
+    os.environ[BACKEND_ENV] = args.compile_backend                    # tpzoo's compile (tpzoo.models.compile)
+    if args.compile_backend != "inductor":
+        torch.compiler.set_default_backend(args.compile_backend)      # the baselines' torch.compile
+    transformers.logging.set_verbosity_error()
+    precision, peak = ("bf16", peak_flops()) if CUDA else ("fp32", None)
+    mesh = init_mesh(tp=1)
+    device = torch.cuda.get_device_name() if CUDA else f"CPU, {torch.get_num_threads()} threads"
+    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}; {precision}; "
+          f"compile backend {args.compile_backend}; {args.steps} timed steps after {args.warmup} warm-up, "
+          + (f"every model cut to {args.num_layers} layers, " if args.num_layers else "") +
+          f"contenders interleaved step by step; {date.today()}")
+    if not CUDA:
+        print("no CUDA: tiny models in float32, a smoke check only; CPU times are not performance results")
+    print(f"| {' | '.join(COLUMNS)} |\n|" + " --- |" * 3 + " ---: |" * (len(COLUMNS) - 3))
+    notes = []
+    for m in models:
+        budget = args.memory_gib * GiB if args.memory_gib else torch.cuda.mem_get_info()[0] if CUDA else math.inf
+        setup = make_setup(m, *shapes[m], ParallelPlan(mesh), precision, args.num_layers)
+        results, note = run_model(setup, names, budget, args)
+        lines = report(setup, results, peak, LOSS_RTOL[precision])
+        print("\n".join(line for line in lines if line.startswith("|")), flush=True)
+        notes += [note] * bool(note) + [line for line in lines if not line.startswith("|")]
+        del setup, results
+        release()
+    print("\n".join(["", *notes]))
+    return 1 if any(n.startswith("FIRST LOSS") for n in notes) else 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
