@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tpzoo.engine.grads import clip_grad_norm, global_grad_norm, grads_are_finite
+from tpzoo.engine.grads import any_nonfinite, clip_grad_norm, global_grad_norm
 from tpzoo.engine.loss_scale import DynamicLossScaler
 from tpzoo.parallel import init_mesh, mark
 from tpzoo.testing import spawn
@@ -51,23 +51,26 @@ def grad_checks() -> None:
     clip_grad_norm(params, 1.0, mesh)
     assert global_grad_norm(params, mesh).item() == pytest.approx(1.0, rel=1e-5)
 
-    assert grads_are_finite(params)
+    assert any_nonfinite(params).item() == 0
     if mesh.pp_rank == 1 and mesh.tp_rank == 0:
         params[0].grad[1] = float("inf")
-    assert not grads_are_finite(params), "one rank's inf must stop every rank's step"
+    assert any_nonfinite(params).item() == 1, "one rank's inf must stop every rank's step"
+    before = [p.grad.clone() for p in params]
+    assert not math.isfinite(clip_grad_norm(params, 1.0, mesh).item())
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before)), "a non-finite norm must not clip"
 
     scaler = DynamicLossScaler(scale=1024.0, growth_interval=2)
     for p in params:
         p.grad = torch.ones_like(p) * 1024.0
-    assert scaler.unscale_and_check(params)
+    assert scaler.unscale(params).item() == 0
     assert torch.equal(params[0].grad, torch.ones(2)), "unscale divides by the scale"
     if mesh.pp_rank == 0 and mesh.tp_rank == 1:
         params[1].grad[0] = float("nan")
-    assert not scaler.unscale_and_check(params), "an injected overflow on one rank skips the step on all"
+    assert scaler.unscale(params).item() == 1, "an injected overflow on one rank skips the step on all"
+    scaler.update(finite=False)
     assert scaler.scale == 512.0 and scaler.clean_steps == 0
-    for p in params:
-        p.grad = torch.ones_like(p)
-    assert scaler.unscale_and_check(params) and scaler.unscale_and_check(params)
+    for _ in range(2):
+        scaler.update(finite=True)
     assert scaler.scale == 1024.0, "growth after growth_interval clean steps"
     restored = DynamicLossScaler()
     restored.load_state_dict(scaler.state_dict())

@@ -26,7 +26,8 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     """Restore ``engine`` from the checkpoint at ``path`` (a save dir, following ``latest``, or an iter
     folder) and return its meta (the caller's meta, "iteration" and "checkpoint").
 
-    Collective. Any saved tp/pp/dp and ZeRO setting loads onto any current one. Restores the model,
+    Collective. Any saved tp/pp/dp, ZeRO and precision setting loads onto any current one. Restores the
+    model (the saved float32 weights into the main weights, ``MainParams``, and from them the model's),
     with ``load_optimizer`` the optimizer state, its hyperparameters and the loss scaler, and the RNG
     states when the saved mesh shape equals the current one (otherwise they stay as they are, and a
     warning says so: per-rank streams have no counterpart on another layout). ValueError when the
@@ -39,8 +40,8 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     check_model_matches(record["model"], engine.chunks[0].model, folder)
     saved = FileSystemReader(folder).read_metadata().state_dict_metadata
     mesh = engine.mesh
-    entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(c.model, mesh, loading=True)],
-                                    saved)
+    entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(
+        c.model, mesh, loading=True, weights=engine.main.weights(c.model))], saved)
     if missing:
         raise ValueError(f"checkpoint {folder} lacks {len(missing)} parameters of the engine's model "
                          f"({', '.join(e.key for e in missing[:5])}); it is incomplete or of another model")
@@ -53,6 +54,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     targets = load_targets(entries, mesh)
     dcp.load({**targets, **rng}, checkpoint_id=folder)
     finish_load(entries, targets, mesh)
+    engine.main.publish()
     install_states(engine, states)
     if load_optimizer:
         restore_param_groups(engine.optimizer, record["optimizer"]["param_groups"])

@@ -2,9 +2,11 @@
 keyed "optim.<global parameter name>.<state name>", tensors shaped like the parameter stored like it
 (``tensors``), scalars (``step``) as plain replicated tensors.
 
-The layout does not depend on dp, ZeRO-1 or tp: under ZeRO-1 (``ZeroRedundancyOptimizer``) each dp
-rank holds the state of the parameters it owns and writes just those; at load each rank fills the
-state of the parameters it owns now, whatever dp and ZeRO setting wrote them. The two copies of a
+The state is that of the main parameters (``tpzoo.engine.mixed_precision``: float32 whatever the
+precision), stored under their model parameters' names. The layout does not depend on dp, ZeRO-1
+or tp: under ZeRO-1 each dp rank holds the state of the parameters it owns and writes just those;
+at load each rank fills the state of the parameters it owns now, whatever dp and ZeRO setting
+wrote them. The two copies of a
 tied word embedding (first and last pipeline stage) step alike, so the first stage's state is saved
 and both load it. The param groups' hyperparameters (lr, betas, ...) go to meta.json.
 """
@@ -18,7 +20,6 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from tpzoo.checkpoint.tensors import Entry
 from tpzoo.engine.train_step import Engine
@@ -26,24 +27,20 @@ from tpzoo.models.sharding import TIED_COPY, full_shape, source_name, tp_partiti
 
 logger = logging.getLogger(__name__)
 OPTIM_PREFIX = "optim."
-
-
-def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer holding this rank's state: ZeRO-1's inner one, or ``optimizer`` itself."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
 
 
 def _named_parameters(engine: Engine) -> Iterator[tuple[str, nn.Parameter, tuple[int, int] | None]]:
-    """(global name, parameter, tp partition) of every parameter of this rank's chunks."""
+    """(global name, main parameter, tp partition) of every parameter of this rank's chunks."""
     for chunk in engine.chunks:
         partitions = tp_partitions(chunk.model, engine.mesh.tp_size)
         for name, p in chunk.model.named_parameters():
-            yield name, p, partitions.get(name)
+            yield name, engine.main.main_of(p), partitions.get(name)
 
 
 def optimizer_entries(engine: Engine) -> list[Entry]:
     """The state this rank holds, for saving (none before the first step)."""
-    state = local_optimizer(engine.optimizer).state
+    state = engine.optimizer.state
     return [Entry(f"{OPTIM_PREFIX}{name}.{key}", value, partition if value.shape == p.shape else None)
             for name, p, partition in _named_parameters(engine) if name != TIED_COPY and p in state
             for key, value in state[p].items() if torch.is_tensor(value)]
@@ -58,7 +55,7 @@ def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry
         if key.startswith(OPTIM_PREFIX) and isinstance(meta, TensorStorageMetadata):
             name, _, state_name = key[len(OPTIM_PREFIX):].rpartition(".")
             by_param[name][state_name] = meta
-    owned = {p for group in local_optimizer(engine.optimizer).param_groups for p in group["params"]}
+    owned = {p for group in engine.optimizer.param_groups for p in group["params"]}
     entries, states = [], {}
     for name, p, partition in _named_parameters(engine):
         if p not in owned or source_name(name) not in by_param:
@@ -76,7 +73,7 @@ def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry
 
 def install_states(engine: Engine, states: dict[nn.Parameter, dict[str, Tensor]]) -> None:
     """Replace the optimizer state of the loaded parameters."""
-    target = local_optimizer(engine.optimizer).state
+    target = engine.optimizer.state
     for p, state in states.items():
         target[p] = state
 
@@ -88,13 +85,13 @@ def param_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 
 
 def restore_param_groups(optimizer: torch.optim.Optimizer, saved: list[dict[str, Any]]) -> None:
-    """Set the saved hyperparameters (lr, betas, ...) on the optimizer's groups (ZeRO-1 passes them on
-    to its inner optimizer at the next step)."""
+    """Set the saved hyperparameters (lr, betas, ...) on the optimizer's groups; not how the update runs
+    (``IMPLEMENTATION``: fused on CUDA, foreach elsewhere, chosen by the device that resumes)."""
     if len(saved) != len(optimizer.param_groups):
         logger.warning("checkpoint has %d optimizer param groups, the optimizer %d: hyperparameters not restored",
                        len(saved), len(optimizer.param_groups))
         return
     for group, values in zip(optimizer.param_groups, saved):
         for k, v in values.items():
-            if k in group:
+            if k in group and k not in IMPLEMENTATION:
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from tpzoo.checkpoint.model import model_record
-from tpzoo.checkpoint.optimizer import local_optimizer, optimizer_entries, param_groups
+from tpzoo.checkpoint.optimizer import optimizer_entries, param_groups
 from tpzoo.checkpoint.paths import FORMAT, META_FILE, VERSION, iteration_dir, partial_dir, publish, remove_leftovers
 from tpzoo.checkpoint.rng import rng_items
 from tpzoo.checkpoint.tensors import model_entries, save_items
@@ -36,7 +36,7 @@ def _meta(iteration: int, engine: Engine, meta: dict[str, Any]) -> str:
         "format": FORMAT, "version": VERSION, "mesh": mesh_shape(engine),
         "virtual_stages": engine.config.virtual_stages, "precision": engine.config.precision,
         "model": model_record(engine.chunks[0].model),
-        "optimizer": {"class": type(local_optimizer(engine.optimizer)).__name__,
+        "optimizer": {"class": type(engine.optimizer).__name__,
                       "zero": engine.config.use_distributed_optimizer,
                       "param_groups": param_groups(engine.optimizer)},
         "loss_scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
@@ -51,8 +51,9 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
-    chunks, the optimizer state (keyed by parameter name, sharded like the parameters; under ZeRO-1
-    each owner writes its part), the loss scaler, every rank's RNG states, and meta.json = ``meta``
+    chunks' weights (float32: under bf16/fp16 the main weights, ``MainParams.weights``), the optimizer
+    state (keyed by parameter name, sharded like the parameters; under ZeRO-1 each owner writes its
+    part of both), the loss scaler, every rank's RNG states, and meta.json = ``meta``
     (JSON-able: model description, tokenizer, consumed_samples, scheduler state, args ...) with
     "iteration" and "checkpoint" added. Written into ``iter_NNNNNNN.partial`` and renamed only
     once every rank has finished, so a save that fails leaves ``latest`` on the previous checkpoint
@@ -71,7 +72,9 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
         partial.mkdir()
     dist.barrier()
     mesh = engine.mesh
-    entries = [e for chunk in engine.chunks for e in model_entries(chunk.model, mesh)] + optimizer_entries(engine)
+    entries = [e for chunk in engine.chunks
+               for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
+    entries += optimizer_entries(engine)
     dcp.save({**save_items(entries, mesh), **rng_items(mesh)}, checkpoint_id=partial)
     if first:
         (partial / META_FILE).write_text(text)

@@ -62,15 +62,19 @@ class Entry:
                                   run_check=False)
 
 
-def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = False) -> list[Entry]:
+def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = False,
+                  weights: dict[str, Tensor | None] | None = None) -> list[Entry]:
     """Entries for the parameters of a model (or pipeline stage), keyed "model.<global name>".
 
     Saving leaves out a last stage's copy of the tied word embedding (the first stage's weight is
     saved); loading keys that copy by the embedding's name, so both copies read the same weight.
+    ``weights``: name -> the tensor to store (and fill) instead of the state dict's, None to leave the
+    name out (an engine's float32 main weights, ``MainParams.weights``: under ZeRO-1 only their owner's).
     """
     partitions = tp_partitions(model, mesh.tp_size)
-    return [Entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in model.state_dict().items()
-            if loading or name != TIED_COPY]
+    tensors = {**model.state_dict(), **(weights or {})}
+    return [Entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in tensors.items()
+            if t is not None and (loading or name != TIED_COPY)]
 
 
 def save_items(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:

@@ -51,7 +51,8 @@ class EngineConfig:
     weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
     adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
     clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
-    precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, bf16 autocast, or fp16 autocast + loss scaling")
+    precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, or bf16/fp16 weights and gradients with float32 "
+                            "main weights in the optimizer (fp16: + loss scaling); see docs/parallelism.md")
     initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the loss scale to start from")
     bucket_mb: float = _field(25.0, _positive_float, "gradient all-reduce bucket size over dp, MiB")
     timeout_s: float = _field(600.0, _positive_float, "timeout of the process groups the engine makes")

@@ -1,13 +1,14 @@
-"""Data parallelism: one bucketed gradient all-reduce per global batch, and the (ZeRO-1) optimizer.
+"""Data parallelism: one bucketed gradient all-reduce per global batch, and the optimizer.
 
 Every micro-batch's loss is sum(token losses) / (tokens of the whole global batch), so the gradient
 of the global-batch loss is the plain SUM of the dp ranks' gradients (not DDP's mean):
 
     g = sum over dp ranks d, micro-batches k of  grad( sum_{t in (d, k)} loss_t ) / N_global
 
-``GradReducer`` groups the parameters into buckets of ``bucket_mb`` MiB in reverse order (the
-order backward produces them). A parameter is ready once it has had its m-th gradient
-accumulation of the step (``register_post_accumulate_grad_hook``); a bucket whose parameters are
+``GradReducer`` groups the main parameters (``mixed_precision``: float32 gradients) into buckets of
+``bucket_mb`` MiB in reverse order (the order backward produces them). A parameter is ready once
+it has had its m-th gradient accumulation of the step (``accumulated``, called from the model
+parameter's post-accumulate-grad hook, ``MainParams.listeners``); a bucket whose parameters are
 all ready starts its all-reduce at once, while backward still runs on earlier layers, always in
 bucket order so every dp rank issues the same collectives in the same order. ``sync`` starts the
 rest (parameters that got no gradient, or whose hook does not fire: the zero-bubble schedules
@@ -20,7 +21,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from tpzoo.engine.config import EngineConfig
 
@@ -43,15 +43,13 @@ class GradReducer:
         self.expected, self.seen, self.ready = 0, {}, [0] * len(self.buckets)
         self.pending: list[tuple[int, torch.Tensor, dist.Work]] = []
         self.overlapped = 0
-        if self.active:
-            for p in params:
-                p.register_post_accumulate_grad_hook(self._on_grad)
 
     def start(self, accumulations: int) -> None:
         """A new step in which each parameter's gradient is accumulated ``accumulations`` times."""
         self.expected, self.seen, self.ready, self.pending = accumulations, {}, [0] * len(self.buckets), []
 
-    def _on_grad(self, p: nn.Parameter) -> None:
+    def accumulated(self, p: nn.Parameter) -> None:
+        """``p`` has had one more gradient accumulation of this step."""
         n = self.seen[id(p)] = self.seen.get(id(p), 0) + 1
         if n == self.expected:
             i = self.bucket_of[id(p)]
@@ -78,22 +76,19 @@ class GradReducer:
                 g.copy_(synced)
 
 
-def build_optimizer(params: list[nn.Parameter], config: EngineConfig, dp_group: dist.ProcessGroup
-                    ) -> torch.optim.Optimizer:
-    """AdamW, or with ``use_distributed_optimizer`` ZeRO-1: each dp rank keeps the AdamW state of
-    about 1/dp of the parameters, steps those, and broadcasts them to the other dp ranks.
+def build_optimizer(params: list[nn.Parameter], config: EngineConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over ``params``, the main parameters this rank steps (``MainParams.owned``: with
+    ``use_distributed_optimizer``, ZeRO-1, about 1/dp of them, so each dp rank keeps the main weights and
+    AdamW state of its share only).
 
-    AdamW runs its multi-tensor (``foreach``) implementation, one kernel per op over all parameters,
-    on CPU and GPU alike; the same update as the per-parameter loop, to the last bit on CPU (checked
-    against plain AdamW by tests/engine/test_engine.py)."""
-    options = dict(lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps, foreach=True)
-    if config.use_distributed_optimizer:
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **options)
-    return torch.optim.AdamW(params, **options)
+    On CUDA the fused implementation (one kernel for the whole update); elsewhere the multi-tensor
+    (``foreach``) one, the same update as the per-parameter loop to the last bit on CPU (checked against
+    plain AdamW by tests/engine/test_engine.py)."""
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps, **fast)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state (AdamW's moments and steps) held on this rank."""
-    inner = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
-    return sum(t.numel() * t.element_size() for state in inner.state.values() for t in state.values()
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                if torch.is_tensor(t))

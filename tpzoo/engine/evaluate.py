@@ -10,7 +10,7 @@ only: with pp > 1 the training schedule runs its forward actions and skips the b
 (``schedule.eval``), stages exchanging hidden states of the stage's ``boundary_shape`` as in
 training. Each stage gets its micro-batch's extras as in ``train_step``
 (``engine.micro_batches``); the chunks run under no_grad, in eval mode (dropout off; each chunk's
-mode is restored afterwards), under the engine's autocast. Losses are summed over pp and dp as in
+mode is restored afterwards), in the model's dtype (``mixed_precision``). Losses are summed over pp and dp as in
 training; the last stage's outputs are broadcast to the other ranks of its pp group.
 """
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.engine.train_step import Engine, reduce_losses
+from tpzoo.engine.train_step import Engine, named_losses, reduce_losses
 
 
 @contextmanager
@@ -92,7 +92,8 @@ def eval_losses(engine: Engine, batch: dict[str, Tensor]) -> tuple[float, dict[s
     ids, extras = engine.micro_batches(batch)
     with _evaluating(engine):
         total, parts = engine.runner.run(ids, extras, backward=False)
-    return reduce_losses(total, parts, engine.loss_keys(batch), [engine.mesh.pp_group, engine.mesh.dp_group])
+    sums = reduce_losses(total, parts, [engine.mesh.pp_group, engine.mesh.dp_group])
+    return named_losses(sums.tolist(), engine.loss_keys(batch))
 
 
 def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:

@@ -46,21 +46,21 @@ def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh) -> torc
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh) -> torch.Tensor:
     """Scale every gradient by min(1, max_norm / ||g||) with the global norm; return ||g|| (before clipping).
 
-    A non-finite norm leaves the gradients as they are (the caller skips the step).
+    No host sync: the factor is a tensor, 1 where the norm is not finite (the gradients stay as they are
+    and the caller skips the step) or ``max_norm`` is 0 (off).
     """
     params = [p for p in params if p.grad is not None]
     norm = global_grad_norm(params, mesh)
-    if max_norm > 0 and torch.isfinite(norm):
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    if max_norm > 0 and params:
+        coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
         torch._foreach_mul_([p.grad for p in params], coef)
     return norm
 
 
-def grads_are_finite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> bool:
-    """True when every rank of ``group`` (default: the world) holds only finite gradients.
-
-    Every rank gets the same answer, so a step is skipped everywhere or nowhere.
-    """
+def any_nonfinite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """A float32 scalar tensor: 1 when any rank of ``group`` (default: the world) holds a non-finite
+    gradient, else 0; the same on every rank (MAX all-reduce), so a step is skipped everywhere or nowhere.
+    No host sync: the caller reads it with the step's other numbers."""
     params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     # on the parameters' device even without gradients: nccl all-reduces only CUDA tensors
@@ -68,4 +68,4 @@ def grads_are_finite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | 
     if grads:
         bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float()
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)
-    return not bool(bad)
+    return bad

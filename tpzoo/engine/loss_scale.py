@@ -4,9 +4,11 @@ torch.amp.GradScaler decides overflow on each rank from the gradients that rank 
 tensor or pipeline parallelism those are different shards, so one rank could skip a step that
 another takes and the replicas would diverge. Here the decision is all-reduced (MAX) first.
 
-    loss * scale -> backward -> grads / scale -> any inf/nan on any rank?
-        yes: skip the step, scale *= backoff_factor (never below min_scale)
-        no:  step; after growth_interval clean steps in a row, scale *= growth_factor
+    loss * scale -> backward -> grads / scale -> any inf/nan on any rank?   (``unscale``: a device flag)
+        yes: skip the step, scale *= backoff_factor (never below min_scale)   (``update``, once the
+        no:  step; after growth_interval clean steps in a row, scale *= growth_factor    flag is read)
+
+The engine reads the flag in the step's one host-device sync, with the loss and the gradient norm.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tpzoo.engine.grads import grads_are_finite
+from tpzoo.engine.grads import any_nonfinite
 
 
 @dataclass
@@ -41,15 +43,14 @@ class DynamicLossScaler:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale
 
-    def unscale_and_check(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> bool:
-        """Divide the gradients by the scale; True when every rank's are finite (take the step)."""
+    def unscale(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        """Divide the gradients by the scale; return ``any_nonfinite`` over ``group`` (1: skip the step)."""
         params = [p for p in params if p.grad is not None]
         torch._foreach_mul_([p.grad for p in params], 1.0 / self.scale)
-        finite = grads_are_finite(params, group)
-        self.update(finite)
-        return finite
+        return any_nonfinite(params, group)
 
     def update(self, finite: bool) -> None:
+        """The schedule after a step whose gradients were (not) all finite."""
         if finite:
             self.clean_steps += 1
             if self.clean_steps == self.growth_interval:

@@ -28,7 +28,6 @@ same schedule (``schedule.eval``: torch runs its forward actions and skips the b
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -43,11 +42,10 @@ from torch.distributed.pipelining import (
 )
 
 from tpzoo.engine.config import EngineConfig
+from tpzoo.engine.mixed_precision import DTYPES
 from tpzoo.models.base import PipelineStage
 from tpzoo.parallel import ParallelMesh, ParallelPlan
 from tpzoo.parallel.param_facts import facts
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
@@ -137,18 +135,18 @@ def build_chunks(build: Callable[..., PipelineStage], layers: list[range], plan:
 
 
 def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineConfig, m: int, mesh: ParallelMesh,
-                   seq_length: int, loss_fn: Callable[[Tensor, Tensor], Tensor]):
+                   seq_length: int, loss_fn: Callable[[Tensor, Tensor], Tensor], dtype: torch.dtype):
     """The schedule over this rank's chunks, for micro-batches of ``seq_length`` tokens.
 
     Shapes are given (static mode): without them torch infers them by running an extra forward and
     backward of the first micro-batch, which would consume a micro-batch's extras here. Stages send
-    float32 hidden states of the stage's ``boundary_shape`` ([mbs, s(/tp), h]; the residual stream
-    stays float32 under autocast). ``scale_grads=False``: each micro-batch's loss is already divided
+    hidden states of the stage's ``boundary_shape`` ([mbs, s(/tp), h]) in the model's ``dtype`` (its
+    weights' dtype: float32, bf16 or fp16). ``scale_grads=False``: each micro-batch's loss is already divided
     by the global token count, so the gradients must add up, not be averaged over micro-batches.
     """
     mbs = config.micro_batch_size
     shape = chunks[0].model.boundary_shape(mbs, seq_length)
-    hidden = torch.empty(shape, device="meta", requires_grad=True)  # the received input needs its gradient
+    hidden = torch.empty(shape, dtype=dtype, device="meta", requires_grad=True)  # the received input needs its gradient
     stages = []
     for i, chunk in enumerate(chunks):
         index = mesh.pp_rank + i * mesh.pp_size
@@ -164,7 +162,9 @@ def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineCon
 
 class PipelineRunner:
     """This rank's chunks of the model (``build_chunks``) and the schedules over them, one per sequence
-    length: runs a step's micro-batches forward and, when training, backward (see module docstring)."""
+    length: runs a step's micro-batches forward and, when training, backward (see module docstring), in
+    the dtype of the model's weights (``dtype``, the config's precision: the engine casts them,
+    ``mixed_precision``)."""
 
     def __init__(self, build: Callable[..., PipelineStage], plan: ParallelPlan, layers: list[range],
                  config: EngineConfig, m: int) -> None:
@@ -174,37 +174,32 @@ class PipelineRunner:
         self.label_keys: tuple[str, ...] = self.chunks[0].model.label_keys
         self.schedules: dict[int, object] = {}  # sequence length -> pipeline schedule (pp > 1)
         self.scale = 1.0
+        self.dtype = DTYPES[config.precision]
 
     def _loss_fn(self, loss: Tensor, _target: Tensor) -> Tensor:
         """The last stage's output is already the micro-batch's share of the loss; torch's schedules
         index a target whenever a loss_fn is set, so the labels are passed as one and not read here."""
         return loss.sum() * self.scale
 
-    def autocast(self):
-        """bf16 or fp16 autocast on the mesh's device for those precisions, else nothing."""
-        dtype = AUTOCAST.get(self.config.precision)
-        return torch.autocast(self.mesh.device.type, dtype=dtype) if dtype is not None else nullcontext()
-
     def run(self, ids: list[Tensor], extras: list[dict[str, Tensor]], *, backward: bool, scale: float = 1.0,
             keep: bool = False) -> tuple[Tensor, Tensor]:
         """Forward (and with ``backward`` backward, the losses multiplied by ``scale``) of the micro-batches
-        ``ids`` [m x [mbs, s]] with their ``extras``, under the config's autocast. Returns the sum of this
+        ``ids`` [m x [mbs, s]] with their ``extras``. Returns the sum of this
         rank's micro-batch losses (scaled) and of their unscaled parts [K] (one per label key): nonzero
         on the last stage only. ``keep``: the last stage keeps its outputs (``outputs``)."""
         self.scale = scale
         for chunk in self.chunks:
             chunk.start(extras, keep)
         device = self.mesh.device
-        with self.autocast():
-            if self.mesh.pp_size == 1:
-                total = torch.zeros((), device=device)
-                for x in ids:
-                    loss = self._loss_fn(self.chunks[0](x), x)
-                    if backward:
-                        loss.backward()
-                    total += loss.detach()
-            else:
-                total = self._run_schedule(ids, backward)
+        if self.mesh.pp_size == 1:
+            total = torch.zeros((), device=device)
+            for x in ids:
+                loss = self._loss_fn(self.chunks[0](x), x)
+                if backward:
+                    loss.backward()
+                total += loss.detach()
+        else:
+            total = self._run_schedule(ids, backward)
         for chunk in self.chunks:
             chunk.finish()
         parts = next((chunk.parts for chunk in self.chunks if chunk.parts is not None), None)
@@ -216,7 +211,7 @@ class PipelineRunner:
         seq = local.shape[1]
         if seq not in self.schedules:
             self.schedules[seq] = build_schedule(self.chunks, self.num_stages, self.config, self.m, self.mesh, seq,
-                                                 self._loss_fn)
+                                                 self._loss_fn, self.dtype)
         schedule = self.schedules[seq]
         losses: list[Tensor] = []
         (schedule.step if backward else schedule.eval)(*((local,) if first else ()), target=local if last else None,
@@ -234,11 +229,11 @@ class TiedEmbeddingSync:
     per (dp, tp) coordinate.
 
     Every rank makes every group, in the same order (``new_group`` is collective); with pp = 1 there
-    is nothing to do.
+    is nothing to do. ``params``: the parameters holding the step's gradients (the main parameters).
     """
 
-    def __init__(self, chunks: list[StageModule], mesh: ParallelMesh, config: EngineConfig) -> None:
-        self.params = [p for c in chunks for p in c.parameters() if facts(p).pp_tied]
+    def __init__(self, params: list[nn.Parameter], mesh: ParallelMesh, config: EngineConfig) -> None:
+        self.params = [p for p in params if facts(p).pp_tied]
         self.group = None
         if mesh.pp_size == 1:
             return

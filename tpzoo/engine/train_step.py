@@ -18,12 +18,16 @@ The step, on every rank:
        global batch: GPT ``labels`` (tokens), a classifier's ``labels`` (sequences), BERT's ``labels``
        (tokens) and ``next_sentence_label`` (sequences; its binary head)
     2. forward + backward of every micro-batch, each contributing sum_k sum(losses of k) / N_k:
-       directly when pp = 1, else through the pipeline schedule (``pipeline.PipelineRunner``); under bf16 or fp16
-       autocast, parameters and gradients stay float32, the fp16 loss is multiplied by the scale
-    3. gradients summed over dp (``GradReducer``), tied embedding over first+last stage (parameters
+       directly when pp = 1, else through the pipeline schedule (``pipeline.PipelineRunner``), in the
+       model's dtype (bf16/fp16 weights: ``mixed_precision``; the fp16 loss is multiplied by the scale);
+       each micro-batch's gradients are added into the float32 main grads
+    3. main grads summed over dp (``GradReducer``), tied embedding over first+last stage (parameters
        marked ``pp_tied``), sequence-parallel norm gradients over tp (marked ``tp_partial``; ``param_facts``)
-    4. fp16: unscale, skip the step on every rank if any rank overflowed (the scale drops)
-    5. clip to ``clip_grad`` by the global norm (``grads.clip_grad_norm``), optimizer step (ZeRO-1 or not)
+    4. fp16: unscale, and a flag set on every rank if any rank overflowed
+    5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``)
+    6. the step's one host-device sync: loss, its parts, norm and overflow flag in one ``tolist``
+    7. fp16 overflow: skip on every rank (the scale drops); else AdamW on the main weights this rank
+       owns, then ``MainParams.publish`` (model weights = main weights, ZeRO-1's broadcast over dp)
 
 The loss returned is the global-batch mean (plus the binary head's sequence mean), the same number
 on every rank and every mesh; ``losses`` holds its part of each label key (BERT: MLM, sentence order),
@@ -44,6 +48,7 @@ from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.grads import clip_grad_norm
 from tpzoo.engine.loss_scale import DynamicLossScaler
+from tpzoo.engine.mixed_precision import MainParams
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import ModelConfig
@@ -60,13 +65,18 @@ def label_counts(batch: dict[str, Tensor], keys: list[str]) -> list[Tensor]:
     return [(batch[k] != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32) for k in keys]
 
 
-def reduce_losses(total: Tensor, parts: Tensor, keys: list[str], groups: list) -> tuple[float, dict[str, float]]:
-    """(total, {label key: part}): the scalar ``total`` and the parts [K] summed over each of ``groups``
-    in one all-reduce of [1 + K] float32 numbers."""
+def reduce_losses(total: Tensor, parts: Tensor, groups: list) -> Tensor:
+    """[1 + K] float32: the scalar ``total`` and the parts [K] summed over each of ``groups`` in one
+    all-reduce (no host sync: ``named_losses`` reads them)."""
     sums = torch.cat([total.reshape(1), parts]).float()
     for group in groups:
         dist.all_reduce(sums, group=group)
-    loss, *rest = sums.tolist()
+    return sums
+
+
+def named_losses(values: list[float], keys: list[str]) -> tuple[float, dict[str, float]]:
+    """(total, {label key: part}) of ``reduce_losses``' numbers, read to the host."""
+    loss, *rest = values
     return loss, dict(zip(keys, rest))
 
 
@@ -84,7 +94,8 @@ class Engine:
     ``build(plan, pre_process=, post_process=, layers=)`` makes one pipeline stage of the model (a
     ``PipelineStage``); ``plan``: a ``ParallelPlan`` or a bare mesh (default run options), handed to
     every call. The stages are checked against ``model_config.num_layers`` and the mesh before the
-    first call.
+    first call. ``params``: the model parameters of this rank (in the config's precision), ``main``
+    their main parameters (``MainParams``: float32, what the optimizer steps).
     """
 
     def __init__(self, build: Callable[..., PipelineStage], model_config: ModelConfig, config: EngineConfig,
@@ -102,9 +113,13 @@ class Engine:
             raise ValueError(f"pp rank {mesh.pp_rank} holds no parameters with stage_layers={config.stage_layers}; "
                              f"give every pp rank's stages at least one layer (or the embedding or head)")
         self.num_stages = len(layers)
-        self.tied = TiedEmbeddingSync(self.chunks, mesh, config)
-        self.reducer = GradReducer(self.params, mesh.dp_group, config.bucket_mb)
-        self.optimizer = build_optimizer(self.params, config, mesh.dp_group)
+        self.main = MainParams(self.params, self.chunks, config.precision, mesh.dp_group,
+                               config.use_distributed_optimizer)
+        self.tied = TiedEmbeddingSync(self.main.params, mesh, config)
+        self.reducer = GradReducer(self.main.params, mesh.dp_group, config.bucket_mb)
+        if self.reducer.active:
+            self.main.listeners.append(self.reducer.accumulated)
+        self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
         self.scaler = DynamicLossScaler(scale=config.initial_loss_scale) if config.precision == "fp16" else None
         self.skipped_steps = 0
 
@@ -138,27 +153,35 @@ class Engine:
 
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
         """One optimizer step over ``batch`` (input_ids and the model's extras and label keys: GPT labels;
-        BERT token_type_ids, attention_mask, labels, next_sentence_label)."""
+        BERT token_type_ids, attention_mask, labels, next_sentence_label). One host-device sync."""
         ids, extras = self.micro_batches(batch)
-        self.optimizer.zero_grad(set_to_none=True)
+        main, mesh = self.main, self.mesh
+        main.zero_grad()
         self.reducer.start(self.m)
         try:
             total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
+            main.flush()
             self.reducer.sync()
             self.tied.sync()
-            for chunk in self.chunks:
-                sync_sequence_parallel_grads(chunk, self.mesh.tp_group)
-            loss, losses = reduce_losses(total / self.loss_scale, parts, self.loss_keys(batch),
-                                         [self.mesh.pp_group, self.mesh.dp_group])
-            if self.scaler is not None and not self.scaler.unscale_and_check(self.params):
+            for chunk in main.chunks:
+                sync_sequence_parallel_grads(chunk, mesh.tp_group)
+            sums = reduce_losses(total / self.loss_scale, parts, [mesh.pp_group, mesh.dp_group])
+            overflow = (self.scaler.unscale(main.params) if self.scaler is not None
+                        else torch.zeros((), device=mesh.device))
+            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh)
+            *read, norm, overflow = torch.cat([sums, norm.reshape(1), overflow.reshape(1)]).tolist()
+            loss, losses = named_losses(read, self.loss_keys(batch))
+            if self.scaler is not None:
+                self.scaler.update(not overflow)
+            if overflow:
                 self.skipped_steps += 1
                 if dist.get_rank() == 0:
                     logger.warning("fp16 overflow: step skipped on every rank (%d so far), loss scale now %g",
                                    self.skipped_steps, self.loss_scale)
-                return StepResult(loss, float("inf"), True, losses)
-            norm = clip_grad_norm(self.params, self.config.clip_grad, self.mesh)
+                return StepResult(loss, norm, True, losses)
             self.optimizer.step()
+            main.publish()
         except RuntimeError as e:  # a dead or stuck peer: a roll call names it (see tpzoo.parallel.health)
             who = roll_call(min(DEFAULT_WAIT_S, self.config.timeout_s)).describe(self.mesh)
             raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {who}; {e}") from e
-        return StepResult(loss, norm.item(), False, losses)
+        return StepResult(loss, norm, False, losses)

@@ -209,8 +209,8 @@ def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("precision and speed")
     dtype = g.add_mutually_exclusive_group()
-    dtype.add_argument("--bf16", action="store_true", help="bf16 autocast, fp32 master weights")
-    dtype.add_argument("--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling")
+    dtype.add_argument("--bf16", action="store_true", help="bf16 weights and grads, fp32 main weights")
+    dtype.add_argument("--fp16", action="store_true", help="fp16 weights and grads, fp32 main weights, loss scaling")
     g.add_argument("--recompute-activations", action="store_true", help="recompute each layer in backward")
     g.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")

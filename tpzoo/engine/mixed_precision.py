@@ -1,0 +1,131 @@
+"""Megatron-style mixed precision: the model's weights and gradients in bf16 (fp16), fp32 main weights
+and gradients around the optimizer, and ZeRO-1's split of the main weights over dp.
+
+Each model parameter p has a *main* parameter, the one the rest of the step works on:
+
+    precision   model weight, grad   main grad (one per p)        main weight
+    fp32        float32              p.grad itself                 p itself
+    bf16/fp16   bf16 / fp16          float32, main.grad            float32 copy of p's initial value,
+                                                                   on the dp rank that owns p (ZeRO-1) or on all
+
+    per micro-batch  p's post-accumulate-grad hook: main.grad += p.grad (in float32); p.grad = None
+    after backward   dp all-reduce, tied-embedding and sequence-parallel sums, fp16 unscaling and overflow
+                     check, norm and clipping: all on the float32 main grads
+    optimizer step   AdamW on the main weights this rank owns, then ``publish``: model weight = main
+                     weight (cast), and under ZeRO-1 each owner broadcasts its model weights over dp
+
+The model's forward and backward never cast a weight. A main parameter carries its model parameter's
+``param_facts`` (norm counting, tied and sequence-parallel sums read them). Under ZeRO-1 the main
+parameter of a p owned by another dp rank is a stand-in whose data is one expanded zero (no memory):
+only its grad is used. The zero-bubble schedules assign weight gradients without the hook (torch's
+``stage_backward_weight`` adds them into p.grad, in the model's dtype); ``flush`` moves them over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tpzoo.parallel.param_facts import facts, mark
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def owners(params: list[nn.Parameter], ranks: int) -> list[int]:
+    """The dp rank owning each parameter under ZeRO-1: largest first, each to the rank holding the fewest
+    elements so far (ties: the lower rank); the same on every rank, since it depends on shapes only."""
+    load, out = [0] * ranks, [0] * len(params)
+    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+        out[i] = min(range(ranks), key=lambda r: load[r])
+        load[out[i]] += params[i].numel()
+    return out
+
+
+def _main_of(p: nn.Parameter, owned: bool) -> nn.Parameter:
+    """A float32 main parameter for ``p`` with its facts: a copy of its value, or a stand-in when not owned."""
+    data = p.detach().clone() if owned else torch.zeros((), dtype=torch.float32, device=p.device).expand(p.shape)
+    return mark(nn.Parameter(data, requires_grad=False), **dataclasses.asdict(facts(p)))
+
+
+class MainParams:
+    """The main parameters of ``params`` (the model parameters of this rank, float32 when built) for a
+    run at ``precision``: casts the model parameters to its dtype and hooks their gradients.
+
+    ``params[i]``: the main parameter of model parameter i; ``owned``: those this rank steps (under
+    ``zero``, the ones ``owners`` gives this dp rank; otherwise all); ``chunks``: per model chunk
+    (``modules``), a module whose parameters are its main parameters, in the chunk's order;
+    ``listeners``: called with a main parameter after each accumulation into its grad."""
+
+    def __init__(self, params: list[nn.Parameter], modules: list[nn.Module], precision: str,
+                 dp_group: dist.ProcessGroup, zero: bool) -> None:
+        self.model, self.dtype, self.group = params, DTYPES[precision], dp_group
+        dp, rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+        self.owner = owners(params, dp) if zero else [rank] * len(params)
+        if rank not in self.owner:
+            raise ValueError(f"ZeRO-1 over dp={dp} leaves dp rank {rank} no parameter to own: this pipeline stage "
+                             f"holds {len(params)} parameters; lower dp or turn off use_distributed_optimizer")
+        self.zero, self.mixed = zero and dp > 1, self.dtype != torch.float32
+        mine = [o == rank for o in self.owner]
+        self.params = [_main_of(p, m) if self.mixed else p for p, m in zip(params, mine)]
+        self.owned = [main for main, m in zip(self.params, mine) if m]
+        self._mine = [(p, main) for p, main, m in zip(params, self.params, mine) if m]
+        self._main_of = {id(p): main for p, main in zip(params, self.params)}
+        self.chunks = [nn.ParameterList([self.main_of(p) for p in module.parameters()]) for module in modules]
+        self.listeners: list[Callable[[nn.Parameter], None]] = []
+        for p, main in zip(params, self.params):
+            if self.mixed:
+                p.data = p.data.to(self.dtype)
+            p.register_post_accumulate_grad_hook(lambda p, main=main: self._accumulated(p, main))
+
+    def main_of(self, p: nn.Parameter) -> nn.Parameter:
+        """The main parameter of model parameter ``p``."""
+        return self._main_of[id(p)]
+
+    def _accumulated(self, p: nn.Parameter, main: nn.Parameter) -> None:
+        if main is not p:
+            _move_grad(p, main)
+        for listener in self.listeners:
+            listener(main)
+
+    def flush(self) -> None:
+        """Move gradients left in the model parameters (zero-bubble weight gradients) into the main grads."""
+        for p, main in zip(self.model, self.params):
+            if main is not p and p.grad is not None:
+                _move_grad(p, main)
+
+    def zero_grad(self) -> None:
+        for p, main in zip(self.model, self.params):
+            p.grad = main.grad = None
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        """Model weights = main weights: each rank casts the ones it owns, then under ZeRO-1 every dp rank
+        broadcasts its model weights (one flat tensor in the model's dtype) to the others."""
+        if self.mixed:
+            torch._foreach_copy_([p for p, _ in self._mine], [main for _, main in self._mine])
+        if not self.zero:
+            return
+        for r in range(dist.get_world_size(self.group)):
+            theirs = [p for p, o in zip(self.model, self.owner) if o == r]
+            flat = torch._utils._flatten_dense_tensors([p.detach() for p in theirs])
+            dist.broadcast(flat, src=dist.get_global_rank(self.group, r), group=self.group)
+            torch._foreach_copy_(theirs, torch._utils._unflatten_dense_tensors(flat, theirs))
+
+    def weights(self, model: nn.Module) -> dict[str, torch.Tensor | None]:
+        """Parameter name -> its main weight (detached) for each parameter of ``model`` (a chunk's model), None
+        where another dp rank owns it: what a checkpoint stores of the model, and fills at load."""
+        owned = {id(main) for main in self.owned}
+        named = ((name, self.main_of(p)) for name, p in model.named_parameters(remove_duplicate=False))
+        return {name: main.detach() if id(main) in owned else None for name, main in named}
+
+
+def _move_grad(p: nn.Parameter, main: nn.Parameter) -> None:
+    if main.grad is None:
+        main.grad = p.grad.float()
+    else:
+        main.grad.add_(p.grad)
+    p.grad = None
