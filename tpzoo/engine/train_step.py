@@ -54,6 +54,7 @@ from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import ModelConfig
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import DEFAULT_WAIT_S, roll_call
+from tpzoo.parallel.token_ids import check_token_ids
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -105,6 +106,7 @@ class Engine:
         self.plan, self.config = as_plan(plan), config
         mesh = self.mesh = self.plan.mesh
         self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)
+        self.vocab_size = model_config.vocab_size
         self.runner = PipelineRunner(build, self.plan, layers, config, self.m)
         self.chunks: list[StageModule] = self.runner.chunks
         self.label_keys = self.runner.label_keys
@@ -140,6 +142,8 @@ class Engine:
         g, mbs = self.config.global_batch_size, self.config.micro_batch_size
         if batch["input_ids"].shape[0] != g:
             raise ValueError(f"the batch holds {batch['input_ids'].shape[0]} sequences, the global batch size is {g}")
+        if batch["input_ids"].device.type == "cpu":  # once per batch, on the host: the model itself never syncs
+            check_token_ids(batch["input_ids"], self.vocab_size, "input_ids")
         counts = label_counts(batch, self.loss_keys(batch)) if labels else None
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
