@@ -19,6 +19,12 @@ The model's forward and backward never cast a weight. A main parameter carries i
 parameter of a p owned by another dp rank is a stand-in whose data is one expanded zero (no memory):
 only its grad is used. The zero-bubble schedules assign weight gradients without the hook (torch's
 ``stage_backward_weight`` adds them into p.grad, in the model's dtype); ``flush`` moves them over.
+
+Why not torch's ``ZeroRedundancyOptimizer`` (used here before): it shards the optimizer *state* but
+steps and broadcasts the very parameters it is given, so over float32 main weights every dp rank would
+keep all of them (4 bytes per parameter on every rank instead of 4/dp), and it cannot broadcast the
+bf16 model weights in their place. Owning whole parameters per dp rank keeps fp32 runs bit-identical
+to it (checked by the engine's same-loss tests).
 """
 
 from __future__ import annotations
