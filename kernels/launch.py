@@ -12,7 +12,8 @@ import triton.language as tl
 
 # Most elements one program holds in registers along a row. Longer rows take the looped paths.
 MAX_BLOCK = 8192
-# Elements per program of the elementwise (GELU) tiles, at most.
+# Elements per program of a 2-D tile, at most: the elementwise (GELU) tiles, and several short
+# rows of softmax and norms at once (a 1024-wide bf16 row alone is 2 KB: too little per program).
 MAX_TILE = 4096
 
 
@@ -20,6 +21,14 @@ def row_block(n: int) -> tuple[int, bool]:
     """(BLOCK, LOOPED) for a row of n elements: next power of two capped at MAX_BLOCK."""
     block = min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
     return block, block < n
+
+
+def row_tile(rows: int, n: int) -> tuple[int, int, bool]:
+    """(ROWS, BLOCK, LOOPED) for ``rows`` rows of n elements: BLOCK, LOOPED as in ``row_block``, and
+    ROWS rows per tile, a power of two with ROWS x BLOCK <= MAX_TILE (1 for rows longer than that)."""
+    block, looped = row_block(n)
+    cap = min(MAX_TILE, MAX_BLOCK)
+    return (1 if looped else max(1, min(triton.next_power_of_2(max(rows, 1)), cap // block))), block, looped
 
 
 def tile(rows: int, cols: int) -> tuple[int, int]:

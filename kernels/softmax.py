@@ -1,8 +1,10 @@
 """Triton scaled softmax over the last dim of [batch, heads, sq, sk] scores: masked and causal.
 
 Forward: y = softmax(scale * x) over keys that are not masked; a row with every key masked
-gives zeros. One program per row: a row of up to ``launch.MAX_BLOCK`` keys is read once and
-written once; a longer row first finds its max and normaliser online (one read), then writes.
+gives zeros. Each program owns a tile of ROWS rows x BLOCK keys (``launch.row_tile``): several
+short rows (ROWS x BLOCK up to ``launch.MAX_TILE`` elements), read once and written once; a row
+longer than ``launch.MAX_BLOCK`` keys (one per program) first finds its max and normaliser
+online (one read), then writes.
 The causal kernel never reads keys above the diagonal. Backward from the saved output:
 dx = scale * y * (dy - sum(dy * y)).
 """
@@ -25,93 +27,97 @@ def _row_offset(row, heads, sq, s_b, s_h, s_q):
 
 
 @triton.jit
-def _visible_keys(row, sq, sk, CAUSAL: tl.constexpr):
-    """Keys 0 .. n-1 of this row may be visible; causal rows see k <= q + sk - sq."""
+def _visible_keys(r, row_ok, sq, sk, CAUSAL: tl.constexpr):
+    """[ROWS] int32: keys 0 .. n-1 of each row may be visible (0 past the last row); causal rows see
+    k <= q + sk - sq."""
+    n = tl.where(row_ok, sk, 0)
     if CAUSAL:
-        return tl.minimum((row % sq).to(tl.int32) + (sk - sq) + 1, sk)
-    return sk
+        n = tl.minimum((r % sq).to(tl.int32) + (sk - sq) + 1, n)
+    return n
 
 
 @triton.jit
-def _load_scores(x_row, m_row, s_mk, cols, n_visible, scale, HAS_MASK: tl.constexpr):
-    """scale * x at ``cols`` in float32, -inf where masked out; masked keys are not read."""
-    keep = cols < n_visible
+def _load_scores(x_rows, m_rows, s_mk, cols, n_visible, scale, HAS_MASK: tl.constexpr):
+    """scale * x on the tile [rows, cols] in float32, -inf where masked out; masked keys are not read."""
+    keep = cols[None, :] < n_visible[:, None]
     if HAS_MASK:
-        keep = keep & (tl.load(m_row + cols * s_mk, mask=keep, other=1) == 0)
-    x = tl.load(x_row + cols, mask=keep, other=0.0).to(tl.float32)
+        keep = keep & (tl.load(m_rows[:, None] + cols[None, :] * s_mk, mask=keep, other=1) == 0)
+    x = tl.load(x_rows[:, None] + cols[None, :], mask=keep, other=0.0).to(tl.float32)
     return tl.where(keep, x * scale, float("-inf"))
 
 
 @triton.jit
 def _softmax_fwd(
-    X, M, Y, heads, sq, sk,
+    X, M, Y, rows, heads, sq, sk,
     s_xb, s_xh, s_xq, s_mb, s_mh, s_mq, s_mk, scale,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + _row_offset(row, heads, sq, s_xb, s_xh, s_xq)
-    m_row = M + _row_offset(row, heads, sq, s_mb, s_mh, s_mq)
-    y_row = Y + row * sk
-    n_visible = _visible_keys(row, sq, sk, CAUSAL)
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = r < rows
+    x_rows = X + _row_offset(r, heads, sq, s_xb, s_xh, s_xq)
+    m_rows = M + _row_offset(r, heads, sq, s_mb, s_mh, s_mq)
+    n_visible = _visible_keys(r, row_ok, sq, sk, CAUSAL)
     cols = tl.arange(0, BLOCK)
     if LOOPED:
         # Online max and normaliser; the shift stays 0 while every key so far is masked.
-        mx = tl.full([], float("-inf"), tl.float32)
-        total = 0.0
-        for start in range(0, n_visible, BLOCK):
-            s = _load_scores(x_row, m_row, s_mk, start + cols, n_visible, scale, HAS_MASK)
-            new_mx = tl.maximum(mx, tl.max(s, 0))
+        mx = tl.full([ROWS], float("-inf"), tl.float32)
+        total = tl.zeros([ROWS], tl.float32)
+        for start in range(0, tl.max(n_visible, 0), BLOCK):
+            s = _load_scores(x_rows, m_rows, s_mk, start + cols, n_visible, scale, HAS_MASK)
+            new_mx = tl.maximum(mx, tl.max(s, 1))
             shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
-            total = total * tl.exp(mx - shift) + tl.sum(tl.exp(s - shift), 0)
+            total = total * tl.exp(mx - shift) + tl.sum(tl.exp(s - shift[:, None]), 1)
             mx = new_mx
     else:
-        s = _load_scores(x_row, m_row, s_mk, cols, n_visible, scale, HAS_MASK)
-        mx = tl.max(s, 0)
-        total = tl.sum(tl.exp(s - tl.where(mx == float("-inf"), 0.0, mx)), 0)
+        s = _load_scores(x_rows, m_rows, s_mk, cols, n_visible, scale, HAS_MASK)
+        mx = tl.max(s, 1)
+        total = tl.sum(tl.exp(s - tl.where(mx == float("-inf"), 0.0, mx)[:, None]), 1)
     shift = tl.where(mx == float("-inf"), 0.0, mx)
     # total >= 1 unless every key is masked (then every exp is 0 and the row stays 0).
     inv = 1.0 / tl.maximum(total, 1.0)
     for start in range(0, sk, BLOCK):  # a single pass when not LOOPED (BLOCK >= sk)
         if LOOPED:
-            s = _load_scores(x_row, m_row, s_mk, start + cols, n_visible, scale, HAS_MASK)
-        y = tl.exp(s - shift) * inv
-        launch.store(y_row + start + cols, y, start + cols < sk)
+            s = _load_scores(x_rows, m_rows, s_mk, start + cols, n_visible, scale, HAS_MASK)
+        y = tl.exp(s - shift[:, None]) * inv[:, None]
+        keep = row_ok[:, None] & (start + cols < sk)[None, :]
+        launch.store(Y + (r * sk)[:, None] + (start + cols)[None, :], y, keep)
 
 
 @triton.jit
-def _load_grad_pair(y_row, dy_row, cols, n_visible):
-    """y and dy at ``cols`` in float32; keys past n_visible (y = 0 there) are not read."""
-    keep = cols < n_visible
-    y = tl.load(y_row + cols, mask=keep, other=0.0).to(tl.float32)
-    dy = tl.load(dy_row + cols, mask=keep, other=0.0).to(tl.float32)
+def _load_grad_pair(y_rows, dy_rows, cols, n_visible):
+    """y and dy on the tile [rows, cols] in float32; keys past n_visible (y = 0 there) are not read."""
+    keep = cols[None, :] < n_visible[:, None]
+    y = tl.load(y_rows[:, None] + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+    dy = tl.load(dy_rows[:, None] + cols[None, :], mask=keep, other=0.0).to(tl.float32)
     return y, dy
 
 
 @triton.jit
 def _softmax_bwd(
-    Y, DY, DX, heads, sq, sk, s_db, s_dh, s_dq, scale,
-    CAUSAL: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
+    Y, DY, DX, rows, heads, sq, sk, s_db, s_dh, s_dq, scale,
+    CAUSAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, LOOPED: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    y_row = Y + row * sk
-    dy_row = DY + _row_offset(row, heads, sq, s_db, s_dh, s_dq)
-    dx_row = DX + row * sk
-    n_visible = _visible_keys(row, sq, sk, CAUSAL)
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = r < rows
+    y_rows = Y + r * sk
+    dy_rows = DY + _row_offset(r, heads, sq, s_db, s_dh, s_dq)
+    n_visible = _visible_keys(r, row_ok, sq, sk, CAUSAL)
     cols = tl.arange(0, BLOCK)
     if LOOPED:
-        acc = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_visible, BLOCK):
-            y, dy = _load_grad_pair(y_row, dy_row, start + cols, n_visible)
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, tl.max(n_visible, 0), BLOCK):
+            y, dy = _load_grad_pair(y_rows, dy_rows, start + cols, n_visible)
             acc += y * dy
-        dot = tl.sum(acc, 0)
+        dot = tl.sum(acc, 1)
     else:
-        y, dy = _load_grad_pair(y_row, dy_row, cols, n_visible)
-        dot = tl.sum(y * dy, 0)
+        y, dy = _load_grad_pair(y_rows, dy_rows, cols, n_visible)
+        dot = tl.sum(y * dy, 1)
     for start in range(0, sk, BLOCK):  # a single pass when not LOOPED (BLOCK >= sk)
         if LOOPED:
-            y, dy = _load_grad_pair(y_row, dy_row, start + cols, n_visible)
-        dx = scale * y * (dy - dot)
-        launch.store(dx_row + start + cols, dx, start + cols < sk)
+            y, dy = _load_grad_pair(y_rows, dy_rows, start + cols, n_visible)
+        dx = scale * y * (dy - dot[:, None])
+        keep = row_ok[:, None] & (start + cols < sk)[None, :]
+        launch.store(DX + (r * sk)[:, None] + (start + cols)[None, :], dx, keep)
 
 
 def forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
@@ -123,12 +129,13 @@ def forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bo
     x = launch.unit_last_stride(x)
     y = launch.new_empty(x.shape, x.dtype, x.device)
     m = mask.expand(x.shape) if mask is not None else y  # y: a placeholder pointer, never read
-    block, looped = launch.row_block(sk)
-    _softmax_fwd[(batch * heads * sq,)](
-        x, m, y, heads, sq, sk, x.stride(0), x.stride(1), x.stride(2),
+    rows = batch * heads * sq
+    tile_rows, block, looped = launch.row_tile(rows, sk)
+    _softmax_fwd[(triton.cdiv(rows, tile_rows),)](
+        x, m, y, rows, heads, sq, sk, x.stride(0), x.stride(1), x.stride(2),
         m.stride(0), m.stride(1), m.stride(2), m.stride(3), scale,
-        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK=block, LOOPED=looped,
-        num_warps=launch.num_warps(block),
+        HAS_MASK=mask is not None, CAUSAL=causal, ROWS=tile_rows, BLOCK=block, LOOPED=looped,
+        num_warps=launch.num_warps(tile_rows * block),
     )
     return y
 
@@ -138,9 +145,10 @@ def backward(y: torch.Tensor, dy: torch.Tensor, scale: float, causal: bool) -> t
     batch, heads, sq, sk = y.shape
     dy = launch.unit_last_stride(dy)
     dx = launch.new_empty(y.shape, y.dtype, y.device)
-    block, looped = launch.row_block(sk)
-    _softmax_bwd[(batch * heads * sq,)](
-        y, dy, dx, heads, sq, sk, dy.stride(0), dy.stride(1), dy.stride(2), scale,
-        CAUSAL=causal, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(block),
+    rows = batch * heads * sq
+    tile_rows, block, looped = launch.row_tile(rows, sk)
+    _softmax_bwd[(triton.cdiv(rows, tile_rows),)](
+        y, dy, dx, rows, heads, sq, sk, dy.stride(0), dy.stride(1), dy.stride(2), scale,
+        CAUSAL=causal, ROWS=tile_rows, BLOCK=block, LOOPED=looped, num_warps=launch.num_warps(tile_rows * block),
     )
     return dx

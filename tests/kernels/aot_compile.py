@@ -52,7 +52,8 @@ def compile_all(capability: int) -> list[str]:
         return kernel
 
     JITFunction.run = compile_only  # this script runs in its own process: no need to restore
-    for max_block in (8192, 16):  # one block per row, then the looped paths
+    # several rows per tile (40-wide rows in blocks of 64), one row of one block, then the looped paths
+    for max_block in (8192, 64, 16):
         launch.MAX_BLOCK = max_block
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(2, 2, 8, 40, dtype=dtype, requires_grad=True)

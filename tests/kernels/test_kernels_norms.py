@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
+from tpzoo.kernels import launch
 
 EPS = 1e-5
 
@@ -33,6 +34,7 @@ OPS = {  # name: (op, oracle, PyTorch's own op, parameter count)
 }
 # Hidden sizes of 1 or 2 are left out: there the normalised output is constant and the input
 # gradient vanishes, so relative errors of a zero gradient would measure nothing.
+# 9x3 under the looped cap of 16: tiles of 4 rows, the last of 1.
 SHAPES = {"3x7x48": (3, 7, 48), "5x100": (5, 100), "9x3": (9, 3), "one-row": (1, 40)}
 
 
@@ -69,3 +71,16 @@ def test_norm_float32_params_with_bfloat16_input(backend, op):
     grads = torch.autograd.grad(y, [xb, *params], torch.ones_like(y))
     assert y.dtype == torch.bfloat16 and grads[0].dtype == torch.bfloat16
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads[1:])
+
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_multi_row_tiles_match_float64(backend, op, dtype):
+    """70 rows of 200: 5 forward tiles of 16 rows, the last of 6; backward groups (4 under the interpreter)
+    of 32, 32 and 6 rows, two tiles each, the last partial. (Under the looped cap these are plain looped
+    rows, which the shapes above cover.)"""
+    assert launch.row_tile(70, 200) == (16, 256, False)
+    assert launch.partial_groups(torch.device("cpu"), 70, multiple=16) == (3, 32)
+    fn, oracle, native, _ = OPS[op]
+    check(op, fn, oracle, native, inputs(op, (70, 200), dtype))

@@ -7,6 +7,7 @@ import torch
 from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
+from tpzoo.kernels import launch
 
 
 def visible(sq: int, sk: int) -> torch.Tensor:
@@ -71,6 +72,20 @@ def test_causal_softmax_matches_float64(backend, max_block, sq, sk, dtype):
     mask = ~visible(sq, sk)
     check("scaled_causal_softmax", lambda x: K.scaled_causal_softmax(x, 0.7), lambda x: oracle(x, mask, 0.7),
           lambda x: native(x, mask, 0.7), [x])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["masked", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_multi_row_tiles_match_float64(backend, causal, dtype):
+    """300 rows of 20 keys: tiles of 128 rows, the last of 44; causal with sq > sk (fully masked rows)."""
+    assert launch.row_tile(300, 20) == (128, 32, False)
+    x = (torch.randn(3, 2, 50, 20) * 4).to(dtype)
+    mask = ~visible(50, 20) if causal else full_mask(3, 50, 20)
+    if causal:
+        label, op = "scaled_causal_softmax", lambda x: K.scaled_causal_softmax(x, 0.7)
+    else:
+        label, op = "scaled_masked_softmax", lambda x: K.scaled_masked_softmax(x, mask, 0.7)
+    check(label, op, lambda x: oracle(x, mask, 0.7), lambda x: native(x, mask, 0.7), [x])
 
 
 @pytest.mark.parametrize("layout", [transposed_layout, padded_rows,
