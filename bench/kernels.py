@@ -14,10 +14,14 @@ the masked one only the unmasked keys); that as a percentage of the device's cop
 measured in the same run (torch copy_ of a large buffer, read + write); the speed ratio of torch
 eager and of torch.compile (both running ``tpzoo.kernels.reference``) to Triton, > 1 when
 Triton is faster; and the relative difference of Triton's result from eager's.
+
+A row whose tensors would not fit in the GPU's free memory (estimated before allocating, see
+``row_bytes``) prints "skipped: needs X GiB, Y GiB free" instead of its numbers.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,15 +40,24 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 @dataclass
 class Case:
-    """One kernel at one shape: differentiable inputs, the Triton op, the reference, minimum bytes."""
+    """One kernel at one shape, allocated: differentiable inputs, the Triton op, the reference, minimum bytes."""
 
-    kernel: str
-    shape: str
     inputs: list[torch.Tensor]
     op: Callable
     ref: Callable
     fwd_bytes: int
     bwd_bytes: int
+
+
+@dataclass
+class Row:
+    """One row of the table before any tensor exists: its labels, the elements of its largest
+    tensor (x, the input), and how to build its Case."""
+
+    kernel: str
+    shape: str
+    numel: int
+    build: Callable[[], Case]
 
 
 def softmax_case(shape: tuple[int, int, int, int], causal: bool, dtype, device) -> Case:
@@ -54,15 +67,13 @@ def softmax_case(shape: tuple[int, int, int, int], causal: bool, dtype, device) 
     scale = sq**-0.5
     if causal:
         visible = int((torch.arange(sq) + sk - sq + 1).clamp(0, sk).sum()) * b * h
-        return Case("scaled_causal_softmax", "x".join(map(str, shape)), [x],
-                    lambda x: K.scaled_causal_softmax(x, scale, **TRITON), lambda x: R.scaled_causal_softmax(x, scale),
-                    (visible + n) * size, (2 * visible + n) * size)
+        return Case([x], lambda x: K.scaled_causal_softmax(x, scale, **TRITON),
+                    lambda x: R.scaled_causal_softmax(x, scale), (visible + n) * size, (2 * visible + n) * size)
     lengths = torch.randint(sk // 2, sk + 1, (b,))
     mask = (torch.arange(sk) >= lengths[:, None]).view(b, 1, 1, sk).to(device)
     visible = int(lengths.sum()) * h * sq
-    return Case("scaled_masked_softmax", "x".join(map(str, shape)) + " pad", [x],
-                lambda x: K.scaled_masked_softmax(x, mask, scale, **TRITON), lambda x: R.scaled_masked_softmax(x, mask, scale),
-                (visible + n) * size + mask.numel(), 3 * n * size)
+    return Case([x], lambda x: K.scaled_masked_softmax(x, mask, scale, **TRITON),
+                lambda x: R.scaled_masked_softmax(x, mask, scale), (visible + n) * size + mask.numel(), 3 * n * size)
 
 
 def norm_case(kernel: str, rows: int, hidden: int, dtype, device) -> Case:
@@ -72,7 +83,7 @@ def norm_case(kernel: str, rows: int, hidden: int, dtype, device) -> Case:
     p_bytes = len(params) * hidden * size
     op, ref = getattr(K, kernel), getattr(R, kernel)
     # forward: x, params, stats in/out; backward: x, dy, w, stats in, dx, dparams out
-    return Case(kernel, f"{rows}x{hidden}", [x, *params], lambda *a: op(*a, 1e-5, **TRITON), lambda *a: ref(*a, 1e-5),
+    return Case([x, *params], lambda *a: op(*a, 1e-5, **TRITON), lambda *a: ref(*a, 1e-5),
                 2 * n * size + p_bytes + stats, 3 * n * size + hidden * size + stats + p_bytes)
 
 
@@ -80,15 +91,15 @@ def gelu_case(kernel: str, rows: int, cols: int, approximate: str, dtype, device
     x = torch.randn(rows, cols, dtype=dtype, device=device)
     size, n = x.element_size(), x.numel()
     if kernel == "gelu":
-        return Case(kernel, f"{rows}x{cols} {approximate}", [x], lambda x: K.gelu(x, approximate, **TRITON),
+        return Case([x], lambda x: K.gelu(x, approximate, **TRITON),
                     lambda x: R.bias_gelu(x, None, approximate), 2 * n * size, 3 * n * size)
     b = torch.randn(cols, dtype=dtype, device=device)
-    return Case(kernel, f"{rows}x{cols} {approximate}", [x, b], lambda x, b: K.bias_gelu(x, b, approximate, **TRITON),
+    return Case([x, b], lambda x, b: K.bias_gelu(x, b, approximate, **TRITON),
                 lambda x, b: R.bias_gelu(x, b, approximate), 2 * n * size + cols * size,
                 3 * n * size + 2 * cols * size)
 
 
-def cases(dtype, device) -> list[partial]:
+def cases(dtype, device) -> list[Row]:
     """Real model shapes on CUDA (BERT-large, GPT-2 XL, 7B-class), small ones elsewhere; built lazily."""
     if device.type == "cuda":
         softmax = [((16, 16, 512, 512), False), ((8, 25, 1024, 1024), True), ((1, 32, 4096, 4096), True),
@@ -101,10 +112,38 @@ def cases(dtype, device) -> list[partial]:
         softmax = [((1, 2, 16, 32), False), ((1, 2, 32, 32), True)]
         tokens, hiddens = 16, (128,)
         ffn = [(128, "tanh")]
-    out = [partial(softmax_case, s, c, dtype, device) for s, c in softmax]
-    out += [partial(norm_case, k, tokens, h, dtype, device) for k in ("layer_norm", "rms_norm") for h in hiddens]
-    out += [partial(gelu_case, k, tokens, c, a, dtype, device) for k in ("gelu", "bias_gelu") for c, a in ffn]
+    out = [Row(f"scaled_{'causal' if c else 'masked'}_softmax", "x".join(map(str, s)) + ("" if c else " pad"),
+               math.prod(s), partial(softmax_case, s, c, dtype, device)) for s, c in softmax]
+    out += [Row(k, f"{tokens}x{h}", tokens * h, partial(norm_case, k, tokens, h, dtype, device))
+            for k in ("layer_norm", "rms_norm") for h in hiddens]
+    out += [Row(k, f"{tokens}x{c} {a}", tokens * c, partial(gelu_case, k, tokens, c, a, dtype, device))
+            for k in ("gelu", "bias_gelu") for c, a in ffn]
     return out
+
+
+def row_bytes(numel: int, dtype: torch.dtype) -> int:
+    """Estimated peak memory of a row whose input x has ``numel`` elements of ``dtype``: 8 tensors of
+    x's size and dtype alive at once (x, dy, and for each of Triton, eager and compile an output and
+    an input gradient) and 6 float32 ones (what the references save for backward while the graphs
+    are kept for timing, and the float32 temporaries of eager's backward). Parameters are small."""
+    return numel * (8 * dtype.itemsize + 6 * 4)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Bytes a row may still allocate on a CUDA device (free on the device plus what torch's allocator
+    holds unused); None elsewhere, where nothing is checked."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def skip_reason(numel: int, dtype: torch.dtype, free: int | None) -> str | None:
+    """None when the row fits in ``free`` bytes (or free is None), else "skipped: needs X GiB, Y GiB free"."""
+    need = row_bytes(numel, dtype)
+    if free is None or need <= free:
+        return None
+    return f"skipped: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
 
 def timer(device: torch.device) -> Callable[[Callable], float]:
@@ -158,6 +197,11 @@ COLUMNS = ["kernel", "shape", "dtype", "pass", "Triton us", "GB/s", "% of copy",
            "compile / Triton", "rel diff"]
 
 
+def note_row(row: Row, dname: str, note: str) -> str:
+    """The table line of a row with no numbers: the note (skipped, out of memory) in the pass column."""
+    return f"| {row.kernel} | {row.shape} | {dname} | {note} |" + " |" * (len(COLUMNS) - 4)
+
+
 def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":  # before torch.compile imports triton (see docs/kernels.md)
@@ -175,21 +219,22 @@ def main() -> None:
     print("| " + " | ".join(COLUMNS) + " |")
     print("| --- | --- | --- | --- |" + " ---: |" * (len(COLUMNS) - 4))
     for dname, dtype in DTYPES.items() if device.type == "cuda" else [("fp32", torch.float32)]:
-        for build in cases(dtype, device):
-            try:
-                case = build()
-                results = measure(case, time_fn)
-            except torch.cuda.OutOfMemoryError:  # the largest shapes want a GPU of 80 GB or more
-                what = f"{build.func.__name__}{build.args[:-2]}"
-                print(f"| {what} | out of memory | {dname} |" + " |" * (len(COLUMNS) - 3), flush=True)
-                results = []
+        for row in cases(dtype, device):
+            results, reason = [], skip_reason(row.numel, dtype, free_bytes(device))
+            if reason is None:
+                try:
+                    results = measure(row.build(), time_fn)
+                except torch.cuda.OutOfMemoryError:  # the estimate fell short
+                    reason = "out of memory"
+            if reason is not None:
+                print(note_row(row, dname, reason), flush=True)
             for pass_, nbytes, t, diff in results:
                 rate = nbytes / t["triton"]
-                cells = [case.kernel, case.shape, dname, pass_, f"{t['triton'] * 1e6:.4g}", f"{rate / 1e9:.4g}",
+                cells = [row.kernel, row.shape, dname, pass_, f"{t['triton'] * 1e6:.4g}", f"{rate / 1e9:.4g}",
                          f"{100 * rate / copy:.3g}", f"{t['eager'] / t['triton']:.3g}",
                          f"{t['compile'] / t['triton']:.3g}", f"{diff:.1e}"]
                 print("| " + " | ".join(cells) + " |", flush=True)
-            case = results = None
+            results = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
