@@ -10,6 +10,8 @@ without launching, so outputs are garbage and only compilation is checked.
 
 import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 os.environ["TRITON_INTERPRET"] = "0"  # real compiled kernels
 os.environ["TPZOO_KERNELS"] = "triton"
@@ -21,38 +23,59 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 
 class CompileOnlyDriver:
-    """Just enough of a Triton driver to pick a target; nothing is ever launched."""
+    """Just enough of a Triton driver to pick a target; nothing is ever launched. Triton caches the
+    target per device id, so each capability is its own device: sm_80 and sm_90 really compile apart."""
 
     def __init__(self, capability: int) -> None:
         self.target = GPUTarget("cuda", capability, 32)
+        self.capability = capability
 
     def get_current_target(self) -> GPUTarget:
         return self.target
 
     def get_current_device(self) -> int:
-        return 0
+        return self.capability
 
     def get_current_stream(self, device: int | None = None) -> int:
         return 0
 
 
-def compile_all(capability: int) -> list[str]:
-    from tpzoo import kernels as K
-    from tpzoo.kernels import dispatch, launch
+@contextmanager
+def compiling_for(capability: int) -> Iterator[list[str]]:
+    """Within it, every Triton launch compiles for sm_<capability> and launches nothing; yields the list
+    that gets one line per kernel compiled: "sm_<arch of the cubin> <kernel> <n> bytes of cubin"."""
+    from tpzoo.kernels import dispatch
 
     dispatch._use_interpreter = lambda: None  # CPU tensors, yet the real compiler
-
     driver.set_active(CompileOnlyDriver(capability))
     seen: list[str] = []
     run = JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        seen.append(f"sm_{capability} {self.__name__} {len(kernel.asm['cubin'])} bytes of cubin")
+        seen.append(f"sm_{kernel.metadata.target.arch} {self.__name__} {len(kernel.asm['cubin'])} bytes of cubin")
         return kernel
 
-    JITFunction.run = compile_only  # this script runs in its own process: no need to restore
-    # several rows per tile (40-wide rows in blocks of 64), one row of one block, then the looped paths
+    JITFunction.run = compile_only
+    try:
+        yield seen
+    finally:
+        JITFunction.run = run
+
+
+def compile_all(capability: int) -> list[str]:
+    from tpzoo import kernels as K
+    from tpzoo.kernels import launch
+
+    with compiling_for(capability) as seen:
+        _launch_every_variant(K, launch)
+    return seen
+
+
+def _launch_every_variant(K, launch) -> None:
+    """Forward and backward of every op (``K``: tpzoo.kernels) in float32 and bf16, under three block caps
+    (``launch.MAX_BLOCK``): several rows per tile (40-wide rows in blocks of 64), one row of one block,
+    then the looped paths."""
     for max_block in (8192, 64, 16):
         launch.MAX_BLOCK = max_block
         for dtype in (torch.float32, torch.bfloat16):
@@ -73,7 +96,6 @@ def compile_all(capability: int) -> list[str]:
             ]
             for y in outs:
                 y.backward(torch.ones_like(y))
-    return seen
 
 
 if __name__ == "__main__":

@@ -159,33 +159,13 @@ def compile_kernels(capability: int) -> list[str]:
 
     Only in a process that imported aot_compile first (it sets TRITON_INTERPRET=0): see the test below.
     """
-    from aot_compile import CompileOnlyDriver
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
+    from aot_compile import compiling_for
 
-    from tpzoo.kernels import dispatch
-
-    class Driver(CompileOnlyDriver):
-        def get_current_device(self) -> int:  # Triton keeps one target per device: one device per target
-            return capability
-
-    dispatch._use_interpreter = lambda: None  # CPU tensors, yet the real compiler
-    driver.set_active(Driver(capability))
-    seen, run = [], JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        seen.append(f"sm_{kernel.metadata.target.arch} {self.__name__} {len(kernel.asm['cubin'])} bytes of cubin")
-        return kernel
-
-    JITFunction.run = compile_only
-    try:
+    with compiling_for(capability) as seen:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             for smoothing in (0.0, 0.1):
                 x = torch.randn(4, 40, dtype=dtype, requires_grad=True)
                 cross_entropy(x, torch.arange(4), smoothing, vocab_size=37).sum().backward()
-    finally:
-        JITFunction.run = run
     return seen
 
 
