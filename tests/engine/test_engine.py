@@ -302,22 +302,27 @@ def test_split_layers_weighs_embedding_and_head():
     assert split_layers(5, 2, (1, 4)) == [range(0, 1), range(1, 5)]
 
 
-def bad_token_id() -> str:
-    """A token id past the vocabulary: the engine's host-side check names it before any forward runs."""
+def bad_token_ids() -> list[str]:
+    """A token id past the vocabulary, in the input and then in the labels: the engine's host-side check
+    names each before any forward runs."""
     plan = ParallelPlan(init_mesh(), kernels="torch")
     config = config_of("gpt", 1)
     engine = Engine(lambda plan, **stage: CASES["gpt"].build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=2, global_batch_size=2), plan)
-    ids = torch.randint(0, VOCAB, (2, S))
-    ids[1, 3] = VOCAB + 4
     before = [p.detach().clone() for p in engine.params]
-    try:
-        engine.train_step(batch(CASES["gpt"], ids, torch.Generator().manual_seed(0)))
-    except IndexError as e:
-        assert all(torch.equal(p, q) for p, q in zip(engine.params, before)) and engine.runner.chunks[0].calls == 0
-        return str(e)
-    raise AssertionError("an out-of-range token id was not refused")
+    messages = []
+    for key in ("input_ids", "labels"):
+        good = batch(CASES["gpt"], torch.randint(0, VOCAB, (2, S)), torch.Generator().manual_seed(0))
+        good[key][1, 3] = VOCAB + 4
+        try:
+            engine.train_step(good)
+        except IndexError as e:
+            messages.append(str(e))
+    assert all(torch.equal(p, q) for p, q in zip(engine.params, before)) and engine.runner.chunks[0].calls == 0
+    return messages
 
 
 def test_engine_refuses_out_of_range_token_ids_on_the_host():
-    assert spawn(bad_token_id, 1, timeout=120)[0] == f"input_ids must lie in [0, {VOCAB}); got {VOCAB + 4}..{VOCAB + 4}"
+    assert spawn(bad_token_ids, 1, timeout=120)[0] == [
+        f"input_ids must lie in [0, {VOCAB}); got {VOCAB + 4}..{VOCAB + 4}",
+        f"labels must lie in [0, {VOCAB}) or equal ignore_index=-100; got {VOCAB + 4}..{VOCAB + 4}"]

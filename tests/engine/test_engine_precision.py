@@ -28,6 +28,7 @@ from pretrain_helpers import command, metrics, rel
 from test_engine import PRETRAINING, global_batch, ref_key, reference, train
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tpzoo.engine import train_step
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
@@ -57,25 +58,30 @@ class WeightCasts(TorchDispatchMode):
 @contextlib.contextmanager
 def counting_syncs(optimizer: torch.optim.Optimizer) -> Iterator[list[str]]:
     """The names of the tensor methods that read a tensor to the host (a host-device sync on a GPU), one
-    entry per call made inside the block, but for those of ``optimizer.step``: on CPU, foreach AdamW reads
-    its step counts, host tensors by design (on CUDA the engine's fused AdamW keeps them on the device)."""
+    entry per call made inside the block, but for those of two calls that read host tensors by design:
+    ``optimizer.step`` (on CPU, foreach AdamW reads its step counts; on CUDA the engine's fused AdamW keeps
+    them on the device) and the engine's token-id check of the batch before it moves to the device."""
     calls: list[str] = []
     paused = []
 
     def counted(name: str, method):
         return lambda t, *args: (paused or calls.append(name), method(t, *args))[1]
 
-    def step(*args, _step=optimizer.step, **kwargs):
-        paused.append(True)
-        try:
-            return _step(*args, **kwargs)
-        finally:
-            paused.pop()
+    def pausing(fn):
+        def call(*args, **kwargs):
+            paused.append(True)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                paused.pop()
+        return call
 
     with contextlib.ExitStack() as stack:
         for name in ("item", "tolist", "numpy", "__bool__", "__float__", "__int__"):
             stack.enter_context(mock.patch.object(torch.Tensor, name, counted(name, getattr(torch.Tensor, name))))
-        stack.enter_context(mock.patch.object(optimizer, "step", step))
+        stack.enter_context(mock.patch.object(optimizer, "step", pausing(optimizer.step)))
+        stack.enter_context(mock.patch("tpzoo.engine.train_step.check_token_ids",
+                                       pausing(train_step.check_token_ids)))
         yield calls
 
 

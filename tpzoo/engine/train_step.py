@@ -133,6 +133,16 @@ class Engine:
         """The model's label keys present in ``batch``, in order: one loss part each."""
         return [k for k in self.label_keys if k in batch]
 
+    def check_batch(self, batch: dict[str, Tensor]) -> None:
+        """IndexError naming the key and the bad values unless ``input_ids`` and the token-level label keys
+        (those shaped like ``input_ids``: GPT's and BERT's ``labels``) lie in [0, vocab size), labels also
+        -100 (ignored). Sequence-level labels (classes, sentence order) are the model's to check."""
+        shape = batch["input_ids"].shape
+        check_token_ids(batch["input_ids"], self.vocab_size, "input_ids")
+        for key in self.label_keys:
+            if key in batch and batch[key].shape == shape:
+                check_token_ids(batch[key], self.vocab_size, key, ignore_index=IGNORE_INDEX)
+
     def micro_batches(self, batch: dict[str, Tensor], *, labels: bool = True
                       ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
         """This dp rank's ``m`` micro-batches of the global ``batch``: token ids [mbs, s] each, and the
@@ -143,7 +153,7 @@ class Engine:
         if batch["input_ids"].shape[0] != g:
             raise ValueError(f"the batch holds {batch['input_ids'].shape[0]} sequences, the global batch size is {g}")
         if batch["input_ids"].device.type == "cpu":  # once per batch, on the host: the model itself never syncs
-            check_token_ids(batch["input_ids"], self.vocab_size, "input_ids")
+            self.check_batch(batch)
         counts = label_counts(batch, self.loss_keys(batch)) if labels else None
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
