@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from torch import nn
 import torch.distributed as dist
 
 from tpzoo.checkpoint import latest_iteration, load_checkpoint, load_model, read_meta, resolve_checkpoint, save_checkpoint
@@ -320,3 +321,20 @@ def test_convert_misuse_is_one_line(tmp_path, capsys):
         main(["to-hf", str(tmp_path / "empty"), str(tmp_path / "out")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1 and "empty holds no tpzoo checkpoint" in lines[0], lines
+
+
+def test_loaded_adamw_step_lives_where_a_fused_update_reads_it():
+    """A fused or capturable AdamW (the engine's on CUDA) reads ``step`` on the parameter's device: the
+    loaded one goes there (meta stands in for the GPU), a plain group's stays on the host."""
+    from types import SimpleNamespace
+
+    from tpzoo.checkpoint.optimizer import install_states
+
+    on_device, on_host = nn.Parameter(torch.zeros(3, device="meta")), nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.AdamW([{"params": [on_device], "capturable": True}, {"params": [on_host]}])
+    states = {p: {"step": torch.tensor(7.0, dtype=torch.float64), "exp_avg": torch.zeros_like(p)}
+              for p in (on_device, on_host)}
+    install_states(SimpleNamespace(optimizer=optimizer), states)
+    step = optimizer.state[on_device]["step"]
+    assert step.device.type == "meta" and step.dtype == torch.float32
+    assert optimizer.state[on_host]["step"].device.type == "cpu"

@@ -72,10 +72,14 @@ def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry
 
 
 def install_states(engine: Engine, states: dict[nn.Parameter, dict[str, Tensor]]) -> None:
-    """Replace the optimizer state of the loaded parameters."""
-    target = engine.optimizer.state
+    """Replace the optimizer state of the loaded parameters. AdamW's ``step`` goes where the update reads
+    it, as ``Optimizer.load_state_dict`` would put it: a float32 scalar on the parameter's device for a
+    fused or capturable group (the engine's fused AdamW on CUDA), on the host otherwise."""
+    group_of = {p: group for group in engine.optimizer.param_groups for p in group["params"]}
     for p, state in states.items():
-        target[p] = state
+        if group_of[p].get("fused") or group_of[p].get("capturable"):
+            state = {k: v.to(device=p.device, dtype=torch.float32) if k == "step" else v for k, v in state.items()}
+        engine.optimizer.state[p] = state
 
 
 def param_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
