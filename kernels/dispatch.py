@@ -77,10 +77,3 @@ def kernel_module(name: str, device: torch.device) -> ModuleType:
         _use_interpreter()
     return importlib.import_module(f"{__package__}.{name}")
 
-
-def triton_kernels(x: torch.Tensor, name: str, backend: str | None = None) -> ModuleType | None:
-    """The Triton kernel module ``name`` to run on ``x``, or None for torch.
-
-    Empty tensors always take the torch path (there is nothing to launch).
-    """
-    return kernel_module(name, x.device) if use_triton(x, backend) else None

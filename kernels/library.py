@@ -13,6 +13,9 @@ module on first call (``dispatch.kernel_module``).
 
 Every output is a new contiguous tensor (none aliases an input); scalars are float or bool;
 optional tensors (mask, bias) are ``Tensor?``. The math of each op: ``ops`` and the kernel modules.
+The cross entropy's ops (``tpzoo::cross_entropy_stats``/``_grad``) are registered with the
+vocab-parallel autograd function that runs the tp all-reduces between them
+(``tpzoo.parallel.cross_entropy``).
 """
 
 from __future__ import annotations

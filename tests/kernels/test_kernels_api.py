@@ -57,7 +57,7 @@ def test_backend_choice_for_cpu_tensors(monkeypatch, env, expected):
     monkeypatch.setenv("TPZOO_KERNELS", env)
     x = torch.randn(4)
     assert dispatch.backend_for(x.device) == expected
-    assert (dispatch.triton_kernels(x, "activations") is None) == (expected == "torch")
+    assert dispatch.use_triton(x) == (expected == "triton")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -65,7 +65,7 @@ def test_backend_keyword_overrides_the_environment(monkeypatch, backend):
     monkeypatch.setenv("TPZOO_KERNELS", "triton" if backend == "torch" else "torch")
     x = torch.randn(4)
     assert dispatch.backend_for(x.device, backend) == backend
-    assert (dispatch.triton_kernels(x, "activations", backend) is None) == (backend == "torch")
+    assert dispatch.use_triton(x, backend) == (backend == "triton")
     assert torch.allclose(K.gelu(x, backend=backend), torch.nn.functional.gelu(x), atol=1e-6)
     with pytest.raises(ValueError, match="backend='cuda' is not a backend"):
         K.gelu(x, backend="cuda")
@@ -74,7 +74,7 @@ def test_backend_keyword_overrides_the_environment(monkeypatch, backend):
 def test_empty_tensors_take_the_torch_path(monkeypatch):
     monkeypatch.setenv("TPZOO_KERNELS", "triton")
     x = torch.randn(0, 8, requires_grad=True)
-    assert dispatch.triton_kernels(x, "norms") is None
+    assert not dispatch.use_triton(x)
     y = K.layer_norm(x, torch.ones(8), torch.zeros(8), 1e-5)
     assert y.shape == (0, 8)
 

@@ -40,9 +40,6 @@ class DynamicLossScaler:
                              f"scale={self.scale}, growth_factor={self.growth_factor}, "
                              f"backoff_factor={self.backoff_factor}")
 
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.scale
-
     def unscale(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> torch.Tensor:
         """Divide the gradients by the scale; return ``any_nonfinite`` over ``group`` (1: skip the step)."""
         params = [p for p in params if p.grad is not None]

@@ -23,8 +23,8 @@ only its grad is used. The zero-bubble schedules assign weight gradients without
 Why not torch's ``ZeroRedundancyOptimizer`` (used here before): it shards the optimizer *state* but
 steps and broadcasts the very parameters it is given, so over float32 main weights every dp rank would
 keep all of them (4 bytes per parameter on every rank instead of 4/dp), and it cannot broadcast the
-bf16 model weights in their place. Owning whole parameters per dp rank keeps fp32 runs bit-identical
-to it (checked by the engine's same-loss tests).
+bf16 model weights in their place. Owning whole parameters per dp rank keeps float32 ZeRO-1 runs
+equal to the single-rank run (the engine's same-loss tests), as they were with it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tpzoo.kernels.dispatch import kernel_module, use_triton
 from tpzoo.parallel.collectives import resolve_tp_group
+from tpzoo.parallel.token_ids import assert_in_range
 
 
 def _acc_dtype(logits: Tensor) -> torch.dtype:
@@ -113,8 +114,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         part = logits.shape[-1]
         start = 0 if group is None else dist.get_rank(group) * part
         n_real = min(max(vocab_size - start, 0), part)
-        valid = (target >= 0) & (target < vocab_size) | (target == ignore_index)
-        torch._assert_async(valid.all(), f"targets must lie in [0, {vocab_size}) or equal ignore_index={ignore_index}")
+        assert_in_range(target, vocab_size, "targets", ignore_index)
         rows = logits.reshape(-1, part)
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
         flat = target.reshape(-1).contiguous()
