@@ -4,11 +4,13 @@ and with inductor (torch kernels), each layer and the head compiled to one graph
 layer traced once for every layer); with dropout, sequence parallelism and recompute (aot_eager: the
 same random masks as eager) the same losses, the only graph breaks the tp-stream dropouts; the
 Triton kernels (torch.ops.tpzoo custom ops, interpreted) under aot_eager; and the pipeline engine
-(pp 2) with compiled stages. One spawn of 1 rank (tp 1) and one of 2 gloo ranks (the rest); each
-check is its own test case (``cases``).
+(pp 2) with compiled stages. One spawn of 1 rank (tp 1) and, at the same time, one of 2 gloo ranks
+(the rest); each check is its own test case (``cases``).
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -141,7 +143,10 @@ NAMES = ([f"{name}-{backend}-tp{tp}" for tp in (1, 2) for name in MAIN for backe
 
 @pytest.fixture(scope="module")
 def logs() -> dict[int, list[CaseLog]]:
-    return {tp: spawn(checks, tp, tp, timeout=900) for tp in (1, 2)}
+    """Both spawns at once: compiling is single-threaded, so the 1-rank spawn alone would leave a core idle."""
+    with ThreadPoolExecutor(2) as pool:
+        runs = {tp: pool.submit(spawn, checks, tp, tp, timeout=900) for tp in (1, 2)}
+        return {tp: run.result() for tp, run in runs.items()}
 
 
 @pytest.mark.parametrize("name", NAMES)
