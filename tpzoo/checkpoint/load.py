@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 
 from tpzoo.checkpoint.model import check_model_matches
 from tpzoo.checkpoint.optimizer import install_states, optimizer_targets, restore_param_groups
 from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
+from tpzoo.checkpoint.reader import load_tensors, read_dcp_metadata
 from tpzoo.checkpoint.rng import restore_rng, rng_targets
 from tpzoo.checkpoint.save import mesh_shape
 from tpzoo.checkpoint.tensors import finish_load, load_targets, model_entries, split_by_fit
@@ -38,7 +37,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     meta = read_meta(folder)
     record = meta["checkpoint"]
     check_model_matches(record["model"], engine.chunks[0].model, folder)
-    saved = FileSystemReader(folder).read_metadata().state_dict_metadata
+    saved = read_dcp_metadata(folder).state_dict_metadata
     mesh = engine.mesh
     entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(
         c.model, mesh, loading=True, weights=engine.main.weights(c.model))], saved)
@@ -52,7 +51,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     same_mesh = record["mesh"] == mesh_shape(engine)
     rng = rng_targets(saved) if same_mesh else {}
     targets = load_targets(entries, mesh)
-    dcp.load({**targets, **rng}, checkpoint_id=folder)
+    load_tensors({**targets, **rng}, folder)
     finish_load(entries, targets, mesh)
     engine.main.publish()
     install_states(engine, states)

@@ -7,10 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 
 from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
+from tpzoo.checkpoint.reader import load_tensors, read_dcp_metadata
 from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
@@ -91,13 +90,13 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
         record = read_meta(folder)["checkpoint"]["model"]
         model = _build(record["class"], record["options"], config_from_dict(record["config"]), plan,
                        model_class, config_overrides, stage)
-        saved = FileSystemReader(folder).read_metadata().state_dict_metadata
+        saved = read_dcp_metadata(folder).state_dict_metadata
         entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)
         if strict and rest:
             raise ValueError(f"checkpoint {folder} lacks {len(rest)} of the model's parameters "
                              f"({', '.join(e.key for e in rest[:5])}{' ...' if len(rest) > 5 else ''})")
         targets = load_targets(entries, mesh)
-        dcp.load(targets, checkpoint_id=folder)
+        load_tensors(targets, folder)
         finish_load(entries, targets, mesh)
         fresh = sorted(e.key.removeprefix(MODEL_PREFIX) for e in rest)
     if fresh:
