@@ -86,7 +86,7 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
         model = _build(class_name, options, config, plan, model_class, config_overrides, stage)
         fresh = load_state(model, state, strict=strict)
     else:
-        folder = resolve_checkpoint(path)
+        folder = resolve_checkpoint(path, collective=True)
         record = read_meta(folder)["checkpoint"]["model"]
         model = _build(record["class"], record["options"], config_from_dict(record["config"]), plan,
                        model_class, config_overrides, stage)
