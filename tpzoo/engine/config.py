@@ -53,15 +53,29 @@ class EngineConfig:
     clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
     precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, or bf16/fp16 weights and gradients with float32 "
                             "main weights in the optimizer (fp16: + loss scaling); see docs/parallelism.md")
-    initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the loss scale to start from")
+    loss_scale: float | None = _field(None, _optional(_positive_float),
+                                      "fp16: a static loss scale (never changes; an overflow still skips the step); "
+                                      "None: dynamic, the four fields below")
+    initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the dynamic loss scale to start from")
+    min_loss_scale: float = _field(1.0, _positive_float, "fp16: the dynamic scale never backs off below this")
+    loss_scale_window: int = _field(1000, _int(1), "fp16: clean steps in a row before the scale doubles")
+    hysteresis: int = _field(1, _int(1), "fp16: overflows since the last growth before the scale halves "
+                             "(Megatron's --hysteresis, whose default is 2; 1: at every overflow)")
     bucket_mb: float = _field(25.0, _positive_float, "gradient all-reduce bucket size over dp, MiB")
-    timeout_s: float = _field(600.0, _positive_float, "timeout of the process groups the engine makes")
+    timeout_s: float = _field(600.0, _positive_float, "timeout of the process groups the engine makes and bound "
+                              "of its roll call (--distributed-timeout-minutes x 60)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             problem = f.metadata["check"](getattr(self, f.name))
             if problem:
                 raise ValueError(f"EngineConfig.{f.name} {problem}")
+        if self.loss_scale is not None and self.precision != "fp16":
+            raise ValueError(f"EngineConfig.loss_scale={self.loss_scale} needs precision='fp16', got "
+                             f"precision={self.precision!r}; drop the loss scale or train in fp16")
+        if self.min_loss_scale > self.initial_loss_scale:
+            raise ValueError(f"EngineConfig.min_loss_scale={self.min_loss_scale} exceeds initial_loss_scale="
+                             f"{self.initial_loss_scale}; lower the minimum or raise the initial scale")
         if self.virtual_stages is None:
             self.virtual_stages = 2 if self.schedule in INTERLEAVED else 1
         if self.virtual_stages > 1 and self.schedule not in INTERLEAVED:

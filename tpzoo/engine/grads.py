@@ -31,26 +31,33 @@ def _counted_here(p: nn.Parameter, mesh: ParallelMesh) -> bool:
     return not (f.pp_tied and mesh.pp_rank != 0)
 
 
-def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh) -> torch.Tensor:
-    """The L2 norm (float32 scalar) of all gradients of the model that ``params`` are this rank's part of."""
+def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, loss: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """The L2 norm (float32 scalar) of all gradients of the model that ``params`` are this rank's part of.
+    ``loss``: a tensor whose non-finite entries (on any tp or pp rank) make the norm NaN on all of them,
+    riding the norm's all-reduce (so the ranks agree on a non-finite loss at no extra collective)."""
     grads = [p.grad for p in params if p.grad is not None and _counted_here(p, mesh)]
     sq = torch.zeros((), dtype=torch.float32, device=mesh.device)
     if grads:
         sq = sq + torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).square().sum()
+    if loss is not None:
+        sq = sq + torch.where(torch.isfinite(loss).all(), 0.0, float("nan"))
     for group in (mesh.tp_group, mesh.pp_group):
         if dist.get_world_size(group) > 1:
             dist.all_reduce(sq, group=group)
     return sq.sqrt()
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh) -> torch.Tensor:
-    """Scale every gradient by min(1, max_norm / ||g||) with the global norm; return ||g|| (before clipping).
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh,
+                   loss: torch.Tensor | None = None) -> torch.Tensor:
+    """Scale every gradient by min(1, max_norm / ||g||) with the global norm; return ||g|| (before clipping;
+    NaN where ``loss`` is not finite, see ``global_grad_norm``).
 
     No host sync: the factor is a tensor, 1 where the norm is not finite (the gradients stay as they are
     and the caller skips the step) or ``max_norm`` is 0 (off).
     """
     params = [p for p in params if p.grad is not None]
-    norm = global_grad_norm(params, mesh)
+    norm = global_grad_norm(params, mesh, loss)
     if max_norm > 0 and params:
         coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
         torch._foreach_mul_([p.grad for p in params], coef)

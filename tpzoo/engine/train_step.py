@@ -4,6 +4,7 @@
     engine = Engine(functools.partial(GPTModel, config), config, EngineConfig(...), plan)
     result = engine.train_step(batch)      # batch: the whole global batch, [G, s] tensors
     result.loss, result.losses, result.grad_norm, result.skipped
+    engine.bad_steps, engine.loss_scale    # skipped steps in a row that count toward a stop; the fp16 scale
 
 The builder makes one pipeline stage: ``build(plan, pre_process=, post_process=, layers=)`` returns a
 ``tpzoo.models.base.PipelineStage`` (``functools.partial(GPTModel, config)``, or ``lambda plan,
@@ -24,10 +25,18 @@ The step, on every rank:
     3. main grads summed over dp (``GradReducer``), tied embedding over first+last stage (parameters
        marked ``pp_tied``), sequence-parallel norm gradients over tp (marked ``tp_partial``; ``param_facts``)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
-    5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``)
+    5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
+       loss is not finite on any rank (its finiteness rides the norm's all-reduce over tp and pp; the
+       loss is already the same over pp and dp, the gradients the same over dp)
     6. the step's one host-device sync: loss, its parts, norm and overflow flag in one ``tolist``
-    7. fp16 overflow: skip on every rank (the scale drops); else AdamW on the main weights this rank
-       owns, then ``MainParams.publish`` (model weights = main weights, ZeRO-1's broadcast over dp)
+    7. a non-finite norm or an fp16 overflow: skip on every rank (no update; fp16: the scaler's
+       schedule, ``loss_scale``); else AdamW on the main weights this rank owns, then
+       ``MainParams.publish`` (model weights = main weights, ZeRO-1's broadcast over dp)
+
+``bad_steps`` counts the skipped steps in a row that are the model's fault, for the caller's stop
+(``--max-skipped-steps``): at fp32 and bf16 every skipped step; at fp16 only the overflows taken at the
+scaler's minimum (a static scale's overflows all count), the others being the scale's to fix. A step
+that updates sets it to 0. Rank 0 logs one warning line per skipped step.
 
 The loss returned is the global-batch mean (plus the binary head's sequence mean), the same number
 on every rank and every mesh; ``losses`` holds its part of each label key (BERT: MLM, sentence order),
@@ -37,6 +46,7 @@ summed in the same all-reduce over pp and dp as the loss ([1 + K] numbers).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,13 +57,13 @@ from torch import Tensor
 from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.grads import clip_grad_norm
-from tpzoo.engine.loss_scale import DynamicLossScaler
+from tpzoo.engine.loss_scale import loss_scaler
 from tpzoo.engine.mixed_precision import MainParams
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import ModelConfig
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
-from tpzoo.parallel.health import DEFAULT_WAIT_S, roll_call
+from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
 
 logger = logging.getLogger(__name__)
@@ -84,8 +94,8 @@ def named_losses(values: list[float], keys: list[str]) -> tuple[float, dict[str,
 @dataclass
 class StepResult:
     loss: float          # global-batch mean loss of each label key, added up (before this step's update)
-    grad_norm: float     # global gradient norm before clipping (inf/nan on a skipped fp16 step)
-    skipped: bool        # fp16 overflow: no update this step
+    grad_norm: float     # global gradient norm before clipping (inf/nan on a skipped step)
+    skipped: bool        # no update this step: a non-finite loss or gradient norm, or an fp16 overflow
     losses: dict[str, float]  # the part of ``loss`` of each label key (BERT: labels = MLM, next_sentence_label)
 
 
@@ -122,8 +132,9 @@ class Engine:
         if self.reducer.active:
             self.main.listeners.append(self.reducer.accumulated)
         self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
-        self.scaler = DynamicLossScaler(scale=config.initial_loss_scale) if config.precision == "fp16" else None
-        self.skipped_steps = 0
+        self.scaler = loss_scaler(config)
+        self.skipped_steps = 0  # all skipped steps of this engine
+        self.bad_steps = 0      # skipped steps in a row that count toward a stop (see the module's docstring)
 
     @property
     def loss_scale(self) -> float:
@@ -165,6 +176,19 @@ class Engine:
             extras.append({**mb, "counts": counts} if labels else mb)
         return ids, extras
 
+    def _skip(self, loss: float, norm: float, overflow: bool) -> None:
+        """Book a step skipped on every rank: the counts, the fp16 schedule, rank 0's warning line."""
+        self.skipped_steps += 1
+        counts = self.scaler is None or self.scaler.at_minimum  # read before the scale backs off
+        self.bad_steps += counts
+        if self.scaler is not None:
+            self.scaler.update(finite=False)
+        if dist.get_rank() == 0:
+            what = "fp16 overflow" if overflow else "non-finite loss or gradient norm"
+            scale = f", loss scale now {self.loss_scale:g}" if self.scaler is not None else ""
+            logger.warning("step skipped on every rank: %s (loss %s, grad norm %s)%s; %d bad steps in a row",
+                           what, loss, norm, scale, self.bad_steps)
+
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
         """One optimizer step over ``batch`` (input_ids and the model's extras and label keys: GPT labels;
         BERT token_type_ids, attention_mask, labels, next_sentence_label). One host-device sync."""
@@ -172,7 +196,7 @@ class Engine:
         main, mesh = self.main, self.mesh
         main.zero_grad()
         self.reducer.start(self.m)
-        try:
+        with peers_named("train_step", mesh, self.config.timeout_s):
             total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
             main.flush()
             self.reducer.sync()
@@ -182,20 +206,15 @@ class Engine:
             sums = reduce_losses(total / self.loss_scale, parts, [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
-            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh)
+            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums)
             *read, norm, overflow = torch.cat([sums, norm.reshape(1), overflow.reshape(1)]).tolist()
             loss, losses = named_losses(read, self.loss_keys(batch))
-            if self.scaler is not None:
-                self.scaler.update(not overflow)
-            if overflow:
-                self.skipped_steps += 1
-                if dist.get_rank() == 0:
-                    logger.warning("fp16 overflow: step skipped on every rank (%d so far), loss scale now %g",
-                                   self.skipped_steps, self.loss_scale)
+            if overflow or not math.isfinite(norm):
+                self._skip(loss, norm, overflow=bool(overflow))
                 return StepResult(loss, norm, True, losses)
+            if self.scaler is not None:
+                self.scaler.update(finite=True)
+            self.bad_steps = 0
             self.optimizer.step()
             main.publish()
-        except RuntimeError as e:  # a dead or stuck peer: a roll call names it (see tpzoo.parallel.health)
-            who = roll_call(min(DEFAULT_WAIT_S, self.config.timeout_s)).describe(self.mesh)
-            raise RuntimeError(f"rank {dist.get_rank()} ({self.mesh!r}) failed in train_step: {who}; {e}") from e
         return StepResult(loss, norm, False, losses)

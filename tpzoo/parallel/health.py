@@ -19,18 +19,25 @@ more than the process groups' timeout: the caller picks it), so the roll call it
     except RuntimeError as e:
         who = roll_call(wait_s=5.0).describe(mesh)
         raise RuntimeError(f"rank {dist.get_rank()} failed: {who}; {e}") from e
+
+or, around any code that runs collectives, ``with peers_named("train_step", mesh, timeout_s):``, which
+does that once: a ``PeerFailure`` (already named) passes through an outer ``peers_named`` untouched,
+so the ranks' n-th roll calls still meet. Within the process groups' timeout (the collective's wait)
+plus ``min(DEFAULT_WAIT_S, timeout)`` every surviving rank has named the stuck or dead ones.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Iterator
 
 import torch.distributed as dist
 
-from tpzoo.parallel.mesh import DIMS, ParallelMesh
+from tpzoo.parallel.mesh import DIMS, ParallelMesh, get_mesh
 
 PREFIX = "tpzoo/rollcall"
 DEFAULT_WAIT_S = 5.0
@@ -90,3 +97,25 @@ def roll_call(wait_s: float = DEFAULT_WAIT_S) -> RollCall:
     finally:
         store.set_timeout(before)  # a client setting: no request
     return RollCall(missing, wait_s)
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed and a roll call named the missing ranks (the message says which)."""
+
+
+@contextmanager
+def peers_named(what: str, mesh: ParallelMesh | None = None, timeout_s: float = DEFAULT_WAIT_S) -> Iterator[None]:
+    """Turn a RuntimeError inside (a failed collective) into a ``PeerFailure`` naming ``what`` failed on
+    this rank and the ranks a roll call (waiting ``min(DEFAULT_WAIT_S, timeout_s)``) found missing, with
+    their coordinates in ``mesh`` (default: the current one, if any)."""
+    try:
+        yield
+    except PeerFailure:
+        raise
+    except RuntimeError as e:
+        if mesh is None:
+            with suppress(RuntimeError):
+                mesh = get_mesh()
+        who = roll_call(min(DEFAULT_WAIT_S, timeout_s)).describe(mesh)
+        where = f" ({mesh!r})" if mesh is not None else ""
+        raise PeerFailure(f"rank {dist.get_rank()}{where} failed in {what}: {who}; {e}") from e

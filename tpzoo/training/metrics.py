@@ -3,20 +3,26 @@
     metrics = Metrics(log_dir, train_iters, log_interval, start=iteration, flops_per_token=..., peak_flops=...)
     metrics.step(tokens, seconds)                       # after every train step
     metrics.log(iteration, loss=..., lr=..., grad_norm=..., val_loss=None, last=False,
-                losses={"mlm_loss": ..., "sop_loss": ...}, val_losses=None)
+                losses={"mlm_loss": ..., "sop_loss": ...}, val_losses=None,
+                skipped=result.skipped, loss_scale=engine.loss_scale)
     metrics.close()
 
 Each line of ``metrics.jsonl`` is one logged iteration: ``iteration``, ``loss`` (the global-batch
 mean of that iteration) and its named parts (``losses``: BERT's ``mlm_loss`` and ``sop_loss``),
-``lr``, ``grad_norm``, ``tokens_per_sec`` (over the train steps since the previous line),
-``val_loss`` and its parts (``val_mlm_loss`` ...) on eval lines and ``mfu`` where the device's peak
-is known. TensorBoard tags: ``train/<name>``, ``valid/<name>`` for the val_ fields and eval extras.
+``lr``, ``grad_norm``, ``skipped`` (true: that iteration's step made no update, its loss or
+gradient norm not finite or an fp16 overflow), ``loss_scale`` (fp16's; 1 otherwise), ``tokens_per_sec``
+(over the train steps since the previous line), ``val_loss`` and its parts (``val_mlm_loss`` ...) on
+eval lines and ``mfu`` where the device's peak is known. The file is strict JSON: a non-finite number
+(a diverged loss) is written as null. The printed line says ``SKIPPED`` on a skipped step, and the loss
+scale when it is not 1. TensorBoard tags: ``train/<name>``, ``valid/<name>`` for the val_ fields and
+eval extras.
 Only the rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,14 +71,23 @@ def _tensorboard(log_dir: Path) -> Any:
 def format_line(record: dict[str, Any], train_iters: int) -> str:
     """One plain log line: ``iteration 10/100 | loss 4.2107 | lr 1.00e-03 | ...``."""
     parts = [f"iteration {record['iteration']}/{train_iters}"]
-    formats = {"loss": ".4f", "val_loss": ".4f", "lr": ".2e", "grad_norm": ".3f", "tokens_per_sec": ",.0f",
-               "mfu": ".1%"}
+    formats = {"loss": ".4f", "val_loss": ".4f", "lr": ".2e", "grad_norm": ".3f", "loss_scale": "g",
+               "tokens_per_sec": ",.0f", "mfu": ".1%"}
     for key, fmt in formats.items():
-        if record.get(key) is not None:
+        if record.get(key) is not None and not (key == "loss_scale" and record[key] == 1.0):
             parts.append(f"{key.replace('_', ' ')} {record[key]:{fmt}}")
+    if record.get("skipped"):
+        parts.append("SKIPPED (no update)")
     parts += [f"{key.replace('_', ' ')} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
-              for key, value in record.items() if key not in formats and key != "iteration"]  # callers' extras
+              for key, value in record.items()
+              if key not in formats and key not in ("iteration", "skipped")]  # callers' extras
     return " | ".join(parts)
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as one line of strict JSON: non-finite floats become null (``json`` would write NaN)."""
+    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(finite, allow_nan=False)
 
 
 def _iteration(line: str) -> float:
@@ -130,16 +145,17 @@ class Metrics:
 
     def log(self, iteration: int, *, loss: float, lr: float, grad_norm: float, val_loss: float | None = None,
             last: bool = False, losses: dict[str, float] | None = None, val_losses: dict[str, float] | None = None,
-            **extra: float) -> dict[str, Any] | None:
+            skipped: bool = False, loss_scale: float = 1.0, **extra: float) -> dict[str, Any] | None:
         """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it.
         ``losses``: the parts of ``loss`` by name (``mlm_loss`` ...), ``val_losses`` those of ``val_loss``
-        (logged as ``val_<name>``); ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy,
-        f1, perplexity)."""
+        (logged as ``val_<name>``); ``skipped``, ``loss_scale``: the step's (``StepResult.skipped``,
+        ``Engine.loss_scale``); ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy, f1,
+        perplexity)."""
         if not (iteration % self.log_interval == 0 or val_loss is not None or last):
             return None
         speed = self.tokens / self.seconds if self.seconds > 0 else 0.0
         record: dict[str, Any] = dict(iteration=iteration, loss=loss, **(losses or {}), lr=lr, grad_norm=grad_norm,
-                                      tokens_per_sec=speed)
+                                      skipped=bool(skipped), loss_scale=float(loss_scale), tokens_per_sec=speed)
         valid: dict[str, float] = {}
         if val_loss is not None:
             valid = {"val_loss": val_loss, **{f"val_{k}": v for k, v in (val_losses or {}).items()}}
@@ -150,13 +166,13 @@ class Metrics:
         self.tokens, self.seconds = 0, 0.0
         if not self.enabled:
             return record
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json_line(record) + "\n")
         self.file.flush()
         if self.writer is not None:
             for key, value in record.items():
                 if key != "iteration":
                     tag = f"valid/{key[4:]}" if key in valid else f"valid/{key}" if key in extra else f"train/{key}"
-                    self.writer.add_scalar(tag, value, iteration)
+                    self.writer.add_scalar(tag, float(value), iteration)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
             if val_loss is not None:

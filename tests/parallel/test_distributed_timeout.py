@@ -1,0 +1,89 @@
+"""A stuck rank under torchrun is named within ``--distributed-timeout-minutes`` plus a minute.
+
+pretrain.py runs on 3 ranks (dp 3) with ``--distributed-timeout-minutes 1``; once it has logged a few
+iterations, rank 1 is SIGSTOPped (alive, its sockets open: only a timeout can tell). Every other rank
+must exit, each within 2 minutes of the stop, and stderr must name rank 1 (the roll call of
+``tpzoo.parallel.health``); the stopped rank is then SIGKILLed. The test's cost is the timeout
+itself: about 1.5 minutes (the only slow test of its kind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from pretrain_helpers import TINY, command, env
+
+RANKS, STOPPED = 3, 1
+LIMIT_S = 120.0  # the timeout (60 s) plus a minute
+
+
+def workers(launcher: int) -> dict[int, int]:
+    """rank -> pid of torchrun's worker processes (its children with RANK in their environment)."""
+    out = {}
+    for pid in map(int, Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()):
+        with contextlib.suppress(OSError):
+            found = re.search(rb"(?:^|\0)RANK=(\d+)\0", Path(f"/proc/{pid}/environ").read_bytes())
+            if found:
+                out[int(found.group(1))] = pid
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped; gone or a zombie (exited, not yet reaped by torchrun) is not alive."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def logged(save: Path) -> int:
+    path = save / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_stopped_rank_is_named_by_every_other_rank_within_the_timeout(tmp_path):
+    save = tmp_path / "run"
+    flags = [*TINY, "--global-batch-size", "6", "--train-iters", "100000", "--eval-interval", "0",
+             "--distributed-timeout-minutes", "1", "--save", str(save)]
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(command(flags, (1, 1, RANKS)), cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=err, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while logged(save) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "pretrain.py did not start training"
+            time.sleep(0.2)
+        ranks = workers(proc.pid)
+        assert sorted(ranks) == list(range(RANKS)), ranks
+        os.kill(ranks[STOPPED], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        others = {r: pid for r, pid in ranks.items() if r != STOPPED}
+        exited: dict[int, float] = {}
+        while len(exited) < len(others) and time.monotonic() - stopped_at < LIMIT_S + 30:
+            exited.update({r: time.monotonic() - stopped_at for r, pid in others.items()
+                           if r not in exited and not alive(pid)})
+            time.sleep(0.2)
+        os.kill(ranks[STOPPED], signal.SIGKILL)
+        status = proc.wait(timeout=120)
+        err.seek(0)
+        stderr = err.read()
+        assert exited.keys() == others.keys(), f"ranks {sorted(others.keys() - exited.keys())} still running " \
+                                               f"{LIMIT_S + 30:.0f}s after the stop:\n{stderr[-3000:]}"
+        assert max(exited.values()) < LIMIT_S, f"exits after the stop, by rank: {exited}"
+        assert status != 0, "torchrun exited 0 with a rank stuck"
+        for rank in others:
+            assert re.search(rf"rank {rank} \(ParallelMesh\(.*\) failed in .*: no answer from [^;]*rank {STOPPED} "
+                             rf"\(pp_rank=0, dp_rank={STOPPED}, tp_rank=0\)", stderr), \
+                f"rank {rank} did not name rank {STOPPED}:\n{stderr[-4000:]}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        err.close()
