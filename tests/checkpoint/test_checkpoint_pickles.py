@@ -19,9 +19,9 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorPr
 
 from doc_helpers import ROOT, run_as_needed
 from pretrain_helpers import TINY, pretrain
+from tpzoo.checkpoint.manifest import MANIFEST_FILE, write_manifest
 from tpzoo.checkpoint.reader import UnsafeCheckpointError, read_dcp_metadata
 
-MANIFEST = "manifest.json"  # an attacker who rewrites files rewrites (or drops) the manifest too
 
 
 class Payload:
@@ -43,12 +43,13 @@ def trained(tmp_path_factory) -> Path:
 
 
 def crafted(trained: Path, name: str, craft) -> Path:
-    """A copy of ``trained`` with ``craft(folder)`` applied and its manifest dropped."""
+    """A copy of ``trained`` with ``craft(folder)`` applied and its manifest written anew to match (an
+    attacker who can rewrite the files can rewrite the manifest: it guards against damage, not malice)."""
     folder = trained.parent.parent / name / trained.name
     shutil.copytree(trained, folder)
     (folder.parent / "latest").write_text(trained.name + "\n")
-    (folder / MANIFEST).unlink(missing_ok=True)
     craft(folder)
+    write_manifest(folder, {}, tuple(sorted(p.name for p in folder.iterdir() if p.name != MANIFEST_FILE)))
     return folder
 
 
