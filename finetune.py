@@ -9,7 +9,7 @@ from __future__ import annotations
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
 from tpzoo.training.args import (CommandParser, add_optimizer_args, add_parallel_args, add_precision_args,
-                                 command_parser, exit_on_misuse, positive_int, probability)
+                                 add_stopping_args, command_parser, exit_on_misuse, positive_int, probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
 
 PROG = "finetune.py"
@@ -38,6 +38,7 @@ def parser() -> CommandParser:
     add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
                        lr_decay_style="linear")
     add_precision_args(p)
+    add_stopping_args(p)
     return p
 
 

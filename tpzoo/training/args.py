@@ -270,7 +270,8 @@ def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
 
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Checkpointing, evaluation and logging: ``--save --save-interval --load --eval-interval
-    --eval-iters --log-interval --log-dir`` (``defaults`` override the values below)."""
+    --eval-iters --log-interval --log-dir`` (``defaults`` override the values below), and the
+    stopping flags (``add_stopping_args``)."""
     d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
     g = parser.add_argument_group("run")
     g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
@@ -283,3 +284,18 @@ def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     g.add_argument("--eval-iters", type=positive_int, default=d["eval_iters"], help="global batches per evaluation")
     g.add_argument("--log-interval", type=positive_int, default=d["log_interval"], help="log every N iterations")
     g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl and TensorBoard events (default: the --save dir)")
+    add_stopping_args(parser)
+
+
+def add_stopping_args(parser: argparse.ArgumentParser) -> None:
+    """When a run stops early (Megatron's names; ``tpzoo.training.stopping``): ``--exit-signal-handler``
+    ``--exit-interval`` ``--exit-duration-in-mins`` ``--max-skipped-steps``."""
+    g = parser.add_argument_group("stopping")
+    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction, default=True,
+                   help="on SIGTERM or SIGINT finish the step, save and exit 0 (a second Ctrl-C kills)")
+    g.add_argument("--exit-interval", type=positive_int, metavar="N",
+                   help="save and exit 0 after an iteration divisible by N")
+    g.add_argument("--exit-duration-in-mins", type=positive_float, metavar="M",
+                   help="save and exit 0 once M minutes have passed since training started")
+    g.add_argument("--max-skipped-steps", type=positive_int, default=10, metavar="N",
+                   help="exit 1 after N steps in a row skipped for a non-finite loss or gradient norm")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,7 @@ from tpzoo.training.best_checkpoint import BEST, BestCheckpoint
 from tpzoo.training.classification import classification_metrics
 from tpzoo.training.finetune_setup import FinetuneRun
 from tpzoo.training.metrics import Metrics
+from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
 # the metric that picks the best checkpoint, and whether higher is better
 BEST_BY = {"classification": ("accuracy", True), "causal-lm": ("val_loss", False)}
@@ -35,6 +37,7 @@ class FinetuneSummary:
     epochs: list[dict[str, float]] = field(default_factory=list)   # each epoch's validation scores
     best: float | None = None                                        # the best value of BEST_BY's metric
     best_checkpoint: str | None = None                               # save_dir/best, with --save
+    stopped: str | None = None                                       # why it stopped early (a signal ...)
 
 
 def validate(run: FinetuneRun) -> dict[str, float]:
@@ -52,40 +55,55 @@ def validate(run: FinetuneRun) -> dict[str, float]:
 
 
 def finetune(run: FinetuneRun) -> FinetuneSummary:
-    """Train ``--epochs`` epochs on ``run.train``, validating after each; returns the scores."""
+    """Train ``--epochs`` epochs on ``run.train``, validating after each; returns the scores. A signal,
+    ``--exit-interval`` or ``--exit-duration-in-mins`` (``tpzoo.training.stopping``) end the epoch early:
+    it is validated and saved as the last one; ``--max-skipped-steps`` skipped steps in a row raise
+    ``Diverged``. No checkpoint is saved while the last step was skipped (``engine.bad_steps`` > 0)."""
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
     g, n = engine.config.global_batch_size, len(run.train)
-    schedule = run.schedule
+    schedule, steps = run.schedule, num_batches(n, g)
     metrics = Metrics(run.log_dir, schedule.decay_iters, args.log_interval, enabled=rank0)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
-    summary, iteration = FinetuneSummary(), 0
+    summary, iteration, latest = FinetuneSummary(), 0, None
     metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
-                  f"{len(run.valid)} validation samples, {num_batches(n, g)} steps per epoch")
+                  f"{len(run.valid)} validation samples, {steps} steps per epoch")
     for line in run.report:
         metrics.print(line)
-    for epoch in range(1, args.epochs + 1):
-        for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
-            iteration += 1
-            lr = schedule.apply(engine.optimizer, iteration)
-            start = time.perf_counter()
-            result = engine.train_step(batch)
-            metrics.step(batch["input_ids"].numel(), time.perf_counter() - start)
-            if iteration % num_batches(n, g):
-                metrics.log(iteration, loss=result.loss, lr=lr, grad_norm=result.grad_norm)
-        scores = validate(run)
-        summary.epochs.append(scores)
-        extra = {k: v for k, v in scores.items() if k != "val_loss"}
-        metrics.log(iteration, loss=result.loss, lr=lr, grad_norm=result.grad_norm, val_loss=scores["val_loss"],
-                    epoch=epoch, **extra)
-        if keeper is not None:
-            keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric],
-                          last=epoch == args.epochs)
-    best = (max if higher else min)(s[metric] for s in summary.epochs)
-    summary.best = best
-    summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None else None
-    metrics.print(f"best {metric} {best:.4f} (epoch {[s[metric] for s in summary.epochs].index(best) + 1})"
-                  + (f"; checkpoint {summary.best_checkpoint}" if keeper is not None else "")
-                  + f"; metrics {run.log_dir / 'metrics.jsonl'}")
-    metrics.close()
+    with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
+        for epoch in range(1, args.epochs + 1):
+            for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
+                iteration += 1
+                lr = schedule.apply(engine.optimizer, iteration)
+                start = time.perf_counter()
+                result = engine.train_step(batch)
+                metrics.step(batch["input_ids"].numel(), time.perf_counter() - start)
+                step = dict(loss=result.loss, lr=lr, grad_norm=result.grad_norm, skipped=result.skipped,
+                            loss_scale=engine.loss_scale)
+                summary.stopped = None if iteration == args.epochs * steps else rules.reason(iteration)
+                if iteration % steps and not summary.stopped:  # the epoch's last step: on the validation line
+                    metrics.log(iteration, **step)
+                check_divergence(engine, args.max_skipped_steps, iteration, latest)
+                if summary.stopped:
+                    break
+            scores = validate(run)
+            summary.epochs.append(scores)
+            extra = {k: v for k, v in scores.items() if k != "val_loss"}
+            metrics.log(iteration, **step, val_loss=scores["val_loss"], epoch=epoch, **extra)
+            last = epoch == args.epochs or summary.stopped is not None
+            if keeper is not None and engine.bad_steps:
+                metrics.print(skipped_save(iteration, engine.bad_steps, latest))
+            elif keeper is not None:
+                latest = keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric],
+                                       last=last) or latest
+            if last:
+                break
+        best = (max if higher else min)(s[metric] for s in summary.epochs)
+        summary.best = best
+        summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None else None
+        stop = f"stopped at iteration {iteration} (epoch {epoch}): {summary.stopped}; " if summary.stopped else ""
+        metrics.print(f"{stop}best {metric} {best:.4f} (epoch {[s[metric] for s in summary.epochs].index(best) + 1})"
+                      + (f"; checkpoint {summary.best_checkpoint}" if keeper is not None else "")
+                      + (f"; last checkpoint {latest}" if stop and latest else "")
+                      + f"; metrics {run.log_dir / 'metrics.jsonl'}")
     return summary

@@ -8,6 +8,12 @@ same validation data as the run that saved there. A resumed run evaluates once r
 on the batches of the iteration it resumes at, and prints that val loss. ``--train-iters 0`` runs no
 step: it evaluates the initial model and saves it as the checkpoint of iteration 0 (a control run).
 
+Early stops (``tpzoo.training.stopping``): after a step, SIGTERM/SIGINT, ``--exit-interval`` or
+``--exit-duration-in-mins`` save a checkpoint of that iteration and end the loop with one line (exit
+status 0); ``--max-skipped-steps`` skipped steps in a row end it with ``Diverged`` (exit status 1).
+No checkpoint is saved while the last step was skipped (``engine.bad_steps`` > 0): ``latest`` stays
+on the last one of a finite step.
+
 Besides ``loss`` each line logs its parts under the names the model family gives them
 (``StagedModel.loss_names``: BERT's ``mlm_loss`` and ``sop_loss``, GPT none), and the summary compares
 the token-level part (the ``labels`` key's: GPT's loss, BERT's MLM loss) with the unigram entropy.
@@ -16,6 +22,7 @@ the token-level part (the ``labels`` key's: GPT's loss, BERT's MLM loss) with th
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -26,6 +33,7 @@ from tpzoo.data.indexed import IndexedDataset
 from tpzoo.engine.evaluate import eval_losses
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.setup import Run
+from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
 
@@ -36,6 +44,7 @@ class Summary:
     loss: float | None          # the last iteration's train loss (None if nothing was trained)
     val_loss: float | None      # the last evaluation's
     checkpoint: str | None      # the last checkpoint saved
+    stopped: str | None = None  # why the loop stopped before --train-iters (a signal, --exit-interval ...)
     losses: dict[str, float] = field(default_factory=dict)      # the named parts of loss (BERT: mlm_loss, sop_loss)
     val_losses: dict[str, float] = field(default_factory=dict)  # and of val_loss
 
@@ -61,8 +70,13 @@ def named(parts: dict[str, float], names: dict[str, str]) -> dict[str, float]:
     return {names[k]: v for k, v in parts.items() if k in names}
 
 
-def save(run: Run) -> str:
-    return str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta()))
+def save(run: Run, summary: Summary, metrics: Metrics) -> None:
+    """Save the checkpoint of ``run.iteration`` into ``summary.checkpoint``; skipped (and said) while
+    the last step was skipped for a non-finite loss or gradient norm."""
+    if run.engine.bad_steps:
+        metrics.print(skipped_save(run.iteration, run.engine.bad_steps, summary.checkpoint))
+        return
+    summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta()))
 
 
 def data_entropy(run: Run) -> float | None:
@@ -111,37 +125,43 @@ def train(run: Run) -> Summary:
                       world_size=dist.get_world_size(), enabled=rank0)
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
     names, evaluating = loss_names(run), args.eval_interval > 0
-    if run.loaded_from is not None:
-        val = evaluate(run, summary, names)[0] if evaluating else None
-        metrics.print(f"resumed from {run.loaded_from} at iteration {run.iteration} "
-                      f"(consumed samples {run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
-        if run.lr_schedule_changes:
-            metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}); "
-                          f"the flags' schedule applies from iteration {run.iteration + 1} on")
-        if run.run_changes:
-            metrics.print(f"the flags change what the resumed run trains on: {', '.join(run.run_changes)}")
-    while run.iteration < args.train_iters:
-        run.iteration += 1
-        lr = run.schedule.apply(engine.optimizer, run.iteration)
-        start = time.perf_counter()
-        result = engine.train_step(run.batch(run.train, run.consumed_samples))
-        run.consumed_samples += g
-        metrics.step(tokens, time.perf_counter() - start)
-        last = run.iteration == args.train_iters
-        val, val_losses = None, {}
-        if evaluating and (run.iteration % args.eval_interval == 0 or last):
-            val, val_losses = evaluate(run, summary, names)
-        summary.iteration, summary.loss, summary.losses = run.iteration, result.loss, named(result.losses, names)
-        metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
-                    val_loss=val, val_losses=val_losses, last=last)
-        if last or (args.save_interval and run.iteration % args.save_interval == 0):
-            summary.checkpoint = save(run)
-    if run.iteration == args.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
-        if evaluating and run.loaded_from is None:
-            evaluate(run, summary, names)
-        summary.checkpoint = save(run)
-    if rank0:
-        metrics.print(report(summary, data_entropy(run), names)
-                      + f"\ncheckpoint: {summary.checkpoint}\nmetrics: {run.log_dir / 'metrics.jsonl'}")
-    metrics.close()
+    with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
+        if run.loaded_from is not None:
+            val = evaluate(run, summary, names)[0] if evaluating else None
+            metrics.print(f"resumed from {run.loaded_from} at iteration {run.iteration} (consumed samples "
+                          f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
+            if run.lr_schedule_changes:
+                metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}"
+                              f"); the flags' schedule applies from iteration {run.iteration + 1} on")
+            if run.run_changes:
+                metrics.print(f"the flags change what the resumed run trains on: {', '.join(run.run_changes)}")
+        while run.iteration < args.train_iters and summary.stopped is None:
+            run.iteration += 1
+            lr = run.schedule.apply(engine.optimizer, run.iteration)
+            start = time.perf_counter()
+            result = engine.train_step(run.batch(run.train, run.consumed_samples))
+            run.consumed_samples += g
+            metrics.step(tokens, time.perf_counter() - start)
+            last = run.iteration == args.train_iters
+            val, val_losses = None, {}
+            if evaluating and (run.iteration % args.eval_interval == 0 or last):
+                val, val_losses = evaluate(run, summary, names)
+            summary.iteration, summary.loss, summary.losses = run.iteration, result.loss, named(result.losses, names)
+            metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
+                        val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
+                        loss_scale=engine.loss_scale)
+            check_divergence(engine, args.max_skipped_steps, run.iteration, summary.checkpoint)
+            summary.stopped = None if last else rules.reason(run.iteration)
+            if last or summary.stopped or (args.save_interval and run.iteration % args.save_interval == 0):
+                save(run, summary, metrics)
+        if run.iteration == args.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
+            if evaluating and run.loaded_from is None:
+                evaluate(run, summary, names)
+            save(run, summary, metrics)
+        if summary.stopped is not None:
+            metrics.print(f"stopped at iteration {run.iteration} of {args.train_iters}: {summary.stopped}; "
+                          f"checkpoint: {summary.checkpoint} (resume with --load {run.save_dir})")
+        elif rank0:
+            metrics.print(report(summary, data_entropy(run), names)
+                          + f"\ncheckpoint: {summary.checkpoint}\nmetrics: {run.log_dir / 'metrics.jsonl'}")
     return summary

@@ -74,7 +74,8 @@ class Run:
 
 # flags of one launch, not of the run: a resume never takes them from the checkpoint
 LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
-                          "recompute_activations", "kernels", "attention_backend", "compile", "load", "save"})
+                          "recompute_activations", "kernels", "attention_backend", "compile", "load", "save",
+                          "exit_signal_handler", "exit_interval", "exit_duration_in_mins", "max_skipped_steps"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 GIVEN_TOGETHER = {"bf16": {"fp16"}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
                   "dataset": {"data_path", "tokenizer_model"}}

@@ -1,0 +1,150 @@
+"""When a training loop stops early (Megatron-LM's exit flags), and a diverged run's stop.
+
+    with StopRules.from_args(args, device) as rules:   # installs the SIGTERM/SIGINT handler
+        while ...:
+            result = engine.train_step(batch)
+            check_divergence(engine, args.max_skipped_steps, iteration, latest)   # Diverged: exit 1
+            reason = rules.reason(iteration)        # collective: the same on every rank
+            if reason: save, print one line, return  # exit 0
+    # the previous handlers are back
+
+``--exit-signal-handler`` (on by default): SIGTERM or SIGINT only sets a flag; the loop finishes
+its step, and after it every rank agrees (one MAX all-reduce over the world group of [signal
+number, duration exceeded]), so a rank that received the signal a step later than another (or not at
+all) stops at the same iteration. Under torchrun the agent forwards the signal to every worker and
+kills them after its ``--shutdown-timeout`` (30 s unless given): the save must fit in it. A second
+SIGINT at least ``SIGINT_GRACE_S`` after the first raises KeyboardInterrupt (Ctrl-C twice kills the
+run); one sooner is the duplicate torchrun forwards of the terminal's Ctrl-C, and is ignored, as
+are repeated SIGTERMs. ``--exit-interval N``: stop after each iteration divisible by N.
+``--exit-duration-in-mins M``: stop once M minutes of wall time have passed since the loop started
+(rank 0's clock, agreed). ``check_divergence``: ``--max-skipped-steps`` skipped steps in a row
+(``engine.bad_steps``) end the run with one line on stderr and exit status 1 (``Diverged``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tpzoo.parallel.health import peers_named
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGINT_GRACE_S = 2.0  # a second SIGINT sooner than this is torchrun forwarding the first one
+
+
+class SignalFlag:
+    """While entered (main thread only): SIGTERM and SIGINT set ``received`` (the first signal's
+    number) instead of ending the process; on exit the previous handlers are restored."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.first_at = 0.0
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if not self.received:
+            self.received, self.first_at = signum, now
+        elif signum == signal.SIGINT and now - self.first_at >= SIGINT_GRACE_S:
+            self.restore()
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> SignalFlag:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        self.previous = {}
+
+    def __exit__(self, *exc: Any) -> None:
+        self.restore()
+
+
+class StopRules:
+    """The early stops of a training loop: a signal (``flag``, None = no handler), ``exit_interval``
+    iterations, ``exit_minutes`` of wall time since ``started`` (time.monotonic() of rank 0)."""
+
+    def __init__(self, device: torch.device, flag: SignalFlag | None, exit_interval: int | None = None,
+                 exit_minutes: float | None = None, started: float | None = None) -> None:
+        self.device, self.flag, self.exit_interval, self.exit_minutes = device, flag, exit_interval, exit_minutes
+        self.started = time.monotonic() if started is None else started
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, device: torch.device) -> StopRules:
+        """From ``--exit-signal-handler``, ``--exit-interval`` and ``--exit-duration-in-mins``."""
+        return cls(device, SignalFlag() if args.exit_signal_handler else None, args.exit_interval,
+                   args.exit_duration_in_mins)
+
+    def __enter__(self) -> StopRules:
+        if self.flag is not None:
+            self.flag.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.flag is not None:
+            self.flag.__exit__(*exc)
+
+    def minutes(self) -> float:
+        return (time.monotonic() - self.started) / 60
+
+    def reason(self, iteration: int) -> str | None:
+        """Why the run stops after ``iteration``, or None; collective over the world group (one MAX
+        all-reduce of two numbers when a signal handler or a duration is set), the same on every rank."""
+        signum = self.flag.received if self.flag is not None else 0
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        late = float(self.exit_minutes is not None and rank0 and self.minutes() >= self.exit_minutes)
+        if (self.flag is not None or self.exit_minutes is not None) and dist.is_initialized() \
+                and dist.get_world_size() > 1:
+            agreed = torch.tensor([float(signum), late], device=self.device)
+            with peers_named("the stop check"):  # a stuck or dead peer is named, as in train_step
+                dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            signum, late = (int(v) for v in agreed.tolist())
+        if signum:
+            return f"{signal.Signals(signum).name} received"
+        if late:
+            return f"--exit-duration-in-mins {self.exit_minutes:g} reached"
+        if self.exit_interval and iteration % self.exit_interval == 0:
+            return f"--exit-interval {self.exit_interval} reached"
+        return None
+
+
+def skipped_save(iteration: int, bad_steps: int, latest: str | None) -> str:
+    """The line said instead of saving the checkpoint of ``iteration`` after ``bad_steps`` skipped steps."""
+    return (f"save at iteration {iteration} skipped: the last {bad_steps} steps were skipped (non-finite); "
+            + (f"the last checkpoint stays {latest}" if latest else "no checkpoint saved yet"))
+
+
+class Diverged(SystemExit):
+    """The run diverged: ``--max-skipped-steps`` steps in a row were skipped. Exit status 1 when
+    uncaught (no traceback); ``message`` is the line already printed on stderr by rank 0."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1)
+        self.message = message
+
+
+def check_divergence(engine: Any, max_skipped: int, iteration: int, latest: str | None) -> None:
+    """Raise ``Diverged`` (after one line on stderr from rank 0) once ``engine.bad_steps`` >= ``max_skipped``;
+    ``latest``: the last checkpoint saved from finite steps (or loaded), named in the line. The same on
+    every rank: every rank skips the same steps."""
+    if engine.bad_steps < max_skipped:
+        return
+    scale = f", loss scale {engine.loss_scale:g}" if engine.scaler is not None else ""
+    kept = (f"the last finite checkpoint is {latest}; resume from it" if latest
+            else "no checkpoint was saved; start again")
+    message = (f"training diverged at iteration {iteration}: {engine.bad_steps} steps in a row skipped for a "
+               f"non-finite loss or gradient norm (--max-skipped-steps {max_skipped}{scale}); {kept} with a lower "
+               f"--lr, a longer --lr-warmup-iters or --clip-grad, or --bf16 instead of --fp16")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    raise Diverged(message)
