@@ -2,7 +2,7 @@
 
 pretrain.py runs on 3 ranks (dp 3) with ``--distributed-timeout-minutes 1``; once it has logged a few
 iterations, rank 1 is SIGSTOPped (alive, its sockets open: only a timeout can tell). Every other rank
-must exit, each within 2 minutes of the stop, and stderr must name rank 1 (the roll call of
+must exit non-zero, each within 2 minutes of the stop, and stderr must name rank 1 (the roll call of
 ``tpzoo.parallel.health``); the stopped rank is then SIGKILLed. The test's cost is the timeout
 itself: about 1.5 minutes (the only slow test of its kind).
 """
@@ -78,7 +78,9 @@ def test_a_stopped_rank_is_named_by_every_other_rank_within_the_timeout(tmp_path
                                                f"{LIMIT_S + 30:.0f}s after the stop:\n{stderr[-3000:]}"
         assert max(exited.values()) < LIMIT_S, f"exits after the stop, by rank: {exited}"
         assert status != 0, "torchrun exited 0 with a rank stuck"
-        for rank in others:
+        for rank in others:  # torchrun's summary: each rank's exit status (a survivor's own, or its SIGTERM)
+            code = re.search(rf"rank\s+: {rank} \(local_rank: {rank}\)\s+exitcode\s+: (-?\d+)", stderr)
+            assert code and int(code.group(1)) != 0, f"rank {rank} exited 0 or unreported:\n{stderr[-3000:]}"
             assert re.search(rf"rank {rank} \(ParallelMesh\(.*\) failed in .*: no answer from [^;]*rank {STOPPED} "
                              rf"\(pp_rank=0, dp_rank={STOPPED}, tp_rank=0\)", stderr), \
                 f"rank {rank} did not name rank {STOPPED}:\n{stderr[-4000:]}"
