@@ -1,7 +1,7 @@
 """A diverging run stops: ``--lr 1e4`` makes the tiny GPT's loss or gradient norm non-finite from its
 second step on, in fp32, bf16 and fp16 (where the loss scale first backs off to its minimum).
 
-The three pretrain.py runs go at once (module fixture), saving every iteration; then finetune.py
+The three pretrain.py runs go at once (module fixture), saving every iteration; finetune.py then
 diverges from the fp32 run's last checkpoint. Each must exit 1 after ``--max-skipped-steps`` skipped
 steps in a row with one line on stderr naming the iteration, the count and what to do, leave
 ``latest`` on a checkpoint whose tensors are all finite, and log strict JSON with ``skipped`` and
@@ -49,14 +49,13 @@ def finite_tensors(folder: Path) -> dict[str, bool]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("diverge")
-    done = dict(zip(PRECISIONS, run_as_needed(
-        [shlex.join(command(FLAGS + flags + ["--save", name])) for name, flags in PRECISIONS.items()], root,
-        slots=3, check=False)))
     ft = [sys.executable, str(ROOT / "finetune.py"), "--load", "fp32", *write_text_files(root), "--epochs", "2",
           "--global-batch-size", "8", "--micro-batch-size", "4", "--seq-length", "16", "--log-interval", "1",
           "--lr", "1e4", "--lr-warmup-iters", "0", "--max-skipped-steps", "2", "--save", "finetune"]
-    done["finetune"] = run_as_needed([shlex.join(ft)], root, check=False)[0]
-    return root, done
+    commands = [command(FLAGS + flags + ["--save", name]) for name, flags in PRECISIONS.items()] + [ft]
+    # three at once; the fine-tuning starts once the fp32 run it loads has ended
+    return root, dict(zip([*PRECISIONS, "finetune"], run_as_needed(list(map(shlex.join, commands)), root, slots=3,
+                                                                  check=False)))
 
 
 def diverged_line(done, limit: int) -> re.Match:

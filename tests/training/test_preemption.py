@@ -128,6 +128,7 @@ def sigterm(tmp_path_factory) -> dict[str, Launched]:
     wrapped = command(FLAGS + ["--save", "four"], MESH)
     wrapped[wrapped.index(PRETRAIN)] = "status.py"
     wrapped.insert(wrapped.index("status.py") + 1, PRETRAIN)
+    wrapped.insert(wrapped.index("--standalone"), "--shutdown-timeout=120")  # not 30 s: a loaded machine saves slowly
     runs = {name: Launched(name, cmd, root) for name, cmd in [
         ("whole", command(FLAGS + ["--save", "whole"])), ("one", command(FLAGS + ["--save", "one"])),
         ("four", wrapped)]}
