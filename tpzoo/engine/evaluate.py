@@ -24,16 +24,18 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpzoo.engine.train_step import Engine, named_losses, reduce_losses
+from tpzoo.parallel.health import peers_named
 
 
 @contextmanager
 def _evaluating(engine: Engine) -> Iterator[None]:
-    """The engine's chunks in eval mode under no_grad; their modes are restored afterwards."""
+    """The engine's chunks in eval mode under no_grad; their modes are restored afterwards. A failed
+    collective inside names the missing peers (``tpzoo.parallel.health.peers_named``)."""
     modes = [chunk.training for chunk in engine.chunks]
     try:
         for chunk in engine.chunks:
             chunk.eval()
-        with torch.no_grad():
+        with torch.no_grad(), peers_named("evaluation", engine.mesh, engine.config.timeout_s):
             yield
     finally:
         for chunk, mode in zip(engine.chunks, modes):
@@ -69,10 +71,10 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
     ids, extras = engine.micro_batches(batch, labels=not logits)
     with _evaluating(engine):
         engine.runner.run(ids, extras, backward=False, keep=True)
-    kept = engine.runner.outputs()  # on the ranks of the last stage only
-    returned = 1 if logits else len(engine.loss_keys(batch))  # outputs of the last stage
-    return [tuple(_broadcast_last(engine, kept[k][j] if kept is not None else None) for j in range(returned))
-            for k in range(engine.m)]
+        kept = engine.runner.outputs()  # on the ranks of the last stage only
+        returned = 1 if logits else len(engine.loss_keys(batch))  # outputs of the last stage
+        return [tuple(_broadcast_last(engine, kept[k][j] if kept is not None else None) for j in range(returned))
+                for k in range(engine.m)]
 
 
 def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:
@@ -92,8 +94,8 @@ def eval_losses(engine: Engine, batch: dict[str, Tensor]) -> tuple[float, dict[s
     ids, extras = engine.micro_batches(batch)
     with _evaluating(engine):
         total, parts = engine.runner.run(ids, extras, backward=False)
-    sums = reduce_losses(total, parts, [engine.mesh.pp_group, engine.mesh.dp_group])
-    return named_losses(sums.tolist(), engine.loss_keys(batch))
+        sums = reduce_losses(total, parts, [engine.mesh.pp_group, engine.mesh.dp_group])
+        return named_losses(sums.tolist(), engine.loss_keys(batch))
 
 
 def eval_loss(engine: Engine, batch: dict[str, Tensor]) -> float:
