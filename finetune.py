@@ -6,10 +6,13 @@ in ``tpzoo.models.families``). ``python finetune.py --load CKPT --task demo`` or
 
 from __future__ import annotations
 
+import argparse
+
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
 from tpzoo.training.args import (CommandParser, add_optimizer_args, add_parallel_args, add_precision_args,
-                                 add_stopping_args, command_parser, exit_on_misuse, positive_int, probability)
+                                 add_stopping_args, check_output_folder, command_parser, exit_on_misuse, positive_int,
+                                 probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
 
 PROG = "finetune.py"
@@ -42,8 +45,15 @@ def parser() -> CommandParser:
     return p
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """What the flags alone can be checked for, before torch loads: the folders written to."""
+    check_output_folder("--save", args.save)
+    check_output_folder("--log-dir", args.log_dir)
+
+
 def main(argv: list[str] | None = None):
     args = parser().parse_args(argv)
+    exit_on_misuse(PROG, lambda: check_flags(args))
     import torch.distributed as dist
 
     from tpzoo.training.finetune_loop import finetune

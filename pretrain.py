@@ -17,8 +17,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tpzoo.data.build import add_data_args  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
-                                 add_precision_args, add_run_args, command_parser, exit_on_misuse,
-                                 fill_model_defaults, set_model_defaults)
+                                 add_precision_args, add_run_args, check_output_folder, command_parser,
+                                 exit_on_misuse, fill_model_defaults, set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
 PROG = "pretrain.py"
@@ -42,6 +42,8 @@ def parser() -> CommandParser:
 def check_flags(args: argparse.Namespace) -> None:
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
     merged with the checkpoint's)."""
+    for flag in ("save", "log_dir", "data_cache_path"):
+        check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:
         LRSchedule.from_args(fill_model_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS))
 

@@ -14,8 +14,7 @@ its vocabulary must be the model's (``tpzoo.checkpoint.tokenizer.model_tokenizer
 
 from __future__ import annotations
 
-import argparse
-import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,8 @@ from torch import Tensor
 
 from tpzoo.models import CausalLM, KVCache
 from tpzoo.models.families import FAMILIES, family
+
+PROG = "python -m tpzoo.generate"
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -50,7 +51,7 @@ def generate(model: CausalLM, input_ids: Tensor, max_new_tokens: int, *, tempera
     if model.plan.sequence_parallel:
         raise ValueError("generation decodes one token at a time: build the model with a plan of "
                          "sequence_parallel=False")
-    if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:
+    if not temperature >= 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:  # NaN fails too
         raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0 and max_new_tokens >= 0; got "
                          f"temperature={temperature}, top_p={top_p}, top_k={top_k}, max_new_tokens={max_new_tokens}")
     limit = model.config.max_position_embeddings
@@ -89,21 +90,23 @@ def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
+    from tpzoo.training.args import command_parser, exit_on_misuse, non_negative_float, non_negative_int, positive_int
 
-    parser = argparse.ArgumentParser(prog="python -m tpzoo.generate", description="text from a tpzoo causal LM")
+    parser = command_parser(PROG, "text from a tpzoo causal LM")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "
                         "tpzoo model folder (config.json + model.safetensors)")
     parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
                         "one the checkpoint records, or the one in the model folder)")
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=non_negative_int, default=32)
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=non_negative_int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=int, default=1)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> tuple[Tensor, Any]:
         mesh = init_mesh(tp=args.tp)
         model = load_model(args.load, mesh)
         check_causal_lm(model, args.load)
@@ -111,11 +114,10 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.tensor([tokenizer.encode(args.prompt)], device=mesh.device)
         if ids.shape[1] == 0:
             raise ValueError("the prompt encodes to no tokens; give a non-empty --prompt")
-        out = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, eos_id=tokenizer.eod, seed=args.seed)
-    except (ValueError, TypeError, FileNotFoundError, IndexError) as err:
-        print(f"python -m tpzoo.generate: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, eos_id=tokenizer.eod, seed=args.seed), tokenizer
+
+    out, tokenizer = exit_on_misuse(PROG, run)  # one line on rank 0, exit 2 on every rank
     if dist.get_rank() == 0:
         print(tokenizer.decode(out[0].tolist()))
     dist.destroy_process_group()

@@ -46,7 +46,7 @@ def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
-    raw = json.loads((path / "config.json").read_text())
+    raw = _json(path / "config.json")
     if raw.get("format") == FORMAT:
         raise ConversionError(f"{path} is a tpzoo model folder, not a Hugging Face one; convert it with to-hf")
     if raw.get("model_type") not in MODEL_TYPES:
@@ -54,15 +54,40 @@ def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
                               f"{', '.join(map(repr, MODEL_TYPES))} models")
     config = transformers_module().AutoConfig.from_pretrained(str(path))
     if (path / HF_WEIGHTS).is_file():
-        return config, load_file(str(path / HF_WEIGHTS))
+        return config, _safetensors(path / HF_WEIGHTS)
     if (path / HF_INDEX).is_file():
-        files = sorted(set(json.loads((path / HF_INDEX).read_text())["weight_map"].values()))
+        files = sorted(set(_json(path / HF_INDEX).get("weight_map", {}).values()))
         state: dict[str, Tensor] = {}
         for f in files:
-            state.update(load_file(str(path / f)))
+            state.update(_safetensors(path / f))
         return config, state
     raise FileNotFoundError(f"{path} has no {HF_WEIGHTS} (nor {HF_INDEX}); tpzoo reads safetensors only: "
                             f"re-save the model with save_pretrained(..., safe_serialization=True)")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ConversionError naming the file and the line if it is not one."""
+    try:
+        data = json.loads(path.read_bytes())
+    except UnicodeDecodeError:
+        raise ConversionError(f"{path} is not UTF-8 text (a binary file?); restore the model's {path.name}") from None
+    except ValueError as e:
+        raise ConversionError(f"{path} is not valid JSON (line {e.lineno}: {e.msg}); restore the model's "
+                              f"{path.name}") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path} holds a JSON {type(data).__name__}, not an object; restore the model's "
+                              f"{path.name}")
+    return data
+
+
+def _safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of ``path``; ConversionError naming the file if it is not a safetensors file."""
+    from safetensors import SafetensorError
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise ConversionError(f"{path} is not a readable safetensors file ({e}); re-save or re-download it") from None
 
 
 def write_hf(path: str | Path, hf_config: Any, hf_state: dict[str, Tensor], drop: set[str]) -> Path:

@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
 from tpzoo.data.build import add_cache_arg, add_data_args, data_kind
 from tpzoo.models.families import FAMILIES
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+from tpzoo.training.args import check_output_folder, command_parser, non_negative_int, positive_int
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m tpzoo.data",
-        description="Train a tokenizer; preprocess text into an indexed dataset; look at it.",
+    parser = command_parser(
+        "python -m tpzoo.data", "Train a tokenizer; preprocess text into an indexed dataset; look at it."
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -37,31 +33,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
     p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
-    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--vocab-size", type=positive_int, required=True)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
-    p.add_argument("--max-sentences", type=int, default=2_000_000, help="train on at most this many lines")
+    p.add_argument("--max-sentences", type=positive_int, default=2_000_000, help="train on at most this many lines")
 
     p = sub.add_parser("preprocess", help="tokenize text into PREFIX.bin + PREFIX.idx")
     p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer")
     p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=1, help="tokenizing processes")
+    p.add_argument("--workers", type=positive_int, default=1, help="tokenizing processes")
     p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (causal LMs: GPT, Llama)")
     p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (masked LMs: BERT)")
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
     add_data_args(p)
-    p.add_argument("--documents", type=int, default=1, help="how many documents to decode")
+    p.add_argument("--documents", type=non_negative_int, default=1, help="how many documents to decode")
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
     add_data_args(p)
     p.add_argument("--model", choices=tuple(FAMILIES), default="gpt", help="the family; its data kind decides the "
                    "samples (default: %(default)s)")
-    p.add_argument("--seq-length", type=int, default=64)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--indices", type=int, nargs="+", default=[0])
+    p.add_argument("--seq-length", type=positive_int, default=64)
+    p.add_argument("--seed", type=non_negative_int, default=1234)
+    p.add_argument("--indices", type=non_negative_int, nargs="+", default=[0])
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--binary-head", choices=("sop", "nsp", "none"), default="sop")
 
@@ -136,7 +132,6 @@ def _samples(args: argparse.Namespace) -> None:
 
 
 def _demo(export: str | None, cache_path: str | None) -> None:
-    import os
     import shutil
 
     from tpzoo.data.demo import PREFIXES, demo_data, demo_dir, demo_task, unigram_entropy
@@ -160,9 +155,30 @@ def _demo(export: str | None, cache_path: str | None) -> None:
     )
 
 
+# command -> the flag naming the files it writes, and its destination
+PREFIX_FLAGS = {
+    "train-tokenizer": ("--model-prefix", "model_prefix"),
+    "preprocess": ("--output-prefix", "output_prefix"),
+}
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """What a command writes can be made: ``--export`` a folder, a prefix a file name in a folder."""
+    if args.command == "demo":
+        check_output_folder("--export", args.export)
+    elif args.command in PREFIX_FLAGS:
+        flag, dest = PREFIX_FLAGS[args.command]
+        prefix = getattr(args, dest)
+        if prefix.endswith(os.sep) or os.path.isdir(prefix):
+            raise ValueError(f"{flag} {prefix} is a folder; give a file name prefix in it, like "
+                             f"{os.path.join(prefix, 'data')}")
+        check_output_folder(flag, os.path.dirname(os.path.abspath(prefix)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _check_outputs(args)
         if args.command == "train-tokenizer":
             from tpzoo.data.tokenizer import train_tokenizer
 
@@ -190,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _samples(args)
         else:
             _demo(args.export, args.data_cache_path)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+    except (OSError, ValueError, ImportError) as e:
         message = " ".join(str(e).split())
         print(f"python -m tpzoo.data {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from tpzoo.data.batches import ResizableSamples
-from tpzoo.data.sources import resolve_files, rows
+from tpzoo.data.sources import one_file, rows
 from tpzoo.engine.train_step import IGNORE_INDEX
 
 
 def read_texts(path: str, key: str = "text") -> list[str]:
     """The non-empty ``key`` fields of a jsonl/csv/tsv file, in order."""
-    (path,) = resolve_files(path)
+    path = one_file(path)
     texts = []
     for row in rows(path):
         if key not in row:

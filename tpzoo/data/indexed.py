@@ -138,13 +138,30 @@ class IndexedDataset:
             raise ValueError(f"{idx_path!r} has unsupported version {version} or dtype code {code}")
         self.dtype = np.dtype(_CODES[code])
         buf, off = self._idx, 34
+        if len(buf) < off + 12 * n_seq + 8 * n_doc:
+            raise ValueError(
+                f"{idx_path!r} is cut short: {len(buf)} bytes, but its {n_seq} sequences and {n_doc} document "
+                f"indices need {off + 12 * n_seq + 8 * n_doc}; re-run preprocessing"
+            )
         self.sequence_lengths = np.frombuffer(buf, np.int32, n_seq, off)
         self.sequence_pointers = np.frombuffer(buf, np.int64, n_seq, off + 4 * n_seq)
         self.document_indices = np.frombuffer(buf, np.int64, n_doc, off + 12 * n_seq)
         self.metadata = self._read_metadata(off + 12 * n_seq + 8 * n_doc)
+        self._check_bin_size(bin_path, idx_path)
         self._bin = (
             np.memmap(bin_path, mode="r", dtype=self.dtype) if os.path.getsize(bin_path) else np.empty(0, self.dtype)
         )
+
+    def _check_bin_size(self, bin_path: str, idx_path: str) -> None:
+        """ValueError naming both sizes unless ``.bin`` holds exactly the bytes the index points into."""
+        n = self.num_sequences
+        needed = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize if n else 0
+        size = os.path.getsize(bin_path)
+        if size != needed:
+            raise ValueError(
+                f"{bin_path!r} holds {size} bytes but {idx_path!r} indexes {needed}: the .bin is "
+                f"{'cut short' if size < needed else 'longer'} or from another run; re-run preprocessing"
+            )
 
     def _read_metadata(self, end: int) -> dict[str, Any]:
         tail = bytes(self._idx[-16:])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import os
 from typing import Any, Iterable, Iterator
 
@@ -47,26 +48,65 @@ def resolve_files(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
     return files
 
 
+def one_file(path: str) -> str:
+    """``path`` as ``resolve_files`` finds it, checked to be exactly one file (not a folder, nor a
+    glob of several): ValueError otherwise."""
+    files = resolve_files(path)
+    if os.path.isdir(path) or len(files) != 1:
+        what = "is a folder" if os.path.isdir(path) else f"matches {len(files)} files"
+        raise ValueError(f"{path!r} {what}; pass one {'/'.join(BUILDERS)} file")
+    return files[0]
+
+
 def _builder(path: str) -> str | None:
     return BUILDERS.get(os.path.splitext(path)[1].lower())
 
 
 def rows(path: str, **options: Any) -> Iterator[dict[str, Any]]:
     """Stream the rows of one file as dicts (``options`` go to the ``datasets`` builder, e.g. a
-    csv/tsv file's ``column_names`` and ``header``); a malformed file raises ValueError."""
+    csv/tsv file's ``column_names`` and ``header``); an empty or malformed file raises ValueError
+    naming it (and, for json/jsonl, the first bad line)."""
     import datasets
 
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its parse errors come back as ours, in one line
     datasets.disable_progress_bars()
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path!r} is empty (0 bytes); fill it or pick another file")
     options = {**_OPTIONS.get(os.path.splitext(path)[1].lower(), {}), **options}
-    stream = datasets.load_dataset(_builder(path), data_files=[path], split="train", streaming=True, **options)
     try:
+        stream = datasets.load_dataset(_builder(path), data_files=[path], split="train", streaming=True, **options)
         for row in stream:
             if "__index_level_0__" in row:  # pandas took the surplus leading fields for an index
                 raise ValueError("its rows have more fields than its header")
             yield row
     except (ValueError, OSError) as e:  # pandas' and pyarrow's parse errors are ValueErrors
-        raise ValueError(f"cannot parse {path!r}: {str(e).strip().splitlines()[-1]}; fix the file") from None
+        where = _bad_json_line(path) if _builder(path) == "json" else None
+        reason = where or (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise ValueError(f"cannot parse {path!r}: {reason}; fix the file") from None
+
+
+def _bad_json_line(path: str) -> str | None:
+    """Where json/jsonl ``path`` stops being JSON: ``line N (1-based): why``, or None if every line parses."""
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+        f.seek(0)
+        if head.startswith(b"["):  # one JSON document, not JSON lines
+            try:
+                json.loads(f.read())
+            except UnicodeDecodeError as e:
+                return f"byte {e.start} is not UTF-8 (a binary file?)"
+            except ValueError as e:
+                return f"line {e.lineno}, column {e.colno}: {e.msg.removesuffix(' at')}"
+            return None
+        for number, line in enumerate(f, 1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except UnicodeDecodeError:
+                return f"line {number} is not UTF-8 text (a binary file?)"
+            except ValueError as e:
+                return f"line {number}, column {e.colno}: {e.msg.removesuffix(' at')}"
+    return None
 
 
 def check_key(path: str, key: str) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.glue import GLUE, TASKS
-from tpzoo.data.sources import resolve_files, rows
+from tpzoo.data.sources import one_file, rows
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,17 @@ def read_examples(
     found become ids ``0..K-1`` in ``label_order`` (integers numerically: labels 1 2 3 5 7 8 are
     6 classes). ``text_b`` is optional per file.
     """
-    (path,) = resolve_files(path)
+    path = one_file(path)
     raw = []
-    for row in rows(path, **options):
+    for number, row in enumerate(rows(path, **options), 1):
         missing = [k for k in (text, label) if k not in row]
         if missing:
             raise ValueError(
                 f"{path!r} has no column {missing[0]!r} (its columns are {sorted(row)}); "
                 f"rename the column or pick another"
             )
+        if row[label] is None or row[label] == "":
+            raise ValueError(f"{path!r} row {number} has no {label!r} (null or empty); give every row a label")
         raw.append(
             (str(row[text]), None if row.get(text_b) in (None, "") else str(row[text_b]), _label_text(row[label]))
         )

@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from tpzoo.engine.config import SCHEDULES, EngineConfig
@@ -132,6 +133,19 @@ def non_negative_float(text: str) -> float:
 
 def probability(text: str) -> float:
     return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
+    """ValueError naming ``flag`` when the folder ``path`` cannot be made because it, or a folder
+    above it, is a file (checked before anything heavy runs; None = not given)."""
+    if path is None:
+        return
+    for p in (Path(path), *Path(path).absolute().parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "" if p == Path(path) else f": {p}"
+                raise ValueError(f"{flag} {path}{where} is a file, not a folder; choose another path")
+            return
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:

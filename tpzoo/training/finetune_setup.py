@@ -79,6 +79,12 @@ def saved_model(path: str) -> tuple[str, ModelConfig, dict[str, Any]]:
     return record["class"], config_from_dict(record["config"]), meta
 
 
+def check_label_count(names: list[str]) -> None:
+    """ValueError unless the training data has two or more labels: what a classifier tells apart."""
+    if len(names) < 2:
+        raise ValueError(f"the training data has only the label {names}; a classifier needs two or more")
+
+
 def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_length: int,
                         saved_names: list[str] | None = None) -> tuple[TaskDataset, TaskDataset, list[str]]:
     """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``,
@@ -89,6 +95,7 @@ def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_leng
     else:
         try:
             train, names = read_examples(args.train_data, saved_names)
+            check_label_count(names)  # before the validation file is read against them
             valid, _ = read_examples(args.valid_data, names)
         except UnknownLabels as err:
             if saved_names is None:
@@ -96,8 +103,7 @@ def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_leng
             raise ValueError(f"{err.path!r} has labels {err.unknown} that the classifier --load {args.load} was not "
                              f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune a BERT encoder "
                              f"checkpoint for new labels") from None
-    if len(names) < 2:
-        raise ValueError(f"the training data has only the label {names}; a classifier needs two or more")
+    check_label_count(names)
     return TaskDataset(train, tokenizer, seq_length), TaskDataset(valid, tokenizer, seq_length), names
 
 

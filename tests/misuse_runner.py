@@ -1,0 +1,206 @@
+"""Misuse cases of the five commands (pretrain.py, finetune.py, python -m tpzoo.data, python -m
+tpzoo.convert, python -m tpzoo.generate), run in ONE process: each command's ``main(argv)`` is called
+in-process, in a fresh folder of its own, with file descriptors 1 and 2 captured.
+
+    python tests/misuse_runner.py ROOT OUT.json [NAME ...]   # prepare inputs under ROOT, run, write results
+
+The cases are ``misuse_cases.CASES``; their ``{placeholders}`` are the inputs ``prepare`` makes. A
+result per case: exit code, stderr text, the uncaught exception's traceback (if any) and the watched
+paths it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from misuse_cases import CASES, RANK_CASES, TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = {"pretrain": "pretrain", "finetune": "finetune", "data": "tpzoo.data.__main__",
+           "convert": "tpzoo.convert.__main__", "generate": "tpzoo.generate"}
+
+
+def _write(path: Path, text: str | bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    return str(path)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    return _write(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _folder(path: Path, files: dict[str, str | bytes]) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        _write(path / name, text)
+    return str(path)
+
+
+def prepare(root: Path) -> dict[str, str]:
+    """Every input the cases name, under ``root``: two tiny checkpoints (GPT, BERT; pretrain.py's
+    TINY flags, 2 steps), the demo tokenizer, data and task, and bad files of every kind."""
+    from tpzoo.data.demo import demo_data, demo_dir, demo_task
+    from tpzoo.data.tokenizer import train_tokenizer
+
+    tok, gpt_data = demo_data("causal-lm")
+    train, valid = demo_task()
+    f = root / "inputs"
+    rows = [json.loads(line) for line in Path(train).read_text().splitlines()[:6]]
+    inputs = dict(tok=str(tok), data=str(gpt_data), bert_data=str(demo_data("masked-lm")[1]), train=str(train),
+                  valid=str(valid), corpus=str(demo_dir() / "corpus.jsonl"), cache=str(root / "cache"),
+                  empty_dir=_folder(f / "empty_dir", {}), a_file=_write(f / "a_file", "not a folder\n"),
+                  empty_jsonl=_write(f / "empty.jsonl", ""),
+                  binary_jsonl=_write(f / "binary.jsonl", bytes(range(256)) * 8),
+                  no_text_jsonl=_jsonl(f / "no_text.jsonl", [{"body": "the cat sat"}] * 3),
+                  gpt_texts=_jsonl(f / "texts.jsonl", [{"text": "the cat sat on the mat"}] * 3),
+                  corrupt_jsonl=_write(f / "corrupt.jsonl", '{"text": "a b"}\n{"text": "c d"}\n{"text": "e\n'),
+                  corrupt_train=_write(f / "corrupt_train.jsonl",
+                                       "".join(json.dumps(r) + "\n" for r in rows[:2]) + '{"text": "x", "lab\n'),
+                  null_label_train=_jsonl(f / "null_label_train.jsonl", rows[:4] + [{"text": "odd", "label": None}]),
+                  extra_label_valid=_jsonl(f / "extra_label_valid.jsonl", rows[:2] + [{"text": "odd", "label": 7}]),
+                  no_label_train=_jsonl(f / "no_label_train.jsonl", [{"text": r["text"]} for r in rows]),
+                  one_label_train=_jsonl(f / "one_label_train.jsonl", [{**r, "label": 1} for r in rows]),
+                  ragged_csv=_write(f / "ragged.csv", "text,label\nthe cat,1\nthe dog,0,extra,fields\n"),
+                  task_dir=_folder(f / "task_dir", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows)}),
+                  bad_latest=_folder(f / "bad_latest", {"latest": "iter_0000009\n"}),
+                  other_tok=train_tokenizer(str(demo_dir() / "corpus.jsonl"), str(f / "other"), 120),
+                  **_bad_indexed_datasets(f, str(gpt_data)))
+    for name in ("gpt", "bert"):
+        _pretrain(root, name)
+        inputs[name] = str(root / name)
+    inputs["hf"] = str(root / "hf")
+    assert _call("convert", ["to-hf", inputs["gpt"], inputs["hf"]]) == 0
+    return {**inputs, **_bad_model_folders(f, Path(inputs["hf"], "config.json").read_text())}
+
+
+def _bad_indexed_datasets(f: Path, prefix: str) -> dict[str, str]:
+    """Copies of the indexed dataset ``prefix``: its .bin cut in half, its .idx garbage, its .idx cut short."""
+    from tpzoo.data.indexed import paths
+
+    bin_bytes, idx_bytes = (Path(p).read_bytes() for p in paths(prefix))
+    out = {}
+    for name, new_bin, new_idx in (("truncated", bin_bytes[: len(bin_bytes) // 2], idx_bytes),
+                                   ("garbage_idx", bin_bytes, b"x" * len(idx_bytes)),
+                                   ("short_idx", bin_bytes, idx_bytes[:40])):
+        _folder(f / name, {"data.bin": new_bin, "data.idx": new_idx})
+        out[name] = str(f / name / "data")
+    return out
+
+
+def _bad_model_folders(f: Path, hf_config: str) -> dict[str, str]:
+    """Folders that look like Hugging Face or tpzoo model folders but cannot be converted."""
+    t5 = json.dumps({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"})
+    return dict(garbage_hf=_folder(f / "garbage_hf", {"config.json": "{not json"}),
+                t5_hf=_folder(f / "t5_hf", {"config.json": t5}),
+                garbage_tz=_folder(f / "garbage_tz", {"config.json": "{not json"}),
+                no_weights_hf=_folder(f / "no_weights_hf", {"config.json": hf_config}),
+                garbage_weights_hf=_folder(f / "garbage_weights_hf", {"config.json": hf_config,
+                                                                      "model.safetensors": b"\x08" + bytes(64)}))
+
+
+def _pretrain(root: Path, model: str) -> None:
+    flags = ["--model", model, "--save", str(root / model), "--eval-interval", "0"]
+    code = _call("pretrain", shlex.split(TINY) + flags)
+    assert code == 0, f"pretrain.py --model {model} failed"
+
+
+def _entry(command: str) -> Callable[[list[str]], Any]:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(MODULES[command]).main
+
+
+def _call(command: str, argv: list[str]) -> int:
+    """``command``'s main(argv) here: its exit code (SystemExit's or the returned one)."""
+    import torch.distributed as dist
+
+    try:
+        returned = _entry(command)(argv)
+        code = returned if isinstance(returned, int) else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return code
+
+
+@contextlib.contextmanager
+def _captured(out: Path):
+    """File descriptors 1 and 2 (and sys.stdout / sys.stderr) into ``out``.stdout / ``out``.stderr."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(f"{out}.stdout", "wb") as o, open(f"{out}.stderr", "wb") as e:
+        os.dup2(o.fileno(), 1), os.dup2(e.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def run_case(name: str, inputs: dict[str, str], root: Path) -> dict[str, Any]:
+    """One case of ``CASES`` or ``RANK_CASES`` in its own folder ``root/cases/name``: exit code,
+    stderr, traceback, the watched paths it changed (its folder, the file and folder it was given)."""
+    command, argv, _ = {**CASES, **RANK_CASES}[name]
+    folder = root / "cases" / name
+    folder.mkdir(parents=True)
+    watched = [Path(inputs[k]) for k in ("a_file", "empty_dir")] + [folder]
+    before = {str(p): _files(p) if p.is_dir() else p.stat().st_size for p in watched}
+    cwd, error, start = os.getcwd(), None, time.perf_counter()
+    os.chdir(folder)
+    try:
+        with _captured(folder.with_suffix(".out")):
+            code = _call(command, shlex.split(argv.format(**inputs)))
+    except BaseException:  # an uncaught exception: what the test reports
+        code, error = None, traceback.format_exc()
+    finally:
+        os.chdir(cwd)
+    created = [p for p in before if (_files(Path(p)) if Path(p).is_dir() else Path(p).stat().st_size) != before[p]]
+    return dict(code=code, stderr=Path(f"{folder}.out.stderr").read_text(errors="replace"), traceback=error,
+                changed=created, seconds=round(time.perf_counter() - start, 3))
+
+
+def run_on_rank(inputs: dict[str, str], root: str) -> dict[str, dict[str, Any]]:
+    """Every ``RANK_CASES`` case on this rank (of a ``tpzoo.testing.spawn``), in ``root/rank<R>``;
+    the ranks wait for each other between cases (a file per rank and case), so that no rank joins the
+    next case's process group while another still holds the last one's."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = {}
+    for name in RANK_CASES:
+        out[name] = run_case(name, inputs, Path(root) / f"rank{rank}")
+        done = [Path(root) / f"{name}.done{r}" for r in range(world)]
+        done[rank].touch()
+        while not all(p.exists() for p in done):
+            time.sleep(0.05)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    root, out, names = Path(argv[0]), Path(argv[1]), argv[2:] or list(CASES)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    start = time.perf_counter()
+    with _captured(root / "prepare"):
+        inputs = prepare(root)
+    print(f"inputs prepared in {time.perf_counter() - start:.1f} s")
+    results = {name: run_case(name, inputs, root) for name in names}
+    out.write_text(json.dumps({"inputs": inputs, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
