@@ -6,9 +6,10 @@
 One process (a 1-rank mesh), float32, AdamW state filled by one training step (micro batch 1). "hashed"
 is ``save_checkpoint`` as it is: each shard hashed by the writer while it is written, then manifest.json;
 "plain" is the same save with DCP's own ``FileSystemWriter`` (no shard hashed: its manifest lists
-meta.json only). Each save is fsynced (DCP's default) and deleted before the next. Prints the seconds of
-every save, the medians and minima, and ``added = hashed / plain - 1`` of each (the issue's bound: 10%;
-on a shared machine the minima are the least disturbed figures).
+meta.json only). Each save is fsynced (DCP's default) and deleted before the next. Prints the wall and
+CPU seconds of every save, and ``added = hashed / plain - 1`` of the medians, of the minima and the median
+of each adjacent pair's ratio (the issue's bound: 10%), and the CPU seconds the hashing adds (the
+median difference: what it costs on a machine of its own; on a shared machine the wall times wander).
 """
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ def engine_for(preset: str) -> Engine:
     return engine
 
 
-def timed_save(engine: Engine, folder: Path, hashed: bool) -> tuple[float, int]:
-    """(seconds, bytes) of one save into ``folder`` (deleted afterwards)."""
+def timed_save(engine: Engine, folder: Path, hashed: bool) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of this process: every thread, bytes) of one save into ``folder``
+    (deleted afterwards)."""
     save_module.HashingWriter = HASHING if hashed else PlainWriter
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     final = save_checkpoint(folder, 1, engine, meta={})
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     size = sum(p.stat().st_size for p in final.iterdir())
     shutil.rmtree(folder)
-    return seconds, size
+    return seconds, cpu, size
 
 
 HASHING = save_module.HashingWriter
@@ -79,20 +81,24 @@ def main() -> None:
     params = sum(p.numel() for p in engine.chunks[0].model.parameters())
     root = Path(tempfile.mkdtemp(prefix="ckpt-hash-", dir=args.dir))
     times: dict[str, list[float]] = {"plain": [], "hashed": []}
+    cpu: dict[str, list[float]] = {"plain": [], "hashed": []}
     try:
         for _ in range(args.repeats):
             for kind in times:
-                seconds, size = timed_save(engine, root / kind, kind == "hashed")
+                seconds, used, size = timed_save(engine, root / kind, kind == "hashed")
                 times[kind].append(seconds)
+                cpu[kind].append(used)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{args.preset}: {params / 1e6:.1f}M parameters, checkpoint {size / 1e9:.3f} GB, "
           f"load {os.getloadavg()[0]:.1f}")
     for kind, values in times.items():
         print(f"{kind:7s} median {statistics.median(values):8.3f} s  min {min(values):8.3f} s  saves "
-              f"{' '.join(f'{v:.3f}' for v in values)}")
+              f"{' '.join(f'{v:.3f}' for v in values)}  CPU s {' '.join(f'{v:.3f}' for v in cpu[kind])}")
+    pairs = statistics.median(h / p for p, h in zip(times["plain"], times["hashed"])) - 1
     added = [f(times["hashed"]) / f(times["plain"]) - 1 for f in (statistics.median, min)]
-    print(f"added {100 * added[0]:.1f}% (medians), {100 * added[1]:.1f}% (minima)")
+    print(f"added {100 * added[0]:.1f}% (medians), {100 * added[1]:.1f}% (minima), {100 * pairs:.1f}% (median of "
+          f"each pair's ratio); hashing CPU {statistics.median(cpu['hashed']) - statistics.median(cpu['plain']):.3f} s")
 
 
 if __name__ == "__main__":

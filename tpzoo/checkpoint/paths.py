@@ -30,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tpzoo.checkpoint.manifest import MANIFEST_FILE, check_folder, read_manifest
+from tpzoo.checkpoint.reader import read_dcp_metadata
 
 FORMAT, VERSION = "tpzoo-checkpoint", 1
 META_FILE, LATEST_FILE, DCP_INDEX = "meta.json", "latest", ".metadata"
@@ -76,7 +77,7 @@ def _load_meta(folder: Path) -> dict[str, Any]:
 def damage(folder: Path, *, collective: bool = False) -> str | None:
     """Why the iteration folder ``folder`` is not an intact checkpoint (its first bad file and what is
     wrong), or None. Without a manifest (saved before manifests) only meta.json and ``.metadata`` can
-    be checked: a warning says so, once per folder."""
+    be checked (read): a warning says so, once per folder."""
     if not is_checkpoint(folder):
         return f"{folder} lacks {META_FILE} or {DCP_INDEX}"
     try:
@@ -84,6 +85,8 @@ def damage(folder: Path, *, collective: bool = False) -> str | None:
         problem = None if files is None else check_folder(folder, files, collective=collective)
         if problem is None:
             _load_meta(folder)
+        if files is None:
+            read_dcp_metadata(folder)  # what can be checked of a folder without a manifest
     except ValueError as e:
         return str(e)
     if files is None and folder not in _unchecked:
