@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 # OpenMP threads that spin while they wait crawl (20-50x slower steps) on a CPU shared with other
 # processes; waiting threads that sleep cost nothing measurable. Set before torch loads OpenMP.
@@ -54,10 +55,16 @@ def main(argv: list[str] | None = None):
     exit_on_misuse(PROG, lambda: check_flags(args))
     import torch.distributed as dist
 
+    from tpzoo.checkpoint.save import CheckpointWriteError
     from tpzoo.training.loop import train
     from tpzoo.training.setup import build_run
 
-    summary = train(exit_on_misuse(PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS)))
+    try:
+        summary = train(exit_on_misuse(PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS)))
+    except CheckpointWriteError as err:  # disk full, no permission: one line, exit 1 (latest is unchanged)
+        if dist.get_rank() == 0:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     dist.destroy_process_group()
     return summary
 
