@@ -94,7 +94,7 @@ def _bad_indexed_datasets(f: Path, prefix: str) -> dict[str, str]:
                                    ("short_idx", bin_bytes, idx_bytes[:40])):
         _folder(f / name, {"data.bin": new_bin, "data.idx": new_idx})
         out[name] = str(f / name / "data")
-    return out
+    return {**out, "truncated_dir": str(f / "truncated")}
 
 
 def _bad_model_folders(f: Path, hf_config: str) -> dict[str, str]:

@@ -125,6 +125,11 @@ class IndexedDataset:
         self.prefix = str(prefix)
         bin_path, idx_path = paths(self.prefix)
         missing = [p for p in (bin_path, idx_path) if not os.path.isfile(p)]
+        if missing and os.path.isdir(self.prefix):
+            inside = sorted(f.removesuffix(".idx") for f in os.listdir(self.prefix) if f.endswith(".idx"))
+            hint = f", e.g. {os.path.join(self.prefix, inside[0])}" if inside else " (it holds no .idx file)"
+            raise FileNotFoundError(f"indexed dataset prefix {self.prefix!r} is a folder; pass the PREFIX of the "
+                                    f"PREFIX.bin and PREFIX.idx in it{hint}")
         if missing:
             raise FileNotFoundError(
                 f"indexed dataset {' and '.join(missing)} not found; run "

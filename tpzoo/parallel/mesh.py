@@ -172,6 +172,9 @@ def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, device_type: s
         _check_size(name, value)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     if not dist.is_initialized():
+        # sizes that cannot fit fail before any connection: a rank that fails while its peers still
+        # connect leaves them a gloo "connection closed by peer" error instead of the one line
+        mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp)
         _start_process_group(device_type, timeout)
     shape = mesh_shape(dist.get_world_size(), tp, pp, dp)
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
