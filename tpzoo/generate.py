@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.args import command_parser, exit_on_misuse, non_negative_float, non_negative_int, positive_int
+    from tpzoo.training.args import (command_parser, exit_on_misuse, non_negative_float, non_negative_int,
+                                     positive_float, positive_int, process_timeout)
 
     parser = command_parser(PROG, "text from a tpzoo causal LM")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "
@@ -104,10 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
+    parser.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
+                        help="a collective waiting this long on a peer fails (default: 10)")
     args = parser.parse_args(argv)
 
     def run() -> tuple[Tensor, Any]:
-        mesh = init_mesh(tp=args.tp)
+        mesh = init_mesh(tp=args.tp, timeout=process_timeout(args))
         model = load_model(args.load, mesh)
         check_causal_lm(model, args.load)
         tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=model.config.vocab_size)

@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                "max_position_embeddings", "hidden_dropout", "attention_dropout")
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
+# the dynamic fp16 loss scale's flags when not given: Megatron's, but for the initial scale, 2^16
+# (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
+# only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
+LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -179,6 +184,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over dp")
+    g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
+                   help="a collective waiting this long on a peer fails; every rank then exits naming the stuck "
+                   "or dead ones")
 
 
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -221,10 +229,22 @@ def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, 
 
 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    """--bf16/--fp16, fp16's loss scale (Megatron's flags; None until given: ``engine_config`` refuses
+    them without --fp16 and fills in ``LOSS_SCALE_DEFAULTS``) and the speed options."""
     g = parser.add_argument_group("precision and speed")
     dtype = g.add_mutually_exclusive_group()
     dtype.add_argument("--bf16", action="store_true", help="bf16 weights and grads, fp32 main weights")
     dtype.add_argument("--fp16", action="store_true", help="fp16 weights and grads, fp32 main weights, loss scaling")
+    g.add_argument("--loss-scale", type=positive_float, help="fp16: a static loss scale (an overflow still skips "
+                   "its step); default: dynamic, the flags below")
+    g.add_argument("--initial-loss-scale", type=positive_float, help="fp16: the dynamic loss scale to start from "
+                   f"(default: {LOSS_SCALE_DEFAULTS['initial_loss_scale']:g})")
+    g.add_argument("--min-loss-scale", type=positive_float, help="fp16: the dynamic scale never backs off below "
+                   f"this (default: {LOSS_SCALE_DEFAULTS['min_loss_scale']:g})")
+    g.add_argument("--loss-scale-window", type=positive_int, help="fp16: clean steps in a row before the scale "
+                   f"doubles (default: {LOSS_SCALE_DEFAULTS['loss_scale_window']})")
+    g.add_argument("--hysteresis", type=positive_int, help="fp16: overflows since the scale last grew before it "
+                   f"halves (default: {LOSS_SCALE_DEFAULTS['hysteresis']})")
     g.add_argument("--recompute-activations", action="store_true", help="recompute each layer in backward")
     g.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
@@ -274,12 +294,24 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
 def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
     """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (and ``changes``)."""
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    scaling = {name: getattr(args, name) for name in ("loss_scale", *LOSS_SCALE_DEFAULTS)
+               if getattr(args, name, None) is not None}
+    if scaling and precision != "fp16":
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in scaling)
+        raise ValueError(f"{flags} set the fp16 loss scale, but this run is {precision}; add --fp16 or drop them")
     return EngineConfig(**{
         **dict(micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                schedule=args.pipeline_schedule, virtual_stages=args.vpp,
                use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
-               weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision),
+               weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision,
+               timeout_s=60.0 * args.distributed_timeout_minutes),
+        **(dict(LOSS_SCALE_DEFAULTS, **scaling) if precision == "fp16" else {}),
         **changes})
+
+
+def process_timeout(args: argparse.Namespace) -> timedelta:
+    """--distributed-timeout-minutes: the timeout of every process group (``init_mesh(timeout=)``)."""
+    return timedelta(minutes=args.distributed_timeout_minutes)
 
 
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -37,7 +37,7 @@ from tpzoo.models.families import FAMILIES, config_from_dict, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
-from tpzoo.training.args import engine_config, model_config, plan_from_args
+from tpzoo.training.args import engine_config, model_config, plan_from_args, process_timeout
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.setup import default_run_dir
@@ -174,7 +174,7 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     config = model_config(args, saved, **changes)
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
     model_class = spec.finetune_model if spec.finetune_model != class_name else None
-    mesh = init_mesh(args.tp, args.pp, args.dp)
+    mesh = init_mesh(args.tp, args.pp, args.dp, timeout=process_timeout(args))
     manual_seed(args.seed, mesh)
     build = functools.partial(load_model, args.load, model_class=model_class, config_overrides=overrides)
     engine = Engine(build, config, ecfg, plan_from_args(args, mesh))
