@@ -19,7 +19,7 @@ from tpzoo.data.build import add_data_args  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
                                  add_precision_args, add_run_args, check_output_folder, command_parser,
-                                 exit_on_misuse, fill_model_defaults, set_model_defaults)
+                                 engine_config, exit_on_misuse, fill_model_defaults, set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
 PROG = "pretrain.py"
@@ -46,7 +46,9 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag in ("save", "log_dir", "data_cache_path"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:
-        LRSchedule.from_args(fill_model_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS))
+        filled = fill_model_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
+        LRSchedule.from_args(filled)
+        engine_config(filled)  # batch sizes, the loss-scale flags against the precision ...
 
 
 def main(argv: list[str] | None = None):

@@ -43,6 +43,7 @@ MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 # (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
 # only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
 LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
+LOSS_SCALE_FLAGS = ("loss_scale", *LOSS_SCALE_DEFAULTS)
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -294,7 +295,7 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
 def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
     """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (and ``changes``)."""
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    scaling = {name: getattr(args, name) for name in ("loss_scale", *LOSS_SCALE_DEFAULTS)
+    scaling = {name: getattr(args, name) for name in LOSS_SCALE_FLAGS
                if getattr(args, name, None) is not None}
     if scaling and precision != "fp16":
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in scaling)
