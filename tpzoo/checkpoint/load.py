@@ -33,7 +33,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     checkpoint's model differs from the engine's (naming the fields) or ``path`` holds no checkpoint.
     """
     start = time.perf_counter()
-    folder = resolve_checkpoint(path)
+    folder = resolve_checkpoint(path, collective=True)
     meta = read_meta(folder)
     record = meta["checkpoint"]
     check_model_matches(record["model"], engine.chunks[0].model, folder)
@@ -58,7 +58,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     if load_optimizer:
         restore_param_groups(engine.optimizer, record["optimizer"]["param_groups"])
         if engine.scaler is not None and record["loss_scaler"] is not None:
-            engine.scaler.load_state_dict(record["loss_scaler"])
+            engine.scaler.resume(record["loss_scaler"])  # the schedule goes on; its settings are the flags'
     restore_rng(mesh, rng)
     if dist.get_rank() == 0:
         if not same_mesh:

@@ -37,7 +37,8 @@ from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import config_from_dict, family
 from tpzoo.models.pretrained import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
-from tpzoo.training.args import engine_config, fill_model_defaults, model_config, plan_from_args
+from tpzoo.training.args import (LOSS_SCALE_FLAGS, engine_config, fill_model_defaults, model_config, plan_from_args,
+                                 process_timeout)
 from tpzoo.training.lr_schedule import LRSchedule
 
 
@@ -75,9 +76,11 @@ class Run:
 # flags of one launch, not of the run: a resume never takes them from the checkpoint
 LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
                           "recompute_activations", "kernels", "attention_backend", "compile", "load", "save",
-                          "exit_signal_handler", "exit_interval", "exit_duration_in_mins", "max_skipped_steps"})
+                          "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
+                          "exit_duration_in_mins", "max_skipped_steps"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
-GIVEN_TOGETHER = {"bf16": {"fp16"}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
+# (--bf16 on an fp16 run: its loss-scale flags stay behind)
+GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
                   "dataset": {"data_path", "tokenizer_model"}}
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = ("seq_length", "data_path", "dataset", "tokenizer_model", "split", "seed")
@@ -162,7 +165,9 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
 
     ``given``: the flags written on the command line (all of them when None); a resume takes the
     others from the checkpoint. ``model_defaults``: per ``--model``, values for the flags still None."""
-    checkpoint = resolve_checkpoint(args.load) if args.load else None
+    mesh = init_mesh(args.tp, args.pp, args.dp, timeout=process_timeout(args))
+    # every rank checks its share of the checkpoint's files (the mesh flags are the launch's, never restored)
+    checkpoint = resolve_checkpoint(args.load, collective=True) if args.load else None
     saved = read_meta(checkpoint) if checkpoint else None
     changes = []
     if saved is not None:
@@ -174,7 +179,6 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     schedule = LRSchedule.from_args(args)
     if saved is not None and args.tokenizer_model:  # before any data is tokenised with it
         check_vocabulary(load_tokenizer(args.tokenizer_model), config_from_dict(saved["model_config"]), args.load)
-    mesh = init_mesh(args.tp, args.pp, args.dp)
     plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
     tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model,
