@@ -5,11 +5,12 @@ defaults (CommandParser.given)."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
-from doc_helpers import ROOT, clean_env
+from doc_helpers import ROOT, clean_env, run_as_needed
 
 SCRIPTS = ("pretrain.py", "finetune.py")
 
@@ -167,14 +168,16 @@ def test_pretrain_compile_refusal_is_one_line_and_exit_2(tmp_path):
 
 def test_pretrain_with_compile_logs_the_eager_losses(tmp_path, monkeypatch):
     """A short pretrain.py run with --compile (aot_eager: what inductor traces, run eagerly) logs the
-    losses of the same run without it."""
-    from pretrain_helpers import TINY, metrics, pretrain
+    losses of the same run without it (both runs at once)."""
+    from pretrain_helpers import TINY, command, metrics
 
     monkeypatch.setenv("TPZOO_COMPILE_BACKEND", "aot_eager")
     monkeypatch.setenv("TORCH_LOGS", "dynamo")  # dynamo says when it traces a frame
     flags = TINY + "--train-iters 4 --eval-interval 0 --kernels torch".split()
-    traced = {name: "torchdynamo start tracing forward" in pretrain(flags + extra + ["--save", name], tmp_path).stderr
-              for name, extra in (("eager", []), ("compiled", ["--compile"]))}
+    runs = {"eager": [], "compiled": ["--compile"]}
+    done = run_as_needed([shlex.join(command(flags + extra + ["--save", name])) for name, extra in runs.items()],
+                         tmp_path)
+    traced = {name: "torchdynamo start tracing forward" in d.stderr for name, d in zip(runs, done)}
     assert traced == {"eager": False, "compiled": True}, traced
     eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
     assert eager.keys() == compiled.keys() == {1, 2, 3, 4}
