@@ -1,15 +1,18 @@
-"""What the checkpoint manifest costs: saves of a model with its AdamW state, hashed and not, alternating.
+"""What the checkpoint manifest costs a save: saves of a model with its AdamW state, with and without it.
 
     python bench/checkpoint_hash.py                                  # gpt2-medium (355M parameters), 5 + 5 saves
     python bench/checkpoint_hash.py --preset gpt-tiny --repeats 1    # seconds: the test's run
 
-One process (a 1-rank mesh), float32, AdamW state filled by one training step (micro batch 1). "hashed"
-is ``save_checkpoint`` as it is: each shard hashed by the writer while it is written, then manifest.json;
-"plain" is the same save with DCP's own ``FileSystemWriter`` (no shard hashed: its manifest lists
-meta.json only). Each save is fsynced (DCP's default) and deleted before the next. Prints the wall and
-CPU seconds of every save, and ``added = hashed / plain - 1`` of the medians, of the minima and the median
-of each adjacent pair's ratio (the issue's bound: 10%), and the CPU seconds the hashing adds (the
-median difference: what it costs on a machine of its own; on a shared machine the wall times wander).
+One process (a 1-rank mesh), float32, AdamW state filled by one training step (micro batch 1), saved
+alternately two ways, each fsynced (DCP's default) and deleted before the next:
+
+    plain     dcp.save of the same tensors: the save as it was before manifests
+    manifest  save_checkpoint(background=True), as pretrain.py saves: "blocking" is the time until it
+              returns (what the training loop waits for); "published" until wait_for_save returns, with
+              nothing else running (the hashing, the manifest and the publication, not overlapped)
+
+Prints every save's seconds and ``added = manifest / plain - 1`` of the medians and the median of each
+adjacent pair's ratio, for "blocking" (the issue's bound: 10%) and for "published".
 """
 
 from __future__ import annotations
@@ -24,22 +27,18 @@ import time
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import FileSystemWriter
+import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import tpzoo.checkpoint.save as save_module  # noqa: E402
-from tpzoo.checkpoint import save_checkpoint  # noqa: E402
+from tpzoo.checkpoint import save_checkpoint, wait_for_save  # noqa: E402
+from tpzoo.checkpoint.optimizer import optimizer_entries  # noqa: E402
+from tpzoo.checkpoint.rng import rng_items  # noqa: E402
+from tpzoo.checkpoint.tensors import model_entries, save_items  # noqa: E402
 from tpzoo.engine import Engine, EngineConfig  # noqa: E402
 from tpzoo.models.families import PRESETS, family  # noqa: E402
 from tpzoo.models.presets import get_preset, preset_family  # noqa: E402
 from tpzoo.models.pretrained import build_model  # noqa: E402
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed  # noqa: E402
-
-
-class PlainWriter(FileSystemWriter):
-    """DCP's writer: nothing hashed."""
-
-    hashes: dict = {}
 
 
 def engine_for(preset: str) -> Engine:
@@ -54,19 +53,28 @@ def engine_for(preset: str) -> Engine:
     return engine
 
 
-def timed_save(engine: Engine, folder: Path, hashed: bool) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds of this process: every thread, bytes) of one save into ``folder``
+def timed_save(engine: Engine, folder: Path, kind: str) -> tuple[float, float, int]:
+    """(seconds until the save returns, seconds until it is published, bytes) of one save into ``folder``
     (deleted afterwards)."""
-    save_module.HashingWriter = HASHING if hashed else PlainWriter
-    start, cpu = time.perf_counter(), time.process_time()
-    final = save_checkpoint(folder, 1, engine, meta={})
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    size = sum(p.stat().st_size for p in final.iterdir())
-    shutil.rmtree(folder)
-    return seconds, cpu, size
+    start = time.perf_counter()
+    if kind == "plain":
+        mesh = engine.mesh
+        entries = [e for c in engine.chunks for e in model_entries(c.model, mesh, weights=engine.main.weights(c.model))]
+        dcp.save({**save_items(entries + optimizer_entries(engine), mesh), **rng_items(mesh)}, checkpoint_id=folder)
+        blocking = published = time.perf_counter() - start
+    else:
+        folder = save_checkpoint(folder, 1, engine, meta={}, background=True)
+        blocking = time.perf_counter() - start
+        wait_for_save()
+        published = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    shutil.rmtree(folder.parent if kind != "plain" else folder)
+    return blocking, published, size
 
 
-HASHING = save_module.HashingWriter
+def _row(name: str, values: list[float]) -> str:
+    return (f"{name:9s} median {statistics.median(values):8.3f} s  min {min(values):8.3f} s  saves "
+            f"{' '.join(f'{v:.3f}' for v in values)}")
 
 
 def main() -> None:
@@ -80,25 +88,24 @@ def main() -> None:
     engine = engine_for(args.preset)
     params = sum(p.numel() for p in engine.chunks[0].model.parameters())
     root = Path(tempfile.mkdtemp(prefix="ckpt-hash-", dir=args.dir))
-    times: dict[str, list[float]] = {"plain": [], "hashed": []}
-    cpu: dict[str, list[float]] = {"plain": [], "hashed": []}
+    times: dict[str, list[float]] = {"plain": [], "blocking": [], "published": []}
     try:
         for _ in range(args.repeats):
-            for kind in times:
-                seconds, used, size = timed_save(engine, root / kind, kind == "hashed")
-                times[kind].append(seconds)
-                cpu[kind].append(used)
+            times["plain"].append(timed_save(engine, root / "plain", "plain")[0])
+            blocking, published, size = timed_save(engine, root / "manifest", "manifest")
+            times["blocking"].append(blocking)
+            times["published"].append(published)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{args.preset}: {params / 1e6:.1f}M parameters, checkpoint {size / 1e9:.3f} GB, "
           f"load {os.getloadavg()[0]:.1f}")
-    for kind, values in times.items():
-        print(f"{kind:7s} median {statistics.median(values):8.3f} s  min {min(values):8.3f} s  saves "
-              f"{' '.join(f'{v:.3f}' for v in values)}  CPU s {' '.join(f'{v:.3f}' for v in cpu[kind])}")
-    pairs = statistics.median(h / p for p, h in zip(times["plain"], times["hashed"])) - 1
-    added = [f(times["hashed"]) / f(times["plain"]) - 1 for f in (statistics.median, min)]
-    print(f"added {100 * added[0]:.1f}% (medians), {100 * added[1]:.1f}% (minima), {100 * pairs:.1f}% (median of "
-          f"each pair's ratio); hashing CPU {statistics.median(cpu['hashed']) - statistics.median(cpu['plain']):.3f} s")
+    for name, values in times.items():
+        print(_row(name, values))
+    added = {name: (statistics.median(times[name]) / statistics.median(times["plain"]) - 1,
+                    statistics.median(m / p for p, m in zip(times["plain"], times[name])) - 1)
+             for name in ("blocking", "published")}
+    print(" ".join(f"{name} added {100 * a:.1f}% (medians), {100 * b:.1f}% (median of each pair's ratio);"
+                   for name, (a, b) in added.items()))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
     iter_0000300/manifest.json   {"format": "tpzoo-manifest", "version": 1,
                                   "files": {"__0_0.distcp": {"size": 4096, "sha256": "9f2c..."}, ...}}
 
-Saving: DCP writes through ``HashingWriter``, a ``FileSystemWriter`` whose streams hash the bytes as they
-go out, each large chunk hashed by a helper thread while it is written (hashlib and file writes both
-release the GIL: a save costs about max(write, hash), not their sum). Each rank hashes the shard files it
-wrote; ``gather_hashes`` merges them on rank 0, whose ``write_manifest`` adds meta.json.
+Saving (``tpzoo.checkpoint.save``): once DCP has written the folder, each rank hashes the files it
+wrote (``rank_files``) and leaves their entries in a part file (``write_part``); rank 0 merges the
+parts (``merge_parts``), writes the manifest (``write_manifest``) and only then publishes the folder.
+No collective is involved, so this can run on a thread while training goes on.
 
 Loading: ``check_folder`` compares sizes (every rank, cheap), then sha256; with ``collective`` and a
 process group of more than one rank, rank r hashes files r, r + world, ... and the verdict is gathered
@@ -17,112 +17,71 @@ files' sizes and modification times are unchanged.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import threading
-from contextlib import contextmanager
+import re
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
 
 MANIFEST_FILE, FORMAT, VERSION = "manifest.json", "tpzoo-manifest", 1
-CHUNK = 1 << 20  # writes at least this long are hashed by the helper thread while they are written
-_verdicts: dict[Path, tuple] = {}  # folder -> (its files' signature, the problem found or None) in this process
+CHUNK = 16 << 20  # bytes read at a time when hashing a file
+SHARD_NAME = re.compile(r"__\d+_\d+\.distcp")
+RANK0_FILES = (".metadata", "meta.json")
+PART_PREFIX, PART_SUFFIX = "manifest.", ".part"  # one rank's hashes, merged into the manifest by rank 0
+_verdicts: dict[Path, tuple] = {}  # folder -> (its files' signature, indices of its bad files) in this process
 
 
-class _HashingStream:
-    """A binary file opened for writing whose bytes also go through sha256 (one write at a time)."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw, self.sha, self.size = raw, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if view.nbytes < CHUNK:
-            self.sha.update(view)
-            written = self.raw.write(view)
-        else:  # hash on a helper thread while this one writes; wait for both before the caller reuses data
-            hasher = threading.Thread(target=self.sha.update, args=(view,))
-            hasher.start()
-            try:
-                written = self.raw.write(view)
-            finally:
-                hasher.join()
-        self.size += view.nbytes
-        return written
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-    def close(self) -> None:
-        self.raw.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.raw.closed
+def rank_files(folder: Path, rank: int) -> list[str]:
+    """The files of ``folder`` that ``rank`` wrote: DCP names a rank's shards ``__<rank>_<n>.distcp``;
+    rank 0 also writes the index (``.metadata``) and meta.json."""
+    own = sorted(p.name for p in folder.iterdir() if SHARD_NAME.fullmatch(p.name) and p.name.startswith(f"__{rank}_"))
+    return own + [name for name in RANK0_FILES if rank == 0 and (folder / name).is_file()]
 
 
-class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording {file name: {"size", "sha256"}} of every file it writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hashes: dict[str, dict[str, Any]] = {}
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
-        if "w" not in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        with open(path, mode) as raw:
-            stream = _HashingStream(raw)
-            yield stream  # type: ignore[misc]
-        self.hashes[Path(path).name] = {"size": stream.size, "sha256": stream.sha.hexdigest()}
-
-    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-        super().rename(path, new_path)
-        if Path(path).name in self.hashes:  # .metadata is written as .metadata.tmp, then renamed
-            self.hashes[Path(new_path).name] = self.hashes.pop(Path(path).name)
+def write_part(folder: Path, rank: int, error: str | None = None) -> None:
+    """Hash the files ``rank`` wrote into ``folder`` and record them in ``folder/manifest.<rank>.part``
+    (written whole, then renamed: it appears complete or not at all); with ``error``, record that instead."""
+    try:
+        record = {"error": error} if error else {"files": {name: file_entry(folder / name)
+                                                           for name in rank_files(folder, rank)}}
+    except OSError as e:
+        record = {"error": f"hashing {e.filename or folder}: {e.strerror or e}"}
+    staging = folder / f"{PART_PREFIX}{rank}.tmp"
+    staging.write_text(json.dumps(record))
+    os.replace(staging, folder / f"{PART_PREFIX}{rank}{PART_SUFFIX}")
 
 
-class HashingWriter(FileSystemWriter):
-    """``FileSystemWriter(folder)`` that keeps ``hashes``: {name: {"size", "sha256"}} of the files this rank wrote."""
-
-    def __init__(self, folder: str | Path) -> None:
-        super().__init__(folder)
-        self.fs = _HashingFileSystem()
-
-    @property
-    def hashes(self) -> dict[str, dict[str, Any]]:
-        return self.fs.hashes
+def merge_parts(folder: Path, world: int, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Rank 0: wait (up to ``timeout_s``) for every rank's part in ``folder``, delete them and return
+    their files merged. RuntimeError naming the ranks whose part never came, or a rank's error."""
+    parts = [folder / f"{PART_PREFIX}{r}{PART_SUFFIX}" for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    while not all(p.is_file() for p in parts):
+        if time.monotonic() > deadline:
+            late = [r for r, p in enumerate(parts) if not p.is_file()]
+            raise RuntimeError(f"{folder}: ranks {late} did not hash their files within {timeout_s:g}s")
+        time.sleep(0.02)
+    files: dict[str, dict[str, Any]] = {}
+    for rank, part in enumerate(parts):
+        record = json.loads(part.read_text())
+        if "error" in record:
+            raise RuntimeError(f"rank {rank}: {record['error']}")
+        files.update(record["files"])
+        part.unlink()
+    return files
 
 
 def file_entry(path: Path) -> dict[str, Any]:
     """{"size", "sha256"} of the file at ``path``, read in chunks."""
     sha, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        while chunk := f.read(16 * CHUNK):
+        while chunk := f.read(CHUNK):
             sha.update(chunk)
             size += len(chunk)
     return {"size": size, "sha256": sha.hexdigest()}
-
-
-def gather_hashes(hashes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
-    """Collective: every rank's ``hashes`` (``HashingWriter.hashes``) merged on rank 0; None on the others."""
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(hashes, gathered, dst=0)
-    return None if gathered is None else {name: entry for part in gathered for name, entry in part.items()}
 
 
 def write_manifest(folder: Path, files: dict[str, dict[str, Any]], extra: tuple[str, ...]) -> None:
@@ -174,17 +133,41 @@ def check_folder(folder: Path, files: dict[str, dict[str, Any]], *, collective: 
         if problem:
             return problem
     signature = _signature(folder, names)
-    if folder in _verdicts and _verdicts[folder][0] == signature:
-        return _verdicts[folder][1]
+    cached = _verdicts[folder][1] if folder in _verdicts and _verdicts[folder][0] == signature else None
     share, step = 0, 1
     if collective and dist.is_initialized() and dist.get_world_size() > 1:
         share, step = dist.get_rank(), dist.get_world_size()
-    bad = [i for i in range(share, len(names), step)
-           if file_entry(folder / names[i])["sha256"] != files[names[i]]["sha256"]]
-    if step > 1:
+    if cached is None:
+        cached = _bad_files(folder, names, files, range(share, len(names), step))
+    elif step == 1:
+        return _describe(folder, names, cached)
+    if step > 1:  # every rank enters the gather, whether it hashed its share or knew the whole answer
         found: list[Any] = [None] * step
-        dist.all_gather_object(found, bad)
-        bad = [i for part in found for i in part]
-    problem = f"{folder / names[min(bad)]}: sha256 differs from the manifest's (the file is corrupt)" if bad else None
-    _verdicts[folder] = (signature, problem)
-    return problem
+        dist.all_gather_object(found, cached)
+        errors = [part for part in found if isinstance(part, str)]
+        if errors:
+            raise ValueError(errors[0])
+        cached = sorted({i for part in found for i in part})
+    if not isinstance(cached, str):
+        _verdicts[folder] = (signature, cached)
+    return _describe(folder, names, cached)
+
+
+def _bad_files(folder: Path, names: list[str], files: dict[str, dict[str, Any]], indices: range) -> list[int] | str:
+    """The indices among ``indices`` of the files whose sha256 differs from the manifest's, or the
+    error that kept one from being read (a string: every rank then raises it)."""
+    bad = []
+    for i in indices:
+        try:
+            entry = file_entry(folder / names[i])
+        except OSError as e:
+            return f"{folder / names[i]} cannot be read ({e.strerror or e})"
+        if entry["sha256"] != files[names[i]]["sha256"]:
+            bad.append(i)
+    return bad
+
+
+def _describe(folder: Path, names: list[str], bad: list[int] | str) -> str | None:
+    if isinstance(bad, str):
+        raise ValueError(bad)
+    return f"{folder / names[min(bad)]}: sha256 differs from the manifest's (the file is corrupt)" if bad else None

@@ -1,12 +1,16 @@
-"""``save_checkpoint``: every rank writes (and hashes) its shards in parallel (torch.distributed.checkpoint),
-then rank 0 writes meta.json and the manifest and publishes the folder atomically (``paths``)."""
+"""``save_checkpoint``: every rank writes its shards in parallel (torch.distributed.checkpoint) and
+hashes them; rank 0 writes meta.json and the manifest and publishes the folder atomically (``paths``).
+With ``background=True`` the hashing and the publication run on a thread while training goes on
+(``wait_for_save`` joins it; the next save does first)."""
 
 from __future__ import annotations
 
 import errno
 import json
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tpzoo.checkpoint.manifest import HashingWriter, gather_hashes, write_manifest
+from tpzoo.checkpoint.manifest import merge_parts, write_manifest, write_part
 from tpzoo.checkpoint.model import model_record
 from tpzoo.checkpoint.optimizer import optimizer_entries, param_groups
 from tpzoo.checkpoint.paths import (FORMAT, LATEST_FILE, META_FILE, VERSION, iteration_dir, partial_dir, publish,
@@ -44,6 +48,7 @@ def _meta(iteration: int, engine: Engine, meta: dict[str, Any]) -> str:
                       "zero": engine.config.use_distributed_optimizer,
                       "param_groups": param_groups(engine.optimizer)},
         "loss_scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
+        "manifest": True,  # its absence then means damage, not a checkpoint from before manifests
     }
     try:
         return json.dumps({**meta, "iteration": iteration, "checkpoint": record}, indent=2) + "\n"
@@ -67,7 +72,10 @@ def _write_error(folder: Path, cause: OSError) -> CheckpointWriteError:
     what = f"[Errno {cause.errno}] {cause.strerror}" if cause.strerror else repr(cause)
     where = f" ({cause.filename})" if cause.filename else ""
     latest = folder.parent / LATEST_FILE
-    kept = f"{latest} still names {latest.read_text().strip()}" if latest.is_file() else "no checkpoint was written"
+    try:
+        kept = f"{latest} still names {latest.read_text().strip()}" if latest.is_file() else "no checkpoint was written"
+    except OSError:  # the folder itself cannot be read
+        kept = f"{latest} is unchanged"
     return CheckpointWriteError(f"cannot write checkpoint {folder}: {what}{where}; {kept} (free space or fix the "
                                 f"folder's permissions, or pass another --save)")
 
@@ -99,13 +107,58 @@ def _prepare(final: Path, partial: Path) -> None:
     partial.mkdir()
 
 
-def _finish(partial: Path, final: Path, text: str, files: dict[str, dict[str, Any]]) -> None:
-    (partial / META_FILE).write_text(text)
-    write_manifest(partial, files, (META_FILE,))
-    publish(partial, final)
+@dataclass
+class _Publication:
+    """The last part of a save, on a thread: hash this rank's files; rank 0 then writes the manifest and
+    publishes. ``failure``: (a write error?, the line every rank raises in ``wait_for_save``), and
+    ``exception`` the error itself when it was not a write error."""
+
+    final: Path
+    started: float
+    thread: threading.Thread | None = None
+    failure: tuple[bool, str] | None = None
+    exception: Exception | None = None
+
+    def run(self, meta_text: str, rank: int, world: int, timeout_s: float) -> None:
+        partial = partial_dir(self.final)
+        try:
+            if rank == 0:
+                (partial / META_FILE).write_text(meta_text)
+            write_part(partial, rank)
+            if rank == 0:
+                write_manifest(partial, merge_parts(partial, world, timeout_s), ())
+                publish(partial, self.final)
+                logger.info("saved checkpoint %s in %.2fs", self.final, time.perf_counter() - self.started)
+        except OSError as e:
+            self.failure = (True, str(_write_error(self.final, e)))
+        except Exception as e:  # another rank's part reports an error or never came, or a bug
+            self.failure, self.exception = (False, f"{self.final}: rank {rank} failed: {e!r}"), e
 
 
-def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any]) -> Path:
+_pending: _Publication | None = None  # the save of this process still publishing
+
+
+def wait_for_save() -> Path | None:
+    """Collective: wait until the save started with ``background=True`` (if any) is published; its folder.
+    A write error on any rank is a ``CheckpointWriteError`` on every rank (``latest`` then still names
+    the checkpoint before it); another failure is raised as it is where it happened, a RuntimeError elsewhere. Every rank calls this alike: each has the same save pending, or none."""
+    global _pending
+    job, _pending = _pending, None
+    if job is None:
+        return None
+    job.thread.join()
+    failures: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, job.failure)
+    if job.exception is not None:
+        raise job.exception
+    failed = next((f for f in failures if f), None)
+    if failed:
+        raise (CheckpointWriteError if failed[0] else RuntimeError)(failed[1])
+    return job.final
+
+
+def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any],
+                    background: bool = False) -> Path:
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
@@ -114,14 +167,20 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     part of both), the loss scaler, every rank's RNG states, and meta.json = ``meta``
     (JSON-able: model description, tokenizer, consumed_samples, scheduler state, args ...) with
     "iteration" and "checkpoint" added; last, manifest.json with every file's size and sha256 (each
-    rank hashes the shards it writes as it writes them). Written into ``iter_NNNNNNN.partial`` and
-    renamed only once every rank has finished, so a save that fails leaves ``latest`` on the previous
-    checkpoint (and its leftovers are removed by the next save). A file that cannot be written (disk
-    full, permissions, ``save_dir`` a file) is a ``CheckpointWriteError`` naming the folder, on every rank.
+    rank hashes the files it wrote). Written into ``iter_NNNNNNN.partial`` and renamed only once every
+    rank has finished, so a save that fails leaves ``latest`` on the previous checkpoint (and its
+    leftovers are removed by the next save). A file that cannot be written (disk full, permissions,
+    ``save_dir`` a file) is a ``CheckpointWriteError`` naming the folder, on every rank.
+
+    ``background``: return once the tensors are written (the engine may step on); the hashing, the
+    manifest and the publication go on on a thread until ``wait_for_save`` (or the next save, which
+    waits first). The tensors are copied out before this returns, so later steps cannot change them.
     """
+    global _pending
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
     text = _meta(iteration, engine, meta)
+    wait_for_save()
     start = time.perf_counter()
     final = iteration_dir(save_dir, iteration)
     partial = partial_dir(final)
@@ -130,16 +189,17 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     entries = [e for chunk in engine.chunks
                for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
     entries += optimizer_entries(engine)
-    writer = HashingWriter(partial)
     try:
-        dcp.save({**save_items(entries, mesh), **rng_items(mesh)}, storage_writer=writer)
+        dcp.save({**save_items(entries, mesh), **rng_items(mesh)}, checkpoint_id=partial)
     except (OSError, CheckpointException) as e:
         cause = _os_error(e)
         if cause is None:
             raise
         raise _write_error(final, cause) from None
-    files = gather_hashes(writer.hashes)
-    _on_first_rank(final, lambda: _finish(partial, final, text, files))
-    if dist.get_rank() == 0:
-        logger.info("saved checkpoint %s in %.2fs", final, time.perf_counter() - start)
+    _pending = job = _Publication(final, start)
+    job.thread = threading.Thread(target=job.run, args=(text, dist.get_rank(), dist.get_world_size(),
+                                                        engine.config.timeout_s), name=f"publish {final}", daemon=True)
+    job.thread.start()
+    if not background:
+        wait_for_save()
     return final

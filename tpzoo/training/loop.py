@@ -12,7 +12,8 @@ Early stops (``tpzoo.training.stopping``): after a step, SIGTERM/SIGINT, ``--exi
 ``--exit-duration-in-mins`` save a checkpoint of that iteration and end the loop with one line (exit
 status 0); ``--max-skipped-steps`` skipped steps in a row end it with ``Diverged`` (exit status 1).
 No checkpoint is saved while the last step was skipped (``engine.bad_steps`` > 0): ``latest`` stays
-on the last one of a finite step.
+on the last one of a finite step. Saves run with ``background=True``: the steps go on while each rank
+hashes its files and rank 0 publishes the checkpoint; the loop waits for the last one before it ends.
 
 Besides ``loss`` each line logs its parts under the names the model family gives them
 (``StagedModel.loss_names``: BERT's ``mlm_loss`` and ``sop_loss``, GPT none), and the summary compares
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from tpzoo.checkpoint import save_checkpoint
+from tpzoo.checkpoint import save_checkpoint, wait_for_save
 from tpzoo.data.demo import unigram_entropy
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.engine.evaluate import eval_losses
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.setup import Run
-from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
+from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
 
@@ -76,7 +77,8 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
     if run.engine.bad_steps:
         metrics.print(skipped_save(run.iteration, run.engine.bad_steps, summary.checkpoint))
         return
-    summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta()))
+    summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta(),
+                                             background=True))
 
 
 def data_entropy(run: Run) -> float | None:
@@ -150,7 +152,11 @@ def train(run: Run) -> Summary:
             metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
                         loss_scale=engine.loss_scale)
-            check_divergence(engine, args.max_skipped_steps, run.iteration, summary.checkpoint)
+            try:
+                check_divergence(engine, args.max_skipped_steps, run.iteration, summary.checkpoint)
+            except Diverged:
+                wait_for_save()  # the last finite checkpoint is published before the run ends
+                raise
             summary.stopped = None if last else rules.reason(run.iteration)
             if last or summary.stopped or (args.save_interval and run.iteration % args.save_interval == 0):
                 save(run, summary, metrics)
@@ -158,6 +164,7 @@ def train(run: Run) -> Summary:
             if evaluating and run.loaded_from is None:
                 evaluate(run, summary, names)
             save(run, summary, metrics)
+        wait_for_save()
         if summary.stopped is not None:
             metrics.print(f"stopped at iteration {run.iteration} of {args.train_iters}: {summary.stopped}; "
                           f"checkpoint: {summary.checkpoint} (resume with --load {run.save_dir})")
