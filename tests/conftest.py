@@ -18,3 +18,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+import background  # noqa: E402 - after the environment and sys.path above
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Starts the ``background.fixture``s of the selected tests with the session (see tests/background.py)."""
+    runner = background.Runner(background.selected(request.session.items), tmp_path_factory)
+    yield runner
+    runner.stop()

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+import background
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,14 +31,16 @@ def commands(path: str | Path) -> list[str]:
 
 
 def clean_env(threads: int = 2) -> dict[str, str]:
-    """os.environ without torchrun's variables, this venv first on PATH, ``threads`` OpenMP threads
-    per process."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": str(threads)}
+    """os.environ (in a background job: the session's, ``background.environ``) without torchrun's variables,
+    this venv first on PATH, ``threads`` OpenMP threads per process."""
+    env = background.environ()
+    env = {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "OMP_NUM_THREADS": str(threads)}
     return {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
 
 
 def run(command: list[str], cwd: Path, timeout: float = 300, threads: int = 2) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=clean_env(threads), timeout=timeout)
+    return subprocess.run(background.niced(command), capture_output=True, text=True, cwd=cwd, env=clean_env(threads),
+                          timeout=timeout)
 
 
 def writes(command: str) -> set[str]:
@@ -69,7 +73,8 @@ def run_as_needed(commands: list[str], cwd: Path, slots: int = 2, timeout: float
     finished; up to ``slots`` at once, each on one OpenMP thread (the docs' tiny models run about as
     fast on one thread as on two, so on 2 cores two independent commands take half the time). With
     ``check``, the first command that fails fails the call with its stderr (the others are killed).
-    Returns each command's result (its output as text), in the order of ``commands``."""
+    Returns each command's result (its output as text), in the order of ``commands``. In a background job
+    (tests/background.py) the commands run niced."""
     after = [{j for j in range(i) if needs(commands[i], commands[j])} for i in range(len(commands))]
     done: dict[int, subprocess.CompletedProcess] = {}
     running: dict[int, tuple[subprocess.Popen, IO[str], IO[str]]] = {}
@@ -78,7 +83,8 @@ def run_as_needed(commands: list[str], cwd: Path, slots: int = 2, timeout: float
         for i, command in enumerate(commands):
             if len(running) < slots and i not in done and i not in running and after[i] <= done.keys():
                 out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-                proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=clean_env(1), stdout=out, stderr=err,
+                proc = subprocess.Popen(background.niced(["bash", "-c", command]), cwd=cwd, env=clean_env(1),
+                                        stdout=out, stderr=err,
                                         start_new_session=True)  # a process group: stop() ends torchrun's ranks too
                 running[i] = (proc, out, err)
         for i, (proc, out, err) in list(running.items()):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 from doc_helpers import ROOT, clean_env
 
 PRETRAIN = str(ROOT / "pretrain.py")
@@ -35,7 +36,7 @@ def env() -> dict[str, str]:
 
 
 def run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env(), timeout=timeout)
+    return subprocess.run(background.niced(cmd), capture_output=True, text=True, cwd=cwd, env=env(), timeout=timeout)
 
 
 def pretrain(flags: list[str], cwd: Path, mesh: tuple[int, int, int] = (1, 1, 1)) -> subprocess.CompletedProcess:

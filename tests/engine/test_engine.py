@@ -13,10 +13,12 @@ every schedule. With ``TPZOO_ENGINE_MATRIX=full``: every combination of them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
 
+import background
 import pytest
 import torch
 import torch.distributed as dist
@@ -110,9 +112,10 @@ def references() -> dict:
     return {key: reference(name, tp) for key, (name, tp) in runs.items()}
 
 
-@pytest.fixture(scope="module")
+@functools.cache
 def refs() -> dict:
-    return spawn(references, 1)[0]
+    """The references, computed once for the 1-rank and the 8-rank runs (both in the background thread)."""
+    return background.spawn(references, 1)[0]
 
 
 def stage_layers(pp: int, schedule: str) -> tuple[int, ...] | None:
@@ -224,15 +227,15 @@ def check_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLo
     return log, zero
 
 
-@pytest.fixture(scope="module")
-def one_rank(refs) -> list[tuple[CaseLog, dict]]:
-    return spawn(check_meshes, 1, refs, [(1, 1, 1)])
+@background.fixture
+def one_rank(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
+    return background.spawn(check_meshes, 1, refs(), [(1, 1, 1)])
 
 
-@pytest.fixture(scope="module")
-def eight_ranks(refs) -> list[tuple[CaseLog, dict]]:
+@background.fixture
+def eight_ranks(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
     t0 = time.perf_counter()
-    out = spawn(check_meshes, 8, refs, MESHES, timeout=3600 if FULL else 600)
+    out = background.spawn(check_meshes, 8, refs(), MESHES, timeout=3600 if FULL else 1200)
     print(f"{'full product' if FULL else 'rotating'}: {time.perf_counter() - t0:.0f}s; max relative errors:",
           {k: f"{max(log.max.get(k, 0) for log, _ in out):.2e}" for k in out[0][0].max})
     return out

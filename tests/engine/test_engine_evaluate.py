@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import background
 import pytest
 import torch
 from cases import CaseLog, assert_case
@@ -115,10 +116,10 @@ def evaluate(refs: dict) -> CaseLog:
     return log
 
 
-@pytest.fixture(scope="module")
-def logs() -> list[CaseLog]:
-    refs = spawn(references, 1)[0]
-    out = spawn(evaluate, 8, refs, timeout=300)
+@background.fixture
+def logs(tmp_path_factory) -> list[CaseLog]:
+    refs = background.spawn(references, 1)[0]
+    out = background.spawn(evaluate, 8, refs, timeout=900)
     print("max errors (relative):", {k: f"{max(log.max.get(k, 0) for log in out):.2e}" for k in out[0].max})
     return out
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from pathlib import Path
 from typing import Iterator
 from unittest import mock
 
+import background
 import pytest
 import torch
 import torch.distributed as dist
@@ -30,7 +32,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpzoo.engine import train_step
 from tpzoo.parallel import init_mesh
-from tpzoo.testing import spawn
 
 # vs the float32 losses, measured: bf16 2e-5; fp16 2.2e-3 (its first step is skipped: one update behind)
 BF16_TOL = 1e-2
@@ -141,11 +142,11 @@ def check_precision(refs: dict) -> CaseLog:
     return log
 
 
-@pytest.fixture(scope="module")
-def precision_logs() -> list[CaseLog]:
+@background.fixture
+def precision_logs(tmp_path_factory) -> list[CaseLog]:
     name = PRETRAINING[0]
-    refs = {ref_key(name, 2): spawn(reference, 1, name, 2)[0]}
-    return spawn(check_precision, 8, refs, timeout=300)
+    refs = {ref_key(name, 2): background.spawn(reference, 1, name, 2)[0]}
+    return background.spawn(check_precision, 8, refs, timeout=900)
 
 
 @pytest.mark.parametrize("name", PRECISION_CASES)
@@ -161,10 +162,17 @@ FLAGS = (f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 
 CURVE_TOL = 0.01
 
 
-def test_bf16_pretraining_tracks_fp32_loss_curve_within_1_percent(tmp_path):
+@background.fixture
+def curves(tmp_path_factory) -> Path:
+    """The folder of the two runs, fp32 and bf16."""
+    root = tmp_path_factory.mktemp("curves")
     run_as_needed([shlex.join(command(FLAGS + ["--save", "fp32"])),
-                   shlex.join(command(FLAGS + ["--bf16", "--save", "bf16"]))], tmp_path)
-    fp32, bf16 = metrics(tmp_path / "fp32"), metrics(tmp_path / "bf16")
+                   shlex.join(command(FLAGS + ["--bf16", "--save", "bf16"]))], root)
+    return root
+
+
+def test_bf16_pretraining_tracks_fp32_loss_curve_within_1_percent(curves):
+    fp32, bf16 = metrics(curves / "fp32"), metrics(curves / "bf16")
     assert sorted(fp32) == sorted(bf16) == list(range(1, CURVE_STEPS + 1))
     errors = {i: rel(bf16[i]["loss"], fp32[i]["loss"]) for i in fp32}
     worst = max(errors, key=errors.get)

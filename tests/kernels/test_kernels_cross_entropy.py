@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,6 @@ from tpzoo.kernels import launch
 from tpzoo.parallel import init_mesh, vocab_parallel_cross_entropy
 from tpzoo.parallel.collectives import split
 from tpzoo.kernels import cross_entropy
-from tpzoo.testing import spawn
 
 CHUNK = 8
 # name: (padded vocabulary V', real vocabulary V, label smoothing, ignore_index); V' divisible by 4 (tp)
@@ -144,9 +144,9 @@ PARALLEL = [f"tp{tp}-{b}-{c}" for tp in (2, 4) for b in ("triton", "torch") for 
            [f"tp2-{b}-compiled" for b in ("triton", "torch")]
 
 
-@pytest.fixture(scope="module")
-def parallel_logs():
-    return spawn(parallel_checks, 4, timeout=600)
+@background.fixture
+def parallel_logs(tmp_path_factory):
+    return background.spawn(parallel_checks, 4, timeout=900)
 
 
 @pytest.mark.parametrize("name", PARALLEL)
@@ -169,13 +169,19 @@ def compile_kernels(capability: int) -> list[str]:
     return seen
 
 
-def test_kernels_compile_for_ampere_and_hopper(tmp_path):
-    here = Path(__file__).parent
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path),  # a fresh cache: really compile
-           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+@background.fixture
+def compiled(tmp_path_factory) -> subprocess.CompletedProcess:
+    here, env = Path(__file__).parent, background.environ()
+    env.update(TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton")),  # a fresh cache: really compile
+               PYTHONPATH=os.pathsep.join([str(here), str(here.parent), env.get("PYTHONPATH", "")]))
     code = ("import aot_compile, test_kernels_cross_entropy as t; "
             "print('\\n'.join(t.compile_kernels(80) + t.compile_kernels(90)))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(background.niced([sys.executable, "-c", code]), env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_kernels_compile_for_ampere_and_hopper(compiled):
+    out = compiled
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     # per target: 3 dtypes x 2 smoothings, a stats and a grad kernel each

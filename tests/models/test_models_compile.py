@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import background
 import pytest
 import torch
 from cases import CaseLog, assert_case
@@ -21,7 +22,6 @@ from torch._dynamo.utils import counters
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models.compile import BACKEND_ENV
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed, sync_sequence_parallel_grads
-from tpzoo.testing import spawn
 
 B, S, VOCAB, STEPS = 2, 8, 101, 5
 TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,
@@ -141,11 +141,11 @@ NAMES = ([f"{name}-{backend}-tp{tp}" for tp in (1, 2) for name in MAIN for backe
          + [f"{name}-engine-pp2" for name in MAIN])
 
 
-@pytest.fixture(scope="module")
-def logs() -> dict[int, list[CaseLog]]:
+@background.fixture
+def logs(tmp_path_factory) -> dict[int, list[CaseLog]]:
     """Both spawns at once: compiling is single-threaded, so the 1-rank spawn alone would leave a core idle."""
     with ThreadPoolExecutor(2) as pool:
-        runs = {tp: pool.submit(spawn, checks, tp, tp, timeout=900) for tp in (1, 2)}
+        runs = {tp: pool.submit(background.spawn, checks, tp, tp, timeout=1200) for tp in (1, 2)}
         return {tp: run.result() for tp, run in runs.items()}
 
 

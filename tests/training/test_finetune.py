@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 from doc_helpers import ROOT, blocks, run, run_as_needed
@@ -47,7 +48,7 @@ def epochs(path: Path) -> list[dict]:
     return [r for r in metrics(path) if "epoch" in r]
 
 
-@pytest.fixture(scope="module")
+@background.fixture
 def docs_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("finetune-docs")
     for script in ("pretrain.py", "finetune.py"):

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
+import background
 from doc_helpers import ROOT
 from pretrain_helpers import TINY, metrics, pretrain, run
 
@@ -24,7 +24,7 @@ FLAGS = TINY + ["--model", "llama", "--num-query-groups", "2", "--sequence-paral
                 "--train-iters", str(ITERS), "--eval-interval", "10", "--eval-iters", "1", "--save", "llama"]
 
 
-@pytest.fixture(scope="module")
+@background.fixture
 def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("llama")
     pretrain(FLAGS, root, (2, 1, 1))

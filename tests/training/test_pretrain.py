@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import background
 import pytest
 from doc_helpers import run_as_needed
 from pretrain_helpers import TINY, command, env, metrics, pretrain, rel
@@ -24,7 +25,7 @@ FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 3 --eval-iters 2 --save-i
 LOSS_TOL, VAL_TOL = 1e-5, 1e-6
 
 
-@pytest.fixture(scope="module")
+@background.fixture
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pretrain")
     run_as_needed([shlex.join(command(FLAGS + ["--save", "single"])),  # both at once

@@ -7,8 +7,11 @@ same code path, shorter; its setup part must be CI's install without the test ex
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+from pathlib import Path
 
+import background
 from doc_helpers import ROOT, commands, run_as_needed
 from pretrain_helpers import metrics, run
 
@@ -22,14 +25,21 @@ def section_commands(heading: str) -> list[str]:
             if line.strip()]
 
 
-def test_quickstart_is_ci_setup_then_the_default_run(tmp_path):
+@background.fixture
+def quickstart(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The default run, shortened: (its folder, its result)."""
+    root = tmp_path_factory.mktemp("quickstart")
+    (root / "pretrain.py").symlink_to(ROOT / "pretrain.py")
+    return root, run([sys.executable, "pretrain.py", "--train-iters", str(QUICK_ITERS)], root)
+
+
+def test_quickstart_is_ci_setup_then_the_default_run(quickstart):
     (quick,) = section_commands("Quickstart")
     *setup, train = quick.split(" && ")
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1].split(" && ")
     assert setup == [part.replace("-e '.[test]'", "-e .") for part in ci[:2]]
     assert train == ".venv/bin/python pretrain.py"
-    (tmp_path / "pretrain.py").symlink_to(ROOT / "pretrain.py")
-    done = run([sys.executable, "pretrain.py", "--train-iters", str(QUICK_ITERS)], tmp_path)
+    tmp_path, done = quickstart
     assert done.returncode == 0, done.stderr[-3000:]
     found = re.search(r"final loss (\S+), val loss \S+, unigram entropy of the training data (\S+) \(nats/token\)\n"
                       r"checkpoint: (\S+)\nmetrics: (\S+)", done.stdout)
@@ -41,12 +51,22 @@ def test_quickstart_is_ci_setup_then_the_default_run(tmp_path):
     assert (tmp_path / found.group(3) / "meta.json").is_file()
 
 
-def test_readme_and_training_doc_commands_run(tmp_path):
-    shown = section_commands("Pretraining") + commands("training.md")
-    assert len(shown) >= 3 and any(c.startswith("torchrun") for c in shown)
-    (tmp_path / "pretrain.py").symlink_to(ROOT / "pretrain.py")
-    distinct = list(dict.fromkeys(shown))
-    run_as_needed(distinct, tmp_path)  # each distinct command once, after those it needs (--load runs/3d)
+def shown() -> list[str]:
+    return section_commands("Pretraining") + commands("training.md")
+
+
+@background.fixture
+def doc_runs(tmp_path_factory) -> Path:
+    """The folder where each distinct command of ``shown`` ran once, after those it needs (--load runs/3d)."""
+    root = tmp_path_factory.mktemp("training-docs")
+    (root / "pretrain.py").symlink_to(ROOT / "pretrain.py")
+    run_as_needed(list(dict.fromkeys(shown())), root)
+    return root
+
+
+def test_readme_and_training_doc_commands_run(doc_runs):
+    assert len(shown()) >= 3 and any(c.startswith("torchrun") for c in shown())
+    tmp_path, distinct = doc_runs, list(dict.fromkeys(shown()))
     for command in distinct:
         save = re.search(r"--save (\S+)", command)
         if save:
