@@ -11,8 +11,8 @@ import argparse
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
 from tpzoo.training.args import (CommandParser, add_optimizer_args, add_parallel_args, add_precision_args,
-                                 add_stopping_args, check_output_folder, command_parser, exit_on_misuse, positive_int,
-                                 probability)
+                                 add_stopping_args, check_output_folder, command_parser, exit_on_misuse,
+                                 exit_on_write_error, positive_int, probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
 
 PROG = "finetune.py"
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None):
     from tpzoo.training.finetune_loop import finetune
     from tpzoo.training.finetune_setup import build_finetune
 
-    summary = finetune(exit_on_misuse(PROG, lambda: build_finetune(args)))
+    summary = exit_on_write_error(PROG, lambda: finetune(exit_on_misuse(PROG, lambda: build_finetune(args))))
     dist.destroy_process_group()
     return summary
 

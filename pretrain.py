@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 # OpenMP threads that spin while they wait crawl (20-50x slower steps) on a CPU shared with other
 # processes; waiting threads that sleep cost nothing measurable. Set before torch loads OpenMP.
@@ -19,7 +18,8 @@ from tpzoo.data.build import add_data_args  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
                                  add_precision_args, add_run_args, check_output_folder, command_parser,
-                                 engine_config, exit_on_misuse, fill_model_defaults, set_model_defaults)
+                                 engine_config, exit_on_misuse, exit_on_write_error, fill_model_defaults,
+                                 set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
 PROG = "pretrain.py"
@@ -57,16 +57,11 @@ def main(argv: list[str] | None = None):
     exit_on_misuse(PROG, lambda: check_flags(args))
     import torch.distributed as dist
 
-    from tpzoo.checkpoint.save import CheckpointWriteError
     from tpzoo.training.loop import train
     from tpzoo.training.setup import build_run
 
-    try:
-        summary = train(exit_on_misuse(PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS)))
-    except CheckpointWriteError as err:  # disk full, no permission: one line, exit 1 (latest is unchanged)
-        if dist.get_rank() == 0:
-            print(f"{PROG}: error: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
+    summary = exit_on_write_error(PROG, lambda: train(exit_on_misuse(  # disk full ...: one line, exit 1
+        PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS))))
     dist.destroy_process_group()
     return summary
 

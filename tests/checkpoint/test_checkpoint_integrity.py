@@ -7,7 +7,9 @@ and both ranks load it, sharing the hashing: every error must name the bad file,
 
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import json
 import logging
 import os
@@ -37,15 +39,19 @@ DAMAGES = {
     "bad-meta": (lambda f: (f / "meta.json").write_text("{not json"), "/meta.json has 9 bytes, the manifest says"),
     "truncated-metadata": (lambda f: _cut(f / ".metadata"), "/.metadata has 100 bytes, the manifest says"),
     "bad-manifest": (lambda f: (f / MANIFEST_FILE).write_text("[]"), f"/{MANIFEST_FILE} is not a tpzoo-manifest"),
+    "deleted-manifest": (lambda f: (f / MANIFEST_FILE).unlink(),
+                         f"/{MANIFEST_FILE} is missing although meta.json records one"),
 }
-# without a manifest only what the loader reads can be checked: meta.json's JSON, .metadata's pickle
+# saved before manifests (no manifest, none recorded in meta.json): only what the loader reads can be
+# checked, meta.json's JSON and .metadata's pickle
 BARE = {
     "bad-meta-no-manifest": (lambda f: (f / "meta.json").write_text("{not json"), "/meta.json is not valid JSON"),
     "truncated-metadata-no-manifest": (lambda f: _cut(f / ".metadata"), "/.metadata is unreadable"),
 }
 SAVE_ERRORS = ("enospc", "eacces", "save-is-a-file", "read-only")
 NAMES = [*DAMAGES, *BARE, "manifest-lists-every-file", "threaded-hashes", "missing-manifest-loads",
-         "old-checkpoint-loads", "fallback", "none-intact", "explicit-folder-no-fallback", *SAVE_ERRORS]
+         "old-checkpoint-loads", "fallback", "none-intact", "explicit-folder-no-fallback", "latest-not-utf8",
+         *SAVE_ERRORS]
 
 
 def _flip(path: Path) -> None:
@@ -87,12 +93,16 @@ def on_rank0(action) -> None:
 
 
 def damaged_copy(root: Path, name: str, damage, bare: bool = False) -> Path:
+    """A copy of iter_0000002 with ``damage`` done to it; ``bare``: first made as saved before manifests."""
     folder = root / name / "iter_0000002"
 
     def make() -> None:
         shutil.copytree(root / "run" / "iter_0000002", folder)
         if bare:
             (folder / MANIFEST_FILE).unlink()
+            meta = json.loads((folder / "meta.json").read_text())
+            meta["checkpoint"].pop("manifest", None)
+            (folder / "meta.json").write_text(json.dumps(meta))
         damage(folder)
 
     on_rank0(make)
@@ -171,6 +181,10 @@ def checks(root: str) -> CaseLog:
     with log.case("explicit-folder-no-fallback"):
         error = load_error(lambda: load_checkpoint(root / "fallback" / "iter_0000002", engine))
         assert error.startswith(f"checkpoint {root}/fallback/iter_0000002 is damaged: "), error
+    with log.case("latest-not-utf8"):
+        on_rank0(lambda: (root / "fallback" / "latest").write_bytes(b"iter_\xff\xfe\n"))
+        error = load_error(lambda: load_checkpoint(root / "fallback", engine))
+        assert error.startswith(f"{root}/fallback/latest is not UTF-8 text (") and "\n" not in error, error
     save_errors(log, root, engine)
     logging.getLogger("tpzoo.checkpoint").removeHandler(warned)
     return log
@@ -178,7 +192,6 @@ def checks(root: str) -> CaseLog:
 
 def save_errors(log: CaseLog, root: Path, engine: Engine) -> None:
     """A save that cannot write: one line naming the folder and the error on every rank; latest unchanged."""
-    import tpzoo.checkpoint.manifest as manifest
     import tpzoo.checkpoint.save as save
 
     run = root / "run"
@@ -195,19 +208,19 @@ def save_errors(log: CaseLog, root: Path, engine: Engine) -> None:
         assert (run / "latest").read_text().strip() == "iter_0000002"
         assert load_checkpoint(run, engine)["iteration"] == 2
 
-    with log.case("enospc"):  # rank 1 runs out of space writing its shard
-        write = manifest._HashingStream.write
+    with log.case("enospc"):  # rank 1 runs out of space opening its shard
+        opened = io.open
 
-        def full(self, data):
-            if dist.get_rank() == 1:
+        def full(file, mode="r", *args, **kwargs):
+            if dist.get_rank() == 1 and "iter_0000003" in str(file) and set(mode) & set("wax+"):
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return write(self, data)
+            return opened(file, mode, *args, **kwargs)
 
-        manifest._HashingStream.write = full
+        io.open = builtins.open = full
         try:
             expect("enospc", "[Errno 28] No space left on device")
         finally:
-            manifest._HashingStream.write = write
+            io.open = builtins.open = opened
     with log.case("eacces"):  # rank 0 may not create the folder
         prepare = save._prepare
 

@@ -114,6 +114,43 @@ def test_index_with_a_non_tensor_entry_is_refused(trained):
         read_dcp_metadata(folder)
 
 
+def reshaped(change):
+    """A genuine index with ``change(metadata)`` applied: classes the unpickler builds, where no index has them."""
+    def craft(folder: Path) -> None:
+        metadata = read_dcp_metadata(folder)
+        change(metadata)
+        write_index(folder, metadata)
+    return craft
+
+
+def _outside(metadata) -> None:
+    next(iter(metadata.storage_data.values())).relative_path = "../../etc/passwd"
+
+
+SHAPES = {  # case -> (change to a genuine index, what the error says is wrong)
+    "entries-list": (lambda m: setattr(m, "state_dict_metadata", list(m.state_dict_metadata.values())),
+                     "its state_dict_metadata is a list, not a dict keyed by tensor names"),
+    "path-outside": (_outside, " at '../../etc/passwd', not a file name inside the checkpoint folder"),
+    "storage-meta-path": (lambda m: setattr(m, "storage_meta", Path("/etc")),
+                          "its storage_meta is a PosixPath, not a StorageMeta"),
+    "storage-data-list": (lambda m: setattr(m, "storage_data", list(m.storage_data.values())),
+                          "its storage_data is a list, not a dict"),
+    "planner-data-size": (lambda m: setattr(m, "planner_data", {"x": torch.Size([1])}),
+                          "its planner_data holds more than plain containers"),
+}
+
+
+@pytest.mark.parametrize("case", SHAPES)
+def test_index_of_the_wrong_shape_is_refused_in_one_line(trained, case):
+    change, says = SHAPES[case]
+    folder = crafted(trained, f"shape-{case}", reshaped(change))
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        read_dcp_metadata(folder)
+    error = str(refused.value)
+    assert error.startswith(f"{folder / '.metadata'} is not a checkpoint index as tpzoo writes it: its "), error
+    assert says in error and "\n" not in error, error
+
+
 def test_truncated_or_garbled_index_names_the_file(trained):
     folder = crafted(trained, "truncated-index", lambda f: (f / ".metadata").write_bytes(
         (f / ".metadata").read_bytes()[:100]))

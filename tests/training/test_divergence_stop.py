@@ -95,7 +95,7 @@ def test_divergence_exits_1_with_one_line_and_latest_finite(runs, precision):
 def test_finetune_divergence_exits_1_with_one_line(runs):
     root, done = runs[0], runs[1]["finetune"]
     found = diverged_line(done, 2)
-    assert found.group(3) == "no checkpoint was saved; start again"
+    assert found.group(3) == "no checkpoint was saved; fine-tune fp32 again"
     assert not list((root / "finetune").glob("iter_*"))
     log = strict((root / "finetune" / "metrics.jsonl").read_text())
     assert [r["iteration"] for r in log] == list(range(1, int(found.group(1)) + 1))

@@ -1,36 +1,47 @@
 """pretrain.py with damaged checkpoints and a full disk, end to end.
 
 Run A trains 6 iterations saving every 2; run B (beside it, same flags) gets ENOSPC while writing its
-checkpoint of iteration 4 (a write error injected into the shard writer): exit 1, one line naming the
-folder and the error, ``latest`` still on iteration 2, which resumes. Then a copy of A's save dir with one
-byte flipped in iteration 6's shard: ``--load`` warns that it skipped iteration 6, resumes from 4 and
-logs A's losses for iterations 5 and 6; with every checkpoint damaged, ``--load`` is one line, exit 2.
+checkpoint of iteration 4 (injected into ``open``): exit 1, one line naming the folder and the error,
+``latest`` still on iteration 2, which resumes; finetune.py (beside them) likewise on its one save.
+Then a copy of A's save dir with one byte flipped in iteration 6's shard: ``--load`` warns that it
+skipped iteration 6, resumes from 4 and logs A's losses for iterations 5 and 6; with every checkpoint
+damaged, ``--load`` is one line, exit 2.
 """
 
 from __future__ import annotations
 
+import errno
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from doc_helpers import ROOT
 from pretrain_helpers import PRETRAIN, TINY, command, env, metrics
+from test_preemption import write_text_files
+
+from tpzoo.training.args import check_output_folder
 
 FLAGS = TINY + "--train-iters 6 --save-interval 2 --eval-interval 0".split()
 SHARD = "__0_0.distcp"
-# pretrain.py whose shard writes fail with ENOSPC inside the checkpoint of iteration 4
-FULL_DISK = f"""
-import errno, runpy, sys
-import tpzoo.checkpoint.manifest as manifest
-write = manifest._HashingStream.write
-def full(self, data):
-    if "iter_0000004" in self.raw.name:
+OLD_CHECKPOINT = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / "gpt"
+# runs the script PROGRAM with the disk full (ENOSPC on opening a file to write) inside checkpoint MARKER
+FULL_DISK = """
+import builtins, errno, io, runpy, sys
+opened = io.open
+def full(file, mode="r", *args, **kwargs):
+    if {marker!r} in str(file) and set(mode) & set("wax+"):
         raise OSError(errno.ENOSPC, "No space left on device")
-    return write(self, data)
-manifest._HashingStream.write = full
-sys.argv[0] = {PRETRAIN!r}
-runpy.run_path({PRETRAIN!r}, run_name="__main__")
+    return opened(file, mode, *args, **kwargs)
+io.open = builtins.open = full
+sys.argv[0] = {program!r}
+runpy.run_path({program!r}, run_name="__main__")
 """
+
+
+def full_disk(program: Path | str, marker: str, flags: list[str]) -> list[str]:
+    return [sys.executable, "-c", FULL_DISK.format(program=str(program), marker=marker), *flags]
 
 
 def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
@@ -50,20 +61,28 @@ def _flip(path: Path) -> None:
 
 def test_full_disk_then_damaged_latest_falls_back_to_the_intact_checkpoint(tmp_path):
     whole = _start(command(FLAGS + ["--save", "whole"]), tmp_path)
-    full = _start([sys.executable, "-c", FULL_DISK, *FLAGS, "--save", "full"], tmp_path)
+    full = _start(full_disk(PRETRAIN, "iter_0000004", [*FLAGS, "--save", "full"]), tmp_path)
+    # finetune.py from an old checkpoint: 80 windows in batches of 8, its one save (iteration 10) fails
+    finetune = _start(full_disk(ROOT / "finetune.py", "iter_0000010", [
+        "--load", str(OLD_CHECKPOINT), "--tokenizer-model", str(ROOT / "tpzoo" / "data" / "demo" / "tokenizer.model"),
+        *write_text_files(tmp_path), "--epochs", "1", "--global-batch-size", "8", "--micro-batch-size", "8",
+        "--seq-length", "16", "--save", "finetune"]), tmp_path)
     code, _, err = _finish(full)
     assert code == 1, err[-3000:]
     line = ("pretrain.py: error: cannot write checkpoint full/iter_0000004: [Errno 28] No space left on device; "
             "full/latest still names iter_0000002")
     assert err.splitlines()[-1].startswith(line) and "Traceback" not in err, err[-3000:]
     assert (tmp_path / "full" / "latest").read_text().strip() == "iter_0000002"
+    code, _, err = _finish(finetune)
+    line = "finetune.py: error: cannot write checkpoint finetune/iter_0000010: [Errno 28] No space left on device"
+    assert code == 1 and err.splitlines()[-1].startswith(line) and "Traceback" not in err, err[-3000:]
     code, _, err = _finish(whole)
     assert code == 0, err[-3000:]
 
     shutil.copytree(tmp_path / "whole", tmp_path / "damaged")
     _flip(tmp_path / "damaged" / "iter_0000006" / SHARD)
+    shutil.copytree(tmp_path / "damaged", tmp_path / "ruined")  # before the resumed run writes into damaged
     resumed = _start(command(FLAGS + ["--load", "damaged", "--save", "damaged"]), tmp_path)
-    shutil.copytree(tmp_path / "damaged", tmp_path / "ruined")
     for name in ("iter_0000002", "iter_0000004"):
         (tmp_path / "ruined" / name / SHARD).unlink()
     ruined = _start(command(FLAGS + ["--load", "ruined"]), tmp_path)
@@ -80,3 +99,19 @@ def test_full_disk_then_damaged_latest_falls_back_to_the_intact_checkpoint(tmp_p
     assert code == 2 and err.count("\n") == 1, err[-3000:]
     assert err.startswith("pretrain.py: error: ruined holds no intact checkpoint (iter_0000006: "), err
     assert f"iter_0000002: ruined/iter_0000002/{SHARD} is missing" in err, err
+
+
+def test_save_folder_that_cannot_be_looked_at_is_named(tmp_path, monkeypatch):
+    """A folder above --save that may not be searched (stat: EACCES, not a misuse error) is named, as misuse."""
+    locked = tmp_path / "locked"
+    exists = Path.exists
+
+    def denied(self: Path) -> bool:
+        if locked in self.parents:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return exists(self)
+
+    monkeypatch.setattr(Path, "exists", denied)
+    with pytest.raises(ValueError, match=rf"^--save {locked}/run: cannot look at {locked}/run \(Permission denied\); "
+                                         r"choose another path$"):
+        check_output_folder("--save", locked / "run")

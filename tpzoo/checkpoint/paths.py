@@ -76,15 +76,17 @@ def _load_meta(folder: Path) -> dict[str, Any]:
 
 def damage(folder: Path, *, collective: bool = False) -> str | None:
     """Why the iteration folder ``folder`` is not an intact checkpoint (its first bad file and what is
-    wrong), or None. Without a manifest (saved before manifests) only meta.json and ``.metadata`` can
-    be checked (read): a warning says so, once per folder."""
+    wrong), or None. A manifest that meta.json records (``checkpoint.manifest``) must be there; without
+    one (saved before manifests) only meta.json and ``.metadata`` can be checked (read): a warning says
+    so, once per folder."""
     if not is_checkpoint(folder):
         return f"{folder} lacks {META_FILE} or {DCP_INDEX}"
     try:
         files = read_manifest(folder)
         problem = None if files is None else check_folder(folder, files, collective=collective)
-        if problem is None:
-            _load_meta(folder)
+        meta = _load_meta(folder) if problem is None else None
+        if files is None and meta["checkpoint"].get("manifest"):
+            return f"{folder / MANIFEST_FILE} is missing although {META_FILE} records one"
         if files is None:
             read_dcp_metadata(folder)  # what can be checked of a folder without a manifest
     except ValueError as e:
@@ -100,7 +102,11 @@ def damage(folder: Path, *, collective: bool = False) -> str | None:
 def _newest_intact(save_dir: Path, collective: bool) -> Path:
     """The folder ``save_dir/latest`` names if intact, else the newest intact iter folder (warning naming
     what was skipped and why); ValueError naming each when none is intact."""
-    name = (save_dir / LATEST_FILE).read_text().strip()
+    try:
+        name = (save_dir / LATEST_FILE).read_text().strip()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{save_dir / LATEST_FILE} is not UTF-8 text ({e.reason} at byte {e.start}): it should name "
+                         f"an iter_NNNNNNN folder; write the name of the one to resume from into it") from None
     named = save_dir / name
     rest = sorted((p for p in save_dir.iterdir() if NAME.fullmatch(p.name) and p != named and p.is_dir()),
                   key=lambda p: int(NAME.fullmatch(p.name).group(1)), reverse=True)

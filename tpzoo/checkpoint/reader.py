@@ -5,9 +5,10 @@ torch.distributed.checkpoint stores its index, ``.metadata``, as a pickle and re
 Here it is read by an unpickler that builds only the classes an index is made of (``ALLOWED``:
 DCP's metadata dataclasses, ``torch.Size``, dtypes, layouts, paths) and refuses any other global
 with ``UnsafeCheckpointError`` naming the file and the global, before anything runs. The index
-must then hold tensor entries only: a bytes entry would be read with ``torch.load(weights_only=False)``
-(DCP's ``load_bytes``), and tpzoo never writes one. The tensors themselves are read by DCP with
-``torch.load(weights_only=True)``, torch's own allow-list.
+must then be shaped as DCP writes it (``_check_index``): tensor entries only (a bytes entry would be
+read with ``torch.load(weights_only=False)``, DCP's ``load_bytes``, and tpzoo never writes one), each
+chunk stored in a file named bare, beside the index (not ``../../etc/passwd``). The tensors themselves
+are read by DCP with ``torch.load(weights_only=True)``, torch's own allow-list.
 
     metadata = read_dcp_metadata(folder)   # checked, or UnsafeCheckpointError / ValueError naming the file
     load_tensors(state, folder)            # dcp.load through CheckpointReader: the same check, errors name the file
@@ -26,8 +27,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 
 INDEX = ".metadata"
 # module -> class names an index may build; torch's dtypes are checked by type instead of listed
@@ -64,8 +65,64 @@ class _IndexUnpickler(pickle.Unpickler):
             f"trusted)")
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is built of plain containers only (dict, list, tuple of str, numbers, None; no subclass)."""
+    if type(value) is dict:
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return all(map(_plain, value))
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def _bare_name(name: Any) -> bool:
+    """Whether ``name`` is a file name inside the checkpoint folder (no folder part, not absolute, not ``..``)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+            and not (os.altsep and os.altsep in name) and "\0" not in name and not os.path.isabs(name))
+
+
+def _index_problem(metadata: Any) -> str | None:
+    """What makes ``metadata`` other than an index as DCP writes it for tpzoo, or None."""
+    if not isinstance(metadata, Metadata):
+        return f"it holds a {type(metadata).__name__}, not a checkpoint index"
+    entries, storage = metadata.state_dict_metadata, metadata.storage_data
+    if not isinstance(entries, dict) or not all(isinstance(key, str) for key in entries):
+        return f"its state_dict_metadata is a {type(entries).__name__}, not a dict keyed by tensor names"
+    foreign = [key for key, meta in entries.items() if not isinstance(meta, TensorStorageMetadata)]
+    if foreign:
+        return (f"it lists {len(foreign)} non-tensor entries ({', '.join(foreign[:3])}), which tpzoo never writes "
+                f"and DCP would unpickle")
+    if not isinstance(storage, dict):
+        return f"its storage_data is a {type(storage).__name__}, not a dict"
+    for index, info in storage.items():
+        if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
+            return (f"its storage_data maps a {type(index).__name__} to a {type(info).__name__}, not a MetadataIndex "
+                    f"to a _StorageInfo")
+        if not _bare_name(info.relative_path):
+            return (f"its storage_data points {index.fqn} at {info.relative_path!r}, not a file name inside the "
+                    f"checkpoint folder")
+    if not (metadata.storage_meta is None or isinstance(metadata.storage_meta, StorageMeta)):
+        return f"its storage_meta is a {type(metadata.storage_meta).__name__}, not a StorageMeta"
+    if not _plain(metadata.planner_data):
+        return "its planner_data holds more than plain containers (dict, list, tuple, str, numbers)"
+    return None
+
+
+def _check_index(path: Path, metadata: Any) -> None:
+    """UnsafeCheckpointError naming ``path`` and what is wrong unless ``metadata`` is shaped as DCP writes it:
+    str -> TensorStorageMetadata entries, MetadataIndex -> _StorageInfo storage in bare file names beside it,
+    a StorageMeta or None, plain planner data."""
+    try:
+        problem = _index_problem(metadata)
+    except AttributeError as e:  # a dataclass unpickled without one of its fields
+        problem = f"a field is missing ({e})"
+    if problem:
+        raise UnsafeCheckpointError(f"{path} is not a checkpoint index as tpzoo writes it: {problem}; refused (the "
+                                    f"file was crafted or replaced: do not use this checkpoint)")
+
+
 def _load_index(path: Path) -> Metadata:
-    """The ``Metadata`` pickled in ``path``, built from ``ALLOWED`` classes only and holding tensor entries only."""
+    """The ``Metadata`` pickled in ``path``, built from ``ALLOWED`` classes only and shaped as DCP writes it
+    (``_check_index``)."""
     try:
         with open(path, "rb") as f:
             metadata = _IndexUnpickler(f, path).load()
@@ -76,12 +133,7 @@ def _load_index(path: Path) -> Metadata:
     except Exception as e:  # truncated or garbled: EOFError, UnpicklingError, ValueError, ... from the bytes
         raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}): the checkpoint index is truncated or "
                          f"corrupt") from None
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"{path} holds a {type(metadata).__name__}, not a checkpoint index: refused")
-    foreign = [key for key, meta in metadata.state_dict_metadata.items() if not isinstance(meta, TensorStorageMetadata)]
-    if foreign:
-        raise UnsafeCheckpointError(f"{path} lists {len(foreign)} non-tensor entries ({', '.join(foreign[:3])}), "
-                                    f"which tpzoo never writes and DCP would unpickle: refused")
+    _check_index(path, metadata)
     return metadata
 
 

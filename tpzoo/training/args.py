@@ -102,6 +102,19 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         raise SystemExit(2) from None
 
 
+def exit_on_write_error(prog: str, main: Callable[[], Any]) -> Any:
+    """Run ``main``; a checkpoint that cannot be written (``CheckpointWriteError``: disk full, no permission)
+    becomes ``prog: error: <message>`` on rank 0's stderr and exit status 1 on every rank (latest unchanged)."""
+    from tpzoo.checkpoint.save import CheckpointWriteError  # torch: imported once the flags are checked
+
+    try:
+        return main()
+    except CheckpointWriteError as err:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{prog}: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -147,8 +160,12 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
     if path is None:
         return
     for p in (Path(path), *Path(path).absolute().parents):
-        if p.exists():
-            if not p.is_dir():
+        try:
+            exists, is_dir = p.exists(), p.is_dir()
+        except OSError as e:  # a folder above it that may not be read
+            raise ValueError(f"{flag} {path}: cannot look at {p} ({e.strerror or e}); choose another path") from None
+        if exists:
+            if not is_dir:
                 where = "" if p == Path(path) else f": {p}"
                 raise ValueError(f"{flag} {path}{where} is a file, not a folder; choose another path")
             return

@@ -83,7 +83,8 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                 summary.stopped = None if iteration == args.epochs * steps else rules.reason(iteration)
                 if iteration % steps and not summary.stopped:  # the epoch's last step: on the validation line
                     metrics.log(iteration, **step)
-                check_divergence(engine, args.max_skipped_steps, iteration, latest)
+                check_divergence(engine, args.max_skipped_steps, iteration, latest,
+                                 start=f"fine-tune {args.load} again")
                 if summary.stopped:
                     break
             scores = validate(run)

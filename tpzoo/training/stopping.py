@@ -133,15 +133,16 @@ class Diverged(SystemExit):
         self.message = message
 
 
-def check_divergence(engine: Any, max_skipped: int, iteration: int, latest: str | None) -> None:
+def check_divergence(engine: Any, max_skipped: int, iteration: int, latest: str | None,
+                     start: str = "start again") -> None:
     """Raise ``Diverged`` (after one line on stderr from rank 0) once ``engine.bad_steps`` >= ``max_skipped``;
-    ``latest``: the last checkpoint saved from finite steps (or loaded), named in the line. The same on
-    every rank: every rank skips the same steps."""
+    ``latest``: the last checkpoint saved from finite steps (or loaded), named in the line; ``start``: what
+    to do when there is none. The same on every rank: every rank skips the same steps."""
     if engine.bad_steps < max_skipped:
         return
     scale = f", loss scale {engine.loss_scale:g}" if engine.scaler is not None else ""
     kept = (f"the last finite checkpoint is {latest}; resume from it" if latest
-            else "no checkpoint was saved; start again")
+            else f"no checkpoint was saved; {start}")
     message = (f"training diverged at iteration {iteration}: {engine.bad_steps} steps in a row skipped for a "
                f"non-finite loss or gradient norm (--max-skipped-steps {max_skipped}{scale}); {kept} with a lower "
                f"--lr, a longer --lr-warmup-iters or --clip-grad, or --bf16 instead of --fp16")
