@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from cases import CaseLog, assert_case
 from families import CASES
-from tpzoo.checkpoint import load_checkpoint, load_model, resolve_checkpoint, save_checkpoint
+from tpzoo.checkpoint import load_checkpoint, load_model, resolve_checkpoint, save_checkpoint, wait_for_save
 from tpzoo.checkpoint.manifest import MANIFEST_FILE, file_entry
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
@@ -49,7 +49,8 @@ BARE = {
     "truncated-metadata-no-manifest": (lambda f: _cut(f / ".metadata"), "/.metadata is unreadable"),
 }
 SAVE_ERRORS = ("enospc", "eacces", "save-is-a-file", "read-only")
-NAMES = [*DAMAGES, *BARE, "manifest-lists-every-file", "threaded-hashes", "missing-manifest-loads",
+NAMES = [*DAMAGES, *BARE, "manifest-lists-every-file", "background-save",
+         "background-part-error", "missing-manifest-loads",
          "old-checkpoint-loads", "fallback", "none-intact", "explicit-folder-no-fallback", "latest-not-utf8",
          *SAVE_ERRORS]
 
@@ -135,16 +136,42 @@ def checks(root: str) -> CaseLog:
         assert sorted(files) == on_disk == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"], (files, on_disk)
         for name, entry in files.items():
             assert entry == file_entry(latest / name), name
-    with log.case("threaded-hashes"):  # chunks of >= CHUNK bytes are hashed on a helper thread
-        import tpzoo.checkpoint.manifest as manifest
-
-        chunk, manifest.CHUNK = manifest.CHUNK, 64
-        try:
-            folder = save_checkpoint(root / "threaded", 2, engine, meta={})
-        finally:
-            manifest.CHUNK = chunk
+    with log.case("background-save"):  # hashed and published on a thread while the engine steps on
+        saved = [p.detach().clone() for p in engine.params]
+        folder = save_checkpoint(root / "background", 3, engine, meta={}, background=True)
+        step(engine, 2)
+        assert wait_for_save() == folder and wait_for_save() is None
+        assert (root / "background" / "latest").read_text().strip() == folder.name
         files = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+        assert sorted(files) == sorted(p.name for p in folder.iterdir() if p.name != MANIFEST_FILE), files
         assert all(entry == file_entry(folder / name) for name, entry in files.items())
+        load_checkpoint(folder, engine)  # the step after the save did not reach the checkpoint
+        assert all(torch.equal(p, q) for p, q in zip(engine.params, saved))
+    with log.case("background-part-error"):  # rank 1 cannot write its part: every rank fails, latest stays
+        import tpzoo.checkpoint.save as save
+
+        part = save.write_part
+
+        def full(folder, rank, error=None):
+            if rank == 1 and error is None:
+                raise OSError(errno.ENOSPC, "No space left on device", str(folder / "manifest.1.part"))
+            return part(folder, rank, error)
+
+        save.write_part = full
+        try:
+            save_checkpoint(root / "background", 4, engine, meta={}, background=True)
+            try:
+                wait_for_save()
+            except save.CheckpointWriteError as e:
+                error = str(e)
+            else:
+                raise AssertionError("the save succeeded")
+        finally:
+            save.write_part = part
+        assert error.startswith(f"cannot write checkpoint {root}/background/iter_0000004: [Errno 28] No space left "
+                                f"on device ({root}/background/iter_0000004.partial/manifest.1.part); "
+                                f"{root}/background/latest still names iter_0000003") and "\n" not in error, error
+        assert resolve_checkpoint(root / "background").name == "iter_0000003"
     for cases, bare in ((DAMAGES, False), (BARE, True)):
         for name, (damage, says) in cases.items():
             with log.case(name):

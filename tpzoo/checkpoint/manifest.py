@@ -44,19 +44,20 @@ def rank_files(folder: Path, rank: int) -> list[str]:
 def write_part(folder: Path, rank: int, error: str | None = None) -> None:
     """Hash the files ``rank`` wrote into ``folder`` and record them in ``folder/manifest.<rank>.part``
     (written whole, then renamed: it appears complete or not at all); with ``error``, record that instead."""
-    try:
-        record = {"error": error} if error else {"files": {name: file_entry(folder / name)
-                                                           for name in rank_files(folder, rank)}}
-    except OSError as e:
-        record = {"error": f"hashing {e.filename or folder}: {e.strerror or e}"}
+    record = {"error": error} if error else {"files": {name: file_entry(folder / name)
+                                                       for name in rank_files(folder, rank)}}
     staging = folder / f"{PART_PREFIX}{rank}.tmp"
     staging.write_text(json.dumps(record))
     os.replace(staging, folder / f"{PART_PREFIX}{rank}{PART_SUFFIX}")
 
 
+class PartError(RuntimeError):
+    """A rank's part reports that it failed (that rank raises its own error in ``wait_for_save``)."""
+
+
 def merge_parts(folder: Path, world: int, timeout_s: float) -> dict[str, dict[str, Any]]:
     """Rank 0: wait (up to ``timeout_s``) for every rank's part in ``folder``, delete them and return
-    their files merged. RuntimeError naming the ranks whose part never came, or a rank's error."""
+    their files merged. RuntimeError naming the ranks whose part never came; PartError for a rank's error."""
     parts = [folder / f"{PART_PREFIX}{r}{PART_SUFFIX}" for r in range(world)]
     deadline = time.monotonic() + timeout_s
     while not all(p.is_file() for p in parts):
@@ -68,7 +69,7 @@ def merge_parts(folder: Path, world: int, timeout_s: float) -> dict[str, dict[st
     for rank, part in enumerate(parts):
         record = json.loads(part.read_text())
         if "error" in record:
-            raise RuntimeError(f"rank {rank}: {record['error']}")
+            raise PartError(f"rank {rank}: {record['error']}")
         files.update(record["files"])
         part.unlink()
     return files

@@ -5,6 +5,7 @@ With ``background=True`` the hashing and the publication run on a thread while t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tpzoo.checkpoint.manifest import merge_parts, write_manifest, write_part
+from tpzoo.checkpoint.manifest import PartError, merge_parts, write_manifest, write_part
 from tpzoo.checkpoint.model import model_record
 from tpzoo.checkpoint.optimizer import optimizer_entries, param_groups
 from tpzoo.checkpoint.paths import (FORMAT, LATEST_FILE, META_FILE, VERSION, iteration_dir, partial_dir, publish,
@@ -131,8 +132,13 @@ class _Publication:
                 logger.info("saved checkpoint %s in %.2fs", self.final, time.perf_counter() - self.started)
         except OSError as e:
             self.failure = (True, str(_write_error(self.final, e)))
-        except Exception as e:  # another rank's part reports an error or never came, or a bug
+        except PartError:  # not published; the rank that failed says why
+            pass
+        except Exception as e:  # another rank's part never came, or a bug
             self.failure, self.exception = (False, f"{self.final}: rank {rank} failed: {e!r}"), e
+        if self.failure and rank != 0:  # tell rank 0 at once, rather than after its timeout, if the disk lets us
+            with contextlib.suppress(OSError):
+                write_part(partial, rank, error=self.failure[1])
 
 
 _pending: _Publication | None = None  # the save of this process still publishing
