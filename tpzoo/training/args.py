@@ -96,10 +96,7 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
     try:
         return main()
     except MISUSE as err:
-        message = " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split())
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: one line is enough
-            print(f"{prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _exit(prog, " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split()), 2)
 
 
 def exit_on_write_error(prog: str, main: Callable[[], Any]) -> Any:
@@ -110,9 +107,15 @@ def exit_on_write_error(prog: str, main: Callable[[], Any]) -> Any:
     try:
         return main()
     except CheckpointWriteError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"{prog}: error: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
+        _exit(prog, str(err), 1)
+
+
+def _exit(prog: str, message: str, status: int) -> NoReturn:
+    """``prog: error: <message>`` on stderr (rank 0 only: under torchrun every rank fails alike, one line
+    is enough) and exit ``status``, without a traceback."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(status) from None
 
 
 def positive_int(text: str) -> int:
