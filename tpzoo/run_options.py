@@ -5,4 +5,5 @@ itself imports torch)."""
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 ATTENTION_BACKENDS = ("auto", "fused-softmax", "sdpa")
 # the plan's fields besides the mesh: what older checkpoints kept in the model config
-PLAN_OPTIONS = ("sequence_parallel", "recompute_activations", "kernels", "attention_backend", "seed", "compile")
+PLAN_OPTIONS = ("sequence_parallel", "recompute_activations", "kernels", "attention_backend", "seed", "compile",
+                "fsdp")

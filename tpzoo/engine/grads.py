@@ -8,8 +8,13 @@ Each distinct gradient element counts exactly once in the global norm:
                                                 on the first pipeline stage only
     dp replicas                                 not summed: after the gradient all-reduce every
                                                 dp rank holds the same gradients (ZeRO-1 too)
+    dp shards (``dp_sharded``: FSDP's Shard(0)   summed over dp too: each element is held by one dp rank
+      pieces, ZeRO-2's owned gradients)
 
-    ||g||^2 = all-reduce over tp and pp of the local sum of squares
+    ||g||^2 = all-reduce over tp and pp (and dp when ``dp_sharded``) of the local sum of squares
+
+A gradient may be a DTensor (FSDP's parameters are DTensors sharded over dp): its local shard is
+what this rank holds and counts (``local``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Iterable
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from tpzoo.parallel.mesh import ParallelMesh
 from tpzoo.parallel.param_facts import facts
@@ -31,36 +37,47 @@ def _counted_here(p: nn.Parameter, mesh: ParallelMesh) -> bool:
     return not (f.pp_tied and mesh.pp_rank != 0)
 
 
-def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, loss: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+def local(t: Tensor) -> Tensor:
+    """This rank's shard of ``t`` when it is a DTensor (a view: in-place changes reach ``t``), else ``t``."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_grads(params: Iterable[nn.Parameter]) -> list[Tensor]:
+    """The gradients of ``params`` that are set, as this rank's local tensors (``local``)."""
+    return [local(p.grad) for p in params if p.grad is not None]
+
+
+def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, loss: torch.Tensor | None = None,
+                     dp_sharded: bool = False) -> torch.Tensor:
     """The L2 norm (float32 scalar) of all gradients of the model that ``params`` are this rank's part of.
     ``loss``: a tensor whose non-finite entries (on any tp or pp rank) make the norm NaN on all of them,
-    riding the norm's all-reduce (so the ranks agree on a non-finite loss at no extra collective)."""
-    grads = [p.grad for p in params if p.grad is not None and _counted_here(p, mesh)]
+    riding the norm's all-reduce (so the ranks agree on a non-finite loss at no extra collective).
+    ``dp_sharded``: each dp rank holds a different part of the gradients (FSDP, ZeRO-2): summed over dp."""
+    grads = local_grads(p for p in params if _counted_here(p, mesh))
     sq = torch.zeros((), dtype=torch.float32, device=mesh.device)
     if grads:
         sq = sq + torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).square().sum()
     if loss is not None:
         sq = sq + torch.where(torch.isfinite(loss).all(), 0.0, float("nan"))
-    for group in (mesh.tp_group, mesh.pp_group):
+    for group in (mesh.tp_group, mesh.pp_group, *((mesh.dp_group,) if dp_sharded else ())):
         if dist.get_world_size(group) > 1:
             dist.all_reduce(sq, group=group)
     return sq.sqrt()
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh,
-                   loss: torch.Tensor | None = None) -> torch.Tensor:
+                   loss: torch.Tensor | None = None, dp_sharded: bool = False) -> torch.Tensor:
     """Scale every gradient by min(1, max_norm / ||g||) with the global norm; return ||g|| (before clipping;
-    NaN where ``loss`` is not finite, see ``global_grad_norm``).
+    NaN where ``loss`` is not finite; ``dp_sharded``: see ``global_grad_norm``).
 
     No host sync: the factor is a tensor, 1 where the norm is not finite (the gradients stay as they are
     and the caller skips the step) or ``max_norm`` is 0 (off).
     """
     params = [p for p in params if p.grad is not None]
-    norm = global_grad_norm(params, mesh, loss)
+    norm = global_grad_norm(params, mesh, loss, dp_sharded)
     if max_norm > 0 and params:
         coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
-        torch._foreach_mul_([p.grad for p in params], coef)
+        torch._foreach_mul_(local_grads(params), coef)
     return norm
 
 
@@ -69,7 +86,7 @@ def any_nonfinite(params: Iterable[nn.Parameter], group: dist.ProcessGroup | Non
     gradient, else 0; the same on every rank (MAX all-reduce), so a step is skipped everywhere or nowhere.
     No host sync: the caller reads it with the step's other numbers."""
     params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = local_grads(params)
     # on the parameters' device even without gradients: nccl all-reduces only CUDA tensors
     bad = torch.zeros((), dtype=torch.float32, device=params[0].device if params else "cpu")
     if grads:

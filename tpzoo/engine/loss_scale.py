@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tpzoo.engine.config import EngineConfig
-from tpzoo.engine.grads import any_nonfinite
+from tpzoo.engine.grads import any_nonfinite, local_grads
 
 RUNNING_STATE = ("scale", "clean_steps", "hysteresis_left")  # what a resumed run takes from a checkpoint
 
@@ -67,7 +67,7 @@ class DynamicLossScaler:
     def unscale(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> torch.Tensor:
         """Divide the gradients by the scale; return ``any_nonfinite`` over ``group`` (1: skip the step)."""
         params = [p for p in params if p.grad is not None]
-        torch._foreach_mul_([p.grad for p in params], 1.0 / self.scale)
+        torch._foreach_mul_(local_grads(params), 1.0 / self.scale)
         return any_nonfinite(params, group)
 
     def update(self, finite: bool) -> None:

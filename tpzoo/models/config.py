@@ -27,7 +27,7 @@ Check = Callable[[Any], str | None]  # returns what is wrong with the value, or 
 LAYERNORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 # run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
-OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile"}
+OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
 # loads into (and a run resumes with) a config that differs from the saved one only in these
 RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std"})

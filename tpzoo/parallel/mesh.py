@@ -17,6 +17,7 @@ models that are given no group ask ``get_mesh()``. Nothing else in tpzoo keeps g
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -139,6 +140,15 @@ def _start_process_group(device_type: str, timeout: timedelta) -> None:
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
+    # a script that never calls destroy_process_group (docs/checkpoints.md's example) left gloo's threads
+    # to the interpreter's teardown, which aborted it once in CI ("terminate called without an active
+    # exception", exit -6) after its last line had run; the group this made is ended before that
+    atexit.register(_end_process_group)
+
+
+def _end_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _build_device_mesh(shape: tuple[int, int, int], device_type: str, timeout: timedelta) -> DeviceMesh:

@@ -3,8 +3,9 @@
 A model's config says what the model is (sizes, kinds of blocks); the plan says how it runs: on
 which mesh (and so which tp shard each rank holds), whether activations between the sublayers
 are split along the sequence over tp, whether layers recompute their activations in backward,
-which kernels and attention backend compute it, whether torch.compile compiles its blocks, and
-the seed its weights are drawn from. The
+which kernels and attention backend compute it, whether torch.compile compiles its blocks, whether
+FSDP shards its weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its
+weights are drawn from. The
 engine (or a script) builds one plan and passes it to every block; a model never chooses any of
 it, so the same model code runs at any tp, with or without sequence parallelism.
 
@@ -35,11 +36,12 @@ class ParallelPlan:
     attention_backend: str = "auto"      # core attention: fused-softmax kernels, torch sdpa, or auto (sdpa)
     seed: int = 1234                     # weights: model piece i is drawn under a seed derived from (seed, i)
     compile: bool = False                # torch.compile each transformer layer and the loss head (docs/kernels.md)
+    fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, ParallelMesh):
             raise TypeError(f"ParallelPlan.mesh must be a ParallelMesh, got {type(self.mesh).__name__}")
-        for name in ("sequence_parallel", "recompute_activations", "compile"):
+        for name in ("sequence_parallel", "recompute_activations", "compile", "fsdp"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"ParallelPlan.{name} must be True or False, got {getattr(self, name)!r}")
         if self.kernels not in (None, *KERNEL_BACKENDS):
