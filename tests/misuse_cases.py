@@ -72,6 +72,12 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-negative-train-iters": ("pretrain", T + " --train-iters=-1", "expected an integer >= 0"),
     "pretrain-zero-eval-iters": ("pretrain", T + " --eval-iters 0", "expected an integer >= 1, got 0"),
     "pretrain-bad-schedule": ("pretrain", T + " --pipeline-schedule zigzag", "invalid choice: 'zigzag'"),
+    "pretrain-fsdp-dp-1": ("pretrain", T + " --use-torch-fsdp2",
+                           "but dp is 1 (world size 1, tp 1, pp 1): nothing to shard over; drop --use-torch-fsdp2 or "
+                           "launch more ranks"),
+    "pretrain-fsdp-distributed-optimizer": ("pretrain", T + " --use-torch-fsdp2 --use-distributed-optimizer --dp 2",
+                                            "already shards the optimizer state over dp; drop "
+                                            "--use-distributed-optimizer"),
     "pretrain-vpp-without-pp": ("pretrain", T + " --vpp 2", "virtual_stages=2 needs an interleaved schedule"),
     "pretrain-zero-timeout": ("pretrain", T + " --distributed-timeout-minutes 0",
                               "argument --distributed-timeout-minutes: expected a number > 0"),
@@ -157,6 +163,8 @@ CASES: dict[str, tuple[str, str, str]] = {
     "finetune-loss-scale-without-fp16": ("finetune", FT + " --task demo --initial-loss-scale 1024", "add --fp16"),
     "finetune-zero-max-skipped-steps": ("finetune", FT + " --task demo --max-skipped-steps 0",
                                         "argument --max-skipped-steps"),
+    "finetune-fsdp-dp-1": ("finetune", FT + " --task demo --use-torch-fsdp2", "drop --use-torch-fsdp2 or launch more "
+                           "ranks"),
     "finetune-unknown-task": ("finetune", FT + " --task sst3", "argument --task: invalid choice: 'sst3'"),
     # python -m tpzoo.data
     "data-preprocess-empty-input": ("data", "preprocess --input {empty_jsonl} --output-prefix o --tokenizer-model"
@@ -259,6 +267,8 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-2-ranks-tp-4": ("pretrain", T + " --tp 4", "world size 2 is not divisible by tp x pp = 4 x 1"),
     "pretrain-2-ranks-dp-3": ("pretrain", T + " --dp 3",
                               "tp x pp x dp = 1 x 1 x 3 = 3 does not equal the world size 2"),
+    "pretrain-2-ranks-fsdp-tp-2": ("pretrain", T + " --tp 2 --use-torch-fsdp2",
+                                   "but dp is 1 (world size 2, tp 2, pp 1): nothing to shard over"),
     "finetune-2-ranks-tp-4": ("finetune", FT + " --task demo --tp 4", "world size 2 is not divisible"),
     "generate-2-ranks-tp-4": ("generate", GEN + " --tp 4", "world size 2 is not divisible"),
 }

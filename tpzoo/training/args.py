@@ -205,6 +205,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over dp")
+    g.add_argument("--use-torch-fsdp2", action="store_true", help="weights, gradients and optimizer state sharded "
+                   "over dp by torch's FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1")
     g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
                    help="a collective waiting this long on a peer fails; every rank then exits naming the stuck "
                    "or dead ones")
@@ -297,7 +299,8 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
 
 def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan:
     """The ``ParallelPlan`` of ``mesh`` and the run option flags: --sequence-parallel,
-    --recompute-activations, --kernels, --attention-backend, --compile and --seed (the weights' seed).
+    --recompute-activations, --kernels, --attention-backend, --compile, --use-torch-fsdp2 (``fsdp``) and
+    --seed (the weights' seed).
     --compile where torch.compile cannot run here (``tpzoo.models.compile.compile_problem``) is a ValueError."""
     from tpzoo.parallel import ParallelPlan
 
@@ -309,7 +312,25 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
             raise ValueError(f"--compile: {problem}")
     return ParallelPlan(mesh, sequence_parallel=args.sequence_parallel,
                         recompute_activations=args.recompute_activations, kernels=args.kernels,
-                        attention_backend=args.attention_backend, seed=args.seed, compile=args.compile)
+                        attention_backend=args.attention_backend, seed=args.seed, compile=args.compile,
+                        fsdp=args.use_torch_fsdp2)
+
+
+def check_fsdp(args: argparse.Namespace) -> None:
+    """--use-torch-fsdp2's misuse, from the flags and torchrun's WORLD_SIZE alone (before torch loads): a
+    ValueError naming the fix when dp is 1 (nothing to shard over) or with --use-distributed-optimizer
+    (FSDP shards the optimizer state already; Megatron refuses the pair too). Sizes that do not divide
+    the world size are left to ``init_mesh``, which names them."""
+    if not args.use_torch_fsdp2:
+        return
+    if args.use_distributed_optimizer:
+        raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
+                         "--use-distributed-optimizer or --use-torch-fsdp2")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dp = args.dp or world // (args.tp * args.pp)
+    if dp == 1:
+        raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {args.tp}, "
+                         f"pp {args.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
 
 
 def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:

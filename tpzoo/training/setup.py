@@ -75,8 +75,8 @@ class Run:
 
 # flags of one launch, not of the run: a resume never takes them from the checkpoint
 LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
-                          "recompute_activations", "kernels", "attention_backend", "compile", "load", "save",
-                          "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
+                          "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile",
+                          "load", "save", "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
                           "exit_duration_in_mins", "max_skipped_steps"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 # (--bf16 on an fp16 run: its loss-scale flags stay behind)
