@@ -14,7 +14,7 @@ Each distinct gradient element counts exactly once in the global norm:
     ||g||^2 = all-reduce over tp and pp (and dp when ``dp_sharded``) of the local sum of squares
 
 A gradient may be a DTensor (FSDP's parameters are DTensors sharded over dp): its local shard is
-what this rank holds and counts (``local``).
+what this rank holds and counts (``tpzoo.parallel.fsdp.local``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
+from tpzoo.parallel.fsdp import local
 from tpzoo.parallel.mesh import ParallelMesh
 from tpzoo.parallel.param_facts import facts
 
@@ -37,13 +37,8 @@ def _counted_here(p: nn.Parameter, mesh: ParallelMesh) -> bool:
     return not (f.pp_tied and mesh.pp_rank != 0)
 
 
-def local(t: Tensor) -> Tensor:
-    """This rank's shard of ``t`` when it is a DTensor (a view: in-place changes reach ``t``), else ``t``."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def local_grads(params: Iterable[nn.Parameter]) -> list[Tensor]:
-    """The gradients of ``params`` that are set, as this rank's local tensors (``local``)."""
+    """The gradients of ``params`` that are set, as this rank's local tensors (DTensors' shards)."""
     return [local(p.grad) for p in params if p.grad is not None]
 
 

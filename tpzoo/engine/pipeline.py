@@ -45,6 +45,7 @@ from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.mixed_precision import DTYPES
 from tpzoo.models.base import PipelineStage
 from tpzoo.parallel import ParallelMesh, ParallelPlan
+from tpzoo.parallel.fsdp import local, sync_gradients_this_backward
 from tpzoo.parallel.param_facts import facts
 
 SCHEDULE_CLASSES = {
@@ -117,7 +118,7 @@ class StageModule(nn.Module):
         parts = [loss.sum() / n for loss, n in zip(outputs, counts)]
         detached = torch.stack(parts).detach().float()
         self.parts = detached if self.parts is None else self.parts + detached
-        return sum(parts).reshape(1)  # [1]: torch concatenates these
+        return torch.stack([sum(parts)])  # [1], not a view (FSDP warns of a root output that is one)
 
 
 def build_chunks(build: Callable[..., PipelineStage], layers: list[range], plan: ParallelPlan) -> list[StageModule]:
@@ -193,9 +194,10 @@ class PipelineRunner:
         device = self.mesh.device
         if self.mesh.pp_size == 1:
             total = torch.zeros((), device=device)
-            for x in ids:
+            for k, x in enumerate(ids):
                 loss = self._loss_fn(self.chunks[0](x), x)
                 if backward:
+                    sync_gradients_this_backward(self.chunks[0], last=k == len(ids) - 1)
                     loss.backward()
                 total += loss.detach()
         else:
@@ -244,7 +246,7 @@ class TiedEmbeddingSync:
                 self.group = group
 
     def sync(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [local(p.grad) for p in self.params if p.grad is not None]  # FSDP: both copies shard alike
         if self.group is None or not grads:
             return
         for g in grads:

@@ -22,7 +22,7 @@ The step, on every rank:
        directly when pp = 1, else through the pipeline schedule (``pipeline.PipelineRunner``), in the
        model's dtype (bf16/fp16 weights: ``mixed_precision``; the fp16 loss is multiplied by the scale);
        each micro-batch's gradients are added into the float32 main grads
-    3. main grads summed over dp (``GradReducer``), tied embedding over first+last stage (parameters
+    3. main grads summed over dp (``GradReducer``; FSDP: reduce-scattered, each rank keeps its shard), tied embedding over first+last stage (parameters
        marked ``pp_tied``), sequence-parallel norm gradients over tp (marked ``tp_partial``; ``param_facts``)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
     5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
@@ -56,6 +56,7 @@ from torch import Tensor
 
 from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
+from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm
 from tpzoo.engine.loss_scale import loss_scaler
 from tpzoo.engine.mixed_precision import MainParams
@@ -106,7 +107,9 @@ class Engine:
     ``PipelineStage``); ``plan``: a ``ParallelPlan`` or a bare mesh (default run options), handed to
     every call. The stages are checked against ``model_config.num_layers`` and the mesh before the
     first call. ``params``: the model parameters of this rank (in the config's precision), ``main``
-    their main parameters (``MainParams``: float32, what the optimizer steps).
+    their main parameters (``MainParams``: float32, what the optimizer steps). With ``plan.fsdp`` the
+    parameters are float32 shards over dp and their own main parameters (``FSDPParams``), and
+    ``reducer`` is None (FSDP reduce-scatters the gradients).
     """
 
     def __init__(self, build: Callable[..., PipelineStage], model_config: ModelConfig, config: EngineConfig,
@@ -116,21 +119,29 @@ class Engine:
         self.plan, self.config = as_plan(plan), config
         mesh = self.mesh = self.plan.mesh
         self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)
+        if self.plan.fsdp:
+            check_fsdp(config, mesh)
         self.vocab_size = model_config.vocab_size
         self.runner = PipelineRunner(build, self.plan, layers, config, self.m)
         self.chunks: list[StageModule] = self.runner.chunks
         self.label_keys = self.runner.label_keys
-        self.params = [p for c in self.chunks for p in c.parameters()]
-        if not self.params:
+        if not any(list(c.parameters()) for c in self.chunks):
             raise ValueError(f"pp rank {mesh.pp_rank} holds no parameters with stage_layers={config.stage_layers}; "
                              f"give every pp rank's stages at least one layer (or the embedding or head)")
         self.num_stages = len(layers)
-        self.main = MainParams(self.params, self.chunks, config.precision, mesh.dp_group,
-                               config.use_distributed_optimizer)
+        self.reducer: GradReducer | None = None  # FSDP reduce-scatters the gradients itself
+        if self.plan.fsdp:
+            self.main = FSDPParams(self.chunks, config.precision, mesh)
+        else:
+            self.main = MainParams([p for c in self.chunks for p in c.parameters()], self.chunks, config.precision,
+                                   mesh.dp_group, config.use_distributed_optimizer)
+            zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
+            self.reducer = GradReducer(self.main.params, mesh.dp_group, config.bucket_mb,
+                                       owner=self.main.owner if zero2 else None)
+            if self.reducer.active:
+                self.main.listeners.append(self.reducer.accumulated)
+        self.params = [p for c in self.chunks for p in c.parameters()]
         self.tied = TiedEmbeddingSync(self.main.params, mesh, config)
-        self.reducer = GradReducer(self.main.params, mesh.dp_group, config.bucket_mb)
-        if self.reducer.active:
-            self.main.listeners.append(self.reducer.accumulated)
         self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
         self.scaler = loss_scaler(config)
         self.skipped_steps = 0  # all skipped steps of this engine
@@ -195,18 +206,21 @@ class Engine:
         ids, extras = self.micro_batches(batch)
         main, mesh = self.main, self.mesh
         main.zero_grad()
-        self.reducer.start(self.m)
+        if self.reducer is not None:
+            self.reducer.start(self.m)
         with peers_named("train_step", mesh, self.config.timeout_s):
             total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
             main.flush()
-            self.reducer.sync()
+            if self.reducer is not None:
+                self.reducer.sync()
             self.tied.sync()
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             sums = reduce_losses(total / self.loss_scale, parts, [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
-            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums)
+            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums,
+                                 dp_sharded=self.plan.fsdp or self.reducer.sharded)
             *read, norm, overflow = torch.cat([sums, norm.reshape(1), overflow.reshape(1)]).tolist()
             loss, losses = named_losses(read, self.loss_keys(batch))
             if overflow or not math.isfinite(norm):

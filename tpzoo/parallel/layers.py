@@ -34,6 +34,7 @@ from tpzoo.parallel.collectives import (
     resolve_tp_group,
     scatter_to_tp_region,
 )
+from tpzoo.parallel.fsdp import local
 from tpzoo.parallel.param_facts import facts, mark
 from tpzoo.parallel.token_ids import assert_in_range
 
@@ -229,7 +230,7 @@ def sync_sequence_parallel_grads(module: nn.Module, group: dist.ProcessGroup | N
     Such parameters (LayerNorm weights, a row-parallel bias) are replicated but act on a sequence
     shard, so each tp rank holds a partial gradient. Call after backward, before the optimizer.
     """
-    grads = [p.grad for p in module.parameters() if facts(p).tp_partial and p.grad is not None]
+    grads = [local(p.grad) for p in module.parameters() if facts(p).tp_partial and p.grad is not None]
     if not grads:
         return
     flat = all_reduce(torch._utils._flatten_dense_tensors(grads), resolve_tp_group(group))

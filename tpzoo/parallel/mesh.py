@@ -18,6 +18,7 @@ models that are given no group ask ``get_mesh()``. Nothing else in tpzoo keeps g
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -90,6 +91,14 @@ class ParallelMesh:
     @property
     def dp_group(self) -> dist.ProcessGroup:
         return self.group("dp")
+
+    @functools.cached_property
+    def tp_dp_mesh(self) -> DeviceMesh:
+        """This pp stage's ranks as a 2-D (tp, dp) DeviceMesh, tp first: a tensor sharded on both (FSDP's
+        dp piece of a tp shard, ``tpzoo.checkpoint.tensors``) is the tp chunk, then the dp chunk of it."""
+        ranks = self.device_mesh.mesh[self.pp_rank].T  # [dp, tp] -> [tp, dp]
+        return DeviceMesh.from_group([self.tp_group, self.dp_group], self.device_mesh.device_type, mesh=ranks,
+                                     mesh_dim_names=("tp", "dp"))
 
     def __repr__(self) -> str:
         return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}, "
