@@ -15,6 +15,7 @@ from torch import nn
 
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.mixed_precision import DTYPES
+from tpzoo.models.base import StagedModel
 from tpzoo.parallel import ParallelMesh
 from tpzoo.parallel.fsdp import apply_fsdp
 
@@ -35,15 +36,25 @@ def check_fsdp(config: EngineConfig, mesh: ParallelMesh) -> None:
                          f"weight gradients miss FSDP's gathered weights; use interleaved-1f1b")
 
 
+def fsdp_units(model: StagedModel) -> list[nn.Module]:
+    """The FSDP units of a stage besides its root: each layer, and the embedding and the head unless the
+    head's output layer reads the embedding's weight in this stage (a tied model held whole: then the two
+    stay in the root unit, gathered together for the whole forward)."""
+    tied_here = (model.ties_output_to_embedding and model.config.tie_word_embeddings
+                 and model.embedding is not None and model.head is not None)
+    ends = [] if tied_here else [m for m in (model.embedding, model.head) if m is not None]
+    return [*model.layers.values(), *ends]
+
+
 class FSDPParams:
-    """Shards each of ``chunks`` (``StageModule``s: its model's layers one unit each, the chunk the root
-    unit) over dp for a run at ``precision``; ``params``: the sharded parameters, all ``owned``."""
+    """Shards each of ``chunks`` (``StageModule``s: the units of ``fsdp_units``, the chunk the root unit)
+    over dp for a run at ``precision``; ``params``: the sharded parameters, all ``owned``."""
 
     zero = False  # no broadcast after the step (MainParams' ZeRO-1 flag)
 
     def __init__(self, chunks: list[nn.Module], precision: str, mesh: ParallelMesh) -> None:
         for chunk in chunks:
-            apply_fsdp(chunk, chunk.model.layers.values(), mesh, param_dtype=DTYPES[precision])
+            apply_fsdp(chunk, fsdp_units(chunk.model), mesh, param_dtype=DTYPES[precision])
         self.chunks = chunks
         self.params = [p for c in chunks for p in c.parameters()]
         self.owned = self.params

@@ -1,14 +1,14 @@
 """FSDP over the dp axis (ZeRO-3): torch's FSDP2 ``fully_shard`` applied to a model from outside.
 
-    apply_fsdp(stage, stage.model.layers.values(), mesh, param_dtype=torch.bfloat16)
+    apply_fsdp(stage, [*stage.model.layers.values(), stage.model.embedding], mesh, param_dtype=torch.bfloat16)
 
 Every parameter p of ``root`` (this rank's tp shard, [n, ...]: tensor parallelism inside is untouched)
 becomes a DTensor sharded Shard(0) over the dp ranks: dp rank d keeps rows [d c, min((d + 1) c, n)),
-c = ceil(n / dp). Each of ``blocks`` (the transformer layers) is one unit: its weights are all-gathered
-just before its forward, freed after it, gathered again for its backward, and its gradients are
-reduce-scattered over dp as soon as its backward is done. What is left of ``root`` (embedding, head, a
-pipeline stage's wrapper) is the root unit, gathered for the whole forward: a tied output layer reads the
-embedding's weight inside the head, outside the embedding's own forward.
+c = ceil(n / dp). Each of ``blocks`` (the transformer layers; the embedding and the head) is one unit:
+its weights are all-gathered just before its forward, freed after it, gathered again for its backward,
+and its gradients are reduce-scattered over dp as soon as its backward is done. What is left of ``root``
+is the root unit, gathered for the whole forward: that is where a tied embedding and head go, the head
+reading the embedding's weight outside the embedding's own forward (``tpzoo.engine.fsdp_params``).
 
     per rank, between steps:   weights P / dp, gradients P / dp, optimizer state P / dp (float32 each)
     per rank, at the peak:     + one unit gathered (the largest layer, or the root unit), in ``param_dtype``
