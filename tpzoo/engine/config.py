@@ -35,6 +35,10 @@ def _stage_layers(v: object) -> str | None:
     return None
 
 
+def _zero_stage(v: object) -> str | None:
+    return None if type(v) is int and v in (1, 2) else f"must be 1 or 2 (the ZeRO stage), got {type(v).__name__} {v!r}"
+
+
 @dataclass
 class EngineConfig:
     """Batch, schedule, optimizer and precision of a training run (see docs/parallelism.md)."""
@@ -46,7 +50,11 @@ class EngineConfig:
                                         "model chunks per pp rank; None: 2 for interleaved schedules, else 1")
     stage_layers: tuple[int, ...] | None = _field(None, _stage_layers,
                                                   "explicit layers per stage (chunk); None: even split")
-    use_distributed_optimizer: bool = _field(False, _bool, "ZeRO-1: optimizer state sharded over dp")
+    use_distributed_optimizer: bool = _field(False, _bool, "optimizer state (and main weights) sharded over dp: "
+                                             "ZeRO-1, or ZeRO-2 with zero_stage")
+    zero_stage: int = _field(2, _zero_stage, "with use_distributed_optimizer: 1 all-reduces the gradients, every dp "
+                             "rank keeps them all; 2 reduce-scatters them, each rank keeps its owned parameters' "
+                             "gradients (~1/dp)")
     lr: float = _field(1e-3, _positive_float, "AdamW learning rate")
     weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
     adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")

@@ -1,4 +1,5 @@
-"""Data parallelism: one bucketed gradient all-reduce per global batch, and the optimizer.
+"""Data parallelism: one bucketed gradient all-reduce (or, ZeRO-2, reduce-scatter) per global batch, and the
+optimizer.
 
 Every micro-batch's loss is sum(token losses) / (tokens of the whole global batch), so the gradient
 of the global-batch loss is the plain SUM of the dp ranks' gradients (not DDP's mean):
@@ -9,28 +10,46 @@ of the global-batch loss is the plain SUM of the dp ranks' gradients (not DDP's 
 ``bucket_mb`` MiB in reverse order (the order backward produces them). A parameter is ready once
 it has had its m-th gradient accumulation of the step (``accumulated``, called from the model
 parameter's post-accumulate-grad hook, ``MainParams.listeners``); a bucket whose parameters are
-all ready starts its all-reduce at once, while backward still runs on earlier layers, always in
+all ready starts its reduction at once, while backward still runs on earlier layers, always in
 bucket order so every dp rank issues the same collectives in the same order. ``sync`` starts the
 rest (parameters that got no gradient, or whose hook does not fire: the zero-bubble schedules
 compute weight gradients apart, without it) and waits for all; ``overlapped`` counts the buckets
 of the last step that started during backward.
+
+The reduction of a bucket:
+
+    all-reduce (ZeRO-1, plain dp)   flat bucket [n] summed over dp; every dp rank keeps every gradient
+    reduce-scatter (ZeRO-2: ``owner``, the dp rank of each parameter, ``MainParams.owner``)
+                                    input piece r = flat of the bucket's gradients owned by dp rank r
+                                    (uneven sizes, 0 where r owns none of them); rank r receives the sum
+                                    of its piece, copies it into its gradients and drops the others'
+                                    (grad = None) as soon as they are sent: each rank ends the step
+                                    holding its owned parameters' gradients only, ~1/dp of them
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from tpzoo.engine.config import EngineConfig
 
 
-class GradReducer:
-    """All-reduce (SUM) over ``group`` of the gradients of ``params``, once per step, overlapped with backward."""
+def _flat(grads: list[Tensor], device: torch.device) -> Tensor:
+    return torch._utils._flatten_dense_tensors(grads) if grads else torch.zeros(0, device=device)
 
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, bucket_mb: float) -> None:
+
+class GradReducer:
+    """Sum over ``group`` of the gradients of ``params``, once per step, overlapped with backward: all-reduced,
+    or with ``owner`` (the dp rank, in ``group``, owning each of ``params``) reduce-scattered to the owners."""
+
+    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, bucket_mb: float,
+                 owner: list[int] | None = None) -> None:
         self.group = group
         self.active = dist.get_world_size(group) > 1
+        self.rank, self.ranks = dist.get_rank(group), dist.get_world_size(group)
+        self.owner = None if owner is None else {id(p): o for p, o in zip(params, owner, strict=True)}
         self.buckets: list[list[nn.Parameter]] = []
         limit, size = bucket_mb * 2**20, float("inf")
         for p in reversed(params):
@@ -40,13 +59,18 @@ class GradReducer:
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
-        self.expected, self.seen, self.ready = 0, {}, [0] * len(self.buckets)
-        self.pending: list[tuple[int, torch.Tensor, dist.Work]] = []
+        self.expected, self.seen, self.ready, self.launched = 0, {}, [0] * len(self.buckets), 0
+        self.pending: list[tuple[list[Tensor], Tensor, dist.Work, list[Tensor]]] = []
         self.overlapped = 0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each dp rank ends the step holding only its owned parameters' gradients (ZeRO-2, dp > 1)."""
+        return self.owner is not None and self.active
 
     def start(self, accumulations: int) -> None:
         """A new step in which each parameter's gradient is accumulated ``accumulations`` times."""
-        self.expected, self.seen, self.ready, self.pending = accumulations, {}, [0] * len(self.buckets), []
+        self.expected, self.seen, self.ready, self.launched = accumulations, {}, [0] * len(self.buckets), 0
 
     def accumulated(self, p: nn.Parameter) -> None:
         """``p`` has had one more gradient accumulation of this step."""
@@ -54,31 +78,49 @@ class GradReducer:
         if n == self.expected:
             i = self.bucket_of[id(p)]
             self.ready[i] += 1
-            while len(self.pending) < len(self.buckets) and self.ready[len(self.pending)] == len(
-                    self.buckets[len(self.pending)]):
-                self._launch(len(self.pending))
+            while self.launched < len(self.buckets) and self.ready[self.launched] == len(self.buckets[self.launched]):
+                self._launch()
+            self._finish(done_only=True)
 
-    def _launch(self, i: int) -> None:
-        grads = [p.grad for p in self.buckets[i] if p.grad is not None]
-        flat = torch._utils._flatten_dense_tensors(grads) if grads else torch.zeros(0, device=self.buckets[i][0].device)
-        self.pending.append((i, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+    def _launch(self) -> None:
+        """Start the next bucket's reduction; pending: (gradients that receive the result, result, work, inputs)."""
+        i, self.launched = self.launched, self.launched + 1
+        held = [p for p in self.buckets[i] if p.grad is not None]
+        device = self.buckets[i][0].device
+        if self.owner is None:
+            grads = [p.grad for p in held]
+            flat = _flat(grads, device)
+            self.pending.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True), []))
+            return
+        pieces = [_flat([p.grad for p in held if self.owner[id(p)] == r], device) for r in range(self.ranks)]
+        mine = [p.grad for p in held if self.owner[id(p)] == self.rank]
+        for p in held:
+            if self.owner[id(p)] != self.rank:
+                p.grad = None  # its copy in ``pieces`` goes to its owner
+        out = torch.empty_like(pieces[self.rank])
+        self.pending.append((mine, out, dist.reduce_scatter(out, pieces, group=self.group, async_op=True), pieces))
 
     def sync(self) -> None:
         if not self.active:
             return
-        self.overlapped = len(self.pending)
-        for i in range(len(self.pending), len(self.buckets)):
-            self._launch(i)
-        for i, flat, work in self.pending:
+        self.overlapped = self.launched
+        while self.launched < len(self.buckets):
+            self._launch()
+        self._finish(done_only=False)
+
+    def _finish(self, done_only: bool) -> None:
+        """Copy the results of the pending reductions into their gradients and free their buffers, in launch
+        order: those already done (during backward: the buffers of the finished ones go at once), or all."""
+        while self.pending and (not done_only or self.pending[0][2].is_completed()):
+            grads, flat, work, _ = self.pending.pop(0)
             work.wait()
-            grads = [p.grad for p in self.buckets[i] if p.grad is not None]
             for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
                 g.copy_(synced)
 
 
 def build_optimizer(params: list[nn.Parameter], config: EngineConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over ``params``, the main parameters this rank steps (``MainParams.owned``: with
-    ``use_distributed_optimizer``, ZeRO-1, about 1/dp of them, so each dp rank keeps the main weights and
+    ``use_distributed_optimizer``, ZeRO-1 or -2, about 1/dp of them, so each dp rank keeps the main weights and
     AdamW state of its share only).
 
     On CUDA the fused implementation (one kernel for the whole update); elsewhere the multi-tensor
@@ -92,3 +134,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state (AdamW's moments and steps) held on this rank."""
     return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                if torch.is_tensor(t))
+
+
+def gradient_bytes(params: list[nn.Parameter]) -> int:
+    """Bytes of the gradients ``params`` hold (the main parameters: after a ZeRO-2 step, the owned ones' only)."""
+    return sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)

@@ -1,5 +1,6 @@
 """Megatron-style mixed precision: the model's weights and gradients in bf16 (fp16), fp32 main weights
-and gradients around the optimizer, and ZeRO-1's split of the main weights over dp.
+and gradients around the optimizer, and the distributed optimizer's split of the main weights (ZeRO-1;
+ZeRO-2 also splits the main grads: ``data_parallel.GradReducer``) over dp.
 
 Each model parameter p has a *main* parameter, the one the rest of the step works on:
 
@@ -9,16 +10,18 @@ Each model parameter p has a *main* parameter, the one the rest of the step work
                                                                    on the dp rank that owns p (ZeRO-1) or on all
 
     per micro-batch  p's post-accumulate-grad hook: main.grad += p.grad (in float32); p.grad = None
-    after backward   dp all-reduce, tied-embedding and sequence-parallel sums, fp16 unscaling and overflow
+    after backward   dp all-reduce (ZeRO-2: reduce-scatter, each dp rank keeps its owned parameters' main
+                     grads only), tied-embedding and sequence-parallel sums, fp16 unscaling and overflow
                      check, norm and clipping: all on the float32 main grads
     optimizer step   AdamW on the main weights this rank owns, then ``publish``: model weight = main
-                     weight (cast), and under ZeRO-1 each owner broadcasts its model weights over dp
+                     weight (cast), and under ZeRO-1/2 each owner broadcasts its model weights over dp
 
 The model's forward and backward never cast a weight. A main parameter carries its model parameter's
-``param_facts`` (norm counting, tied and sequence-parallel sums read them). Under ZeRO-1 the main
+``param_facts`` (norm counting, tied and sequence-parallel sums read them). Under ZeRO-1/2 the main
 parameter of a p owned by another dp rank is a stand-in whose data is one expanded zero (no memory):
-only its grad is used. The zero-bubble schedules assign weight gradients without the hook (torch's
-``stage_backward_weight`` adds them into p.grad, in the model's dtype); ``flush`` moves them over.
+only its grad is used (ZeRO-2 drops that grad once it is sent to its owner). The zero-bubble schedules
+assign weight gradients without the hook (torch's ``stage_backward_weight`` adds them into p.grad, in
+the model's dtype); ``flush`` moves them over.
 
 Why not torch's ``ZeroRedundancyOptimizer`` (used here before): it shards the optimizer *state* but
 steps and broadcasts the very parameters it is given, so over float32 main weights every dp rank would
@@ -42,11 +45,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def owners(params: list[nn.Parameter], ranks: int) -> list[int]:
-    """The dp rank owning each parameter under ZeRO-1: largest first, each to the rank holding the fewest
-    elements so far (ties: the lower rank); the same on every rank, since it depends on shapes only."""
+    """The dp rank owning each parameter under the distributed optimizer (ZeRO-1 and -2): parameters marked
+    ``pp_tied`` (the word embedding and its copy in the last stage's head) dp rank 0 on every stage, so
+    that under ZeRO-2 both copies' gradients sit at the same dp coordinate for their sum over first+last
+    stage; the rest largest first, each to the rank holding the fewest elements so far (ties: the lower
+    rank). The same on every tp and dp rank, since it depends on shapes and facts only."""
     load, out = [0] * ranks, [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
-        out[i] = min(range(ranks), key=lambda r: load[r])
+    for i in sorted(range(len(params)), key=lambda i: (not facts(params[i]).pp_tied, -params[i].numel())):
+        out[i] = 0 if facts(params[i]).pp_tied else min(range(ranks), key=lambda r: load[r])
         load[out[i]] += params[i].numel()
     return out
 
@@ -72,8 +78,9 @@ class MainParams:
         dp, rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
         self.owner = owners(params, dp) if zero else [rank] * len(params)
         if rank not in self.owner:
-            raise ValueError(f"ZeRO-1 over dp={dp} leaves dp rank {rank} no parameter to own: this pipeline stage "
-                             f"holds {len(params)} parameters; lower dp or turn off use_distributed_optimizer")
+            raise ValueError(f"the distributed optimizer over dp={dp} leaves dp rank {rank} no parameter to own: "
+                             f"this pipeline stage holds {len(params)} parameters; lower dp or turn off "
+                             f"use_distributed_optimizer")
         self.zero, self.mixed = zero and dp > 1, self.dtype != torch.float32
         mine = [o == rank for o in self.owner]
         self.params = [_main_of(p, m) if self.mixed else p for p, m in zip(params, mine)]
