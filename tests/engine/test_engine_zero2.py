@@ -28,7 +28,7 @@ from tpzoo.engine.mixed_precision import owners
 from tpzoo.parallel import init_mesh
 from tpzoo.parallel.param_facts import mark
 
-BUCKET_MB = 0.01  # 10 KiB: the tiny models' gradients fill several buckets, some with pieces of size 0
+BUCKET_MB = 0.05  # 50 KiB: 5 buckets of a tiny model (~220 KiB); at dp 8 most leave some rank a piece of size 0
 FP16_TOL = 1e-2   # vs the float32 losses (test_engine_precision: fp16 measured 2.2e-3, one update behind)
 # (tp, pp, dp), schedule, options: one run per pretraining family
 RUNS = [((1, 1, 8), "1f1b", {}), ((2, 2, 2), "1f1b", dict(sequence_parallel=True)),
