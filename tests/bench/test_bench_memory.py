@@ -1,11 +1,13 @@
 """bench/memory.py, the docs' commands at CPU size, all at once (one OpenMP thread each): docs/parallelism.md's
 ``--check`` at dp 2 and 4 (the table there has dp 8 too), docs/benchmarks.md's GPT-2 XL command (pending a GPU) at
-gpt-tiny on the CPU (dp 1 with and without FSDP, recompute, timed steps), and a misuse of --check."""
+gpt-tiny on the CPU (dp 1 with and without FSDP, recompute, timed steps), and a misuse of --check; in the
+background from the start of the session (tests/background.py)."""
 
 from __future__ import annotations
 
 import re
 
+import background
 import pytest
 from doc_helpers import ROOT, commands, run_as_needed
 
@@ -27,8 +29,8 @@ def rows(stdout: str) -> dict[tuple[int, str], dict[str, float]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict[str, object]:
+@background.fixture
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for doc, command in SHOWN.items():
         assert [c for c in commands(doc) if "bench/memory.py" in c] == [command], doc
     done = run_as_needed([SHOWN["parallelism.md"] + " --device cpu --dp 2 4",
