@@ -17,8 +17,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tpzoo.data.build import add_data_args  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
-                                 add_precision_args, add_run_args, check_output_folder, command_parser,
-                                 check_fsdp, engine_config, exit_on_misuse, exit_on_write_error,
+                                 add_precision_args, add_run_args, check_fsdp_flags, check_output_folder,
+                                 command_parser, engine_config, exit_on_misuse, exit_on_write_error,
                                  fill_model_defaults, set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 
@@ -43,7 +43,7 @@ def parser() -> CommandParser:
 def check_flags(args: argparse.Namespace) -> None:
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored)."""
-    check_fsdp(args)
+    check_fsdp_flags(args)
     for flag in ("save", "log_dir", "data_cache_path"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:

@@ -78,6 +78,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-fsdp-distributed-optimizer": ("pretrain", T + " --use-torch-fsdp2 --use-distributed-optimizer --dp 2",
                                             "already shards the optimizer state over dp; drop "
                                             "--use-distributed-optimizer"),
+    "pretrain-fsdp-zero-bubble": ("pretrain", T + " --use-torch-fsdp2 --pp 2 --dp 2 --pipeline-schedule "
+                                  "interleaved-zero-bubble", "cannot run --pipeline-schedule interleaved-zero-bubble "
+                                  "at pp 2"),
     "pretrain-vpp-without-pp": ("pretrain", T + " --vpp 2", "virtual_stages=2 needs an interleaved schedule"),
     "pretrain-zero-timeout": ("pretrain", T + " --distributed-timeout-minutes 0",
                               "argument --distributed-timeout-minutes: expected a number > 0"),

@@ -22,6 +22,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from tpzoo.engine.train_step import Engine, named_losses, reduce_losses
 from tpzoo.parallel.health import peers_named
@@ -29,7 +30,9 @@ from tpzoo.parallel.health import peers_named
 
 @contextmanager
 def _evaluating(engine: Engine) -> Iterator[None]:
-    """The engine's chunks in eval mode under no_grad; their modes are restored afterwards. A failed
+    """The engine's chunks in eval mode under no_grad; their modes are restored afterwards, and FSDP's root
+    units resharded (FSDP keeps a root gathered after its forward, for the backward that follows in training:
+    left so, a checkpoint would save the gathered weights' freed storage, a segfault in DCP's write). A failed
     collective inside names the missing peers (``tpzoo.parallel.health.peers_named``)."""
     modes = [chunk.training for chunk in engine.chunks]
     try:
@@ -40,6 +43,8 @@ def _evaluating(engine: Engine) -> Iterator[None]:
     finally:
         for chunk, mode in zip(engine.chunks, modes):
             chunk.train(mode)
+            if isinstance(chunk, FSDPModule):
+                chunk.reshard()
 
 
 def _broadcast_last(engine: Engine, out: Tensor | None) -> Tensor:

@@ -316,16 +316,21 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
                         fsdp=args.use_torch_fsdp2)
 
 
-def check_fsdp(args: argparse.Namespace) -> None:
-    """--use-torch-fsdp2's misuse, from the flags and torchrun's WORLD_SIZE alone (before torch loads): a
-    ValueError naming the fix when dp is 1 (nothing to shard over) or with --use-distributed-optimizer
-    (FSDP shards the optimizer state already; Megatron refuses the pair too). Sizes that do not divide
-    the world size are left to ``init_mesh``, which names them."""
+def check_fsdp_flags(args: argparse.Namespace) -> None:
+    """--use-torch-fsdp2's misuse, from the flags and torchrun's WORLD_SIZE alone (before torch loads; the
+    engine's ``tpzoo.engine.fsdp_params.check_fsdp`` says why): a ValueError naming the fix with
+    --use-distributed-optimizer (FSDP shards the optimizer state already; Megatron refuses the pair too),
+    with the interleaved-zero-bubble schedule at pp > 1, and when dp is 1 (nothing to shard over). Sizes
+    that do not divide the world size are left to ``init_mesh``, which names them."""
     if not args.use_torch_fsdp2:
         return
     if args.use_distributed_optimizer:
         raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
                          "--use-distributed-optimizer or --use-torch-fsdp2")
+    if args.pp > 1 and args.pipeline_schedule == "interleaved-zero-bubble":
+        raise ValueError(f"--use-torch-fsdp2 cannot run --pipeline-schedule interleaved-zero-bubble at pp {args.pp} "
+                         f"(its split weight gradients miss FSDP's gathered weights); use interleaved-1f1b or drop "
+                         f"--use-torch-fsdp2")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dp = args.dp or world // (args.tp * args.pp)
     if dp == 1:
