@@ -71,6 +71,7 @@ class GradReducer:
     def start(self, accumulations: int) -> None:
         """A new step in which each parameter's gradient is accumulated ``accumulations`` times."""
         self.expected, self.seen, self.ready, self.launched = accumulations, {}, [0] * len(self.buckets), 0
+        self.pending = []
 
     def accumulated(self, p: nn.Parameter) -> None:
         """``p`` has had one more gradient accumulation of this step."""
@@ -101,6 +102,8 @@ class GradReducer:
         self.pending.append((mine, out, dist.reduce_scatter(out, pieces, group=self.group, async_op=True), pieces))
 
     def sync(self) -> None:
+        """Start the buckets not started yet and wait for all: then the gradients hold their sums over dp
+        (ZeRO-2: the owned ones; the others are None)."""
         if not self.active:
             return
         self.overlapped = self.launched
