@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from tpzoo.engine.config import EngineConfig
+from tpzoo.parallel.fsdp import local
 
 
 def _flat(grads: list[Tensor], device: torch.device) -> Tensor:
@@ -134,8 +135,8 @@ def build_optimizer(params: list[nn.Parameter], config: EngineConfig, device: to
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of optimizer state (AdamW's moments and steps) held on this rank."""
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
+    """Bytes of optimizer state (AdamW's moments and steps) held on this rank (a DTensor's: its local shard)."""
+    return sum(local(t).numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                if torch.is_tensor(t))
 
 

@@ -22,7 +22,8 @@ The step, on every rank:
        directly when pp = 1, else through the pipeline schedule (``pipeline.PipelineRunner``), in the
        model's dtype (bf16/fp16 weights: ``mixed_precision``; the fp16 loss is multiplied by the scale);
        each micro-batch's gradients are added into the float32 main grads
-    3. main grads summed over dp (``GradReducer``; FSDP: reduce-scattered, each rank keeps its shard), tied embedding over first+last stage (parameters
+    3. main grads summed over dp (``GradReducer``: all-reduced, or under ZeRO-2 reduce-scattered to their
+       owners; FSDP: reduce-scattered, each rank keeps its shard), tied embedding over first+last stage (parameters
        marked ``pp_tied``), sequence-parallel norm gradients over tp (marked ``tp_partial``; ``param_facts``)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
     5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
@@ -31,7 +32,7 @@ The step, on every rank:
     6. the step's one host-device sync: loss, its parts, norm and overflow flag in one ``tolist``
     7. a non-finite norm or an fp16 overflow: skip on every rank (no update; fp16: the scaler's
        schedule, ``loss_scale``); else AdamW on the main weights this rank owns, then
-       ``MainParams.publish`` (model weights = main weights, ZeRO-1's broadcast over dp)
+       ``MainParams.publish`` (model weights = main weights, ZeRO's broadcast over dp; nothing under FSDP)
 
 ``bad_steps`` counts the skipped steps in a row that are the model's fault, for the caller's stop
 (``--max-skipped-steps``): at fp32 and bf16 every skipped step; at fp16 only the overflows taken at the
