@@ -125,11 +125,11 @@ def stage_layers(pp: int, schedule: str) -> tuple[int, ...] | None:
 
 
 def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activations: bool = False,
-          sequence_parallel: bool = False, **options) -> tuple[Engine, list]:
+          sequence_parallel: bool = False, fsdp: bool = False, **options) -> tuple[Engine, list]:
     """An engine on ``mesh`` with m = pp micro-batches per step (the fewest that keep every schedule
     busy; the pipelines accumulate over them); returns (engine, step results)."""
     plan = ParallelPlan(mesh, kernels="torch", recompute_activations=recompute_activations,
-                        sequence_parallel=sequence_parallel)
+                        sequence_parallel=sequence_parallel, fsdp=fsdp)
     config = config_of(name, mesh.tp_size)
     engine = Engine(lambda plan, **stage: CASES[name].build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G,
@@ -155,39 +155,45 @@ def compare(engine: Engine, results, ref, log: CaseLog) -> None:
             log.close(t, torch.from_numpy(ref_state[source]), f"final {key}", "weight", TOL)
 
 
-def options_of(on: bool, tp: int) -> dict:
-    return dict(use_distributed_optimizer=on, recompute_activations=on, sequence_parallel=on and tp > 1)
+def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
+    """ZeRO-1 (never with ``fsdp``, which shards more), recompute and sequence parallelism all ``on`` or off."""
+    return dict(use_distributed_optimizer=on and not fsdp, recompute_activations=on, sequence_parallel=on and tp > 1,
+                fsdp=fsdp)
 
 
-def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL) -> list[tuple[str, str, dict]]:
+def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: bool = False,
+             schedules: tuple[str, ...] = SCHEDULES, classifier_runs: dict = CLASSIFIER_RUNS
+             ) -> list[tuple[str, str, dict]]:
     """(case, schedule, options) for mesh number ``index``.
 
     Default: run k = index, index + 1, ... takes family k mod F and every option on when k is even;
     one run per schedule when pp > 1 (four), else F runs of 1f1b: every mesh meets every family and
     both settings, and so does every schedule over the meshes. ``full``: every combination of
     family, schedule, ZeRO-1 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
-    add the classifier's run on the meshes of CLASSIFIER_RUNS.
+    add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
+    no ZeRO-1), over ``schedules``.
     """
     families = PRETRAINING
     if full:
         values = {True: (False, True), False: (False,)}
         out = [(name, schedule, dict(use_distributed_optimizer=zero, recompute_activations=recompute,
-                                     sequence_parallel=sp))
+                                     sequence_parallel=sp, fsdp=fsdp))
                for name, schedule, zero, recompute, sp in itertools.product(
-                   families, SCHEDULES if pp > 1 else ("1f1b",), values[dp > 1], (False, True), values[tp > 1])]
+                   families, schedules if pp > 1 else ("1f1b",), values[dp > 1 and not fsdp], (False, True),
+                   values[tp > 1])]
     else:
-        schedules = SCHEDULES if pp > 1 else ("1f1b",) * len(families)
-        out = [(families[(index + j) % len(families)], schedule, options_of((index + j) % 2 == 0, tp))
-               for j, schedule in enumerate(schedules)]
-    if (tp, pp, dp) in CLASSIFIER_RUNS:
-        schedule, on = CLASSIFIER_RUNS[tp, pp, dp]
-        out.append(([n for n in MAIN if CASES[n].inputs == "classification"][0], schedule, options_of(on, tp)))
+        runs = schedules if pp > 1 else ("1f1b",) * len(families)
+        out = [(families[(index + j) % len(families)], schedule, options_of((index + j) % 2 == 0, tp, fsdp))
+               for j, schedule in enumerate(runs)]
+    if (tp, pp, dp) in classifier_runs:
+        schedule, on = classifier_runs[tp, pp, dp]
+        out.append(([n for n in MAIN if CASES[n].inputs == "classification"][0], schedule, options_of(on, tp, fsdp)))
     return out
 
 
 def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict) -> str:
-    on = [short for short, key in (("zero1", "use_distributed_optimizer"), ("recompute", "recompute_activations"),
-                                   ("sp", "sequence_parallel")) if options[key]]
+    on = [short for short, key in (("fsdp", "fsdp"), ("zero1", "use_distributed_optimizer"),
+                                   ("recompute", "recompute_activations"), ("sp", "sequence_parallel")) if options[key]]
     return f"{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}-{'+'.join(on) or 'plain'}"
 
 
