@@ -6,7 +6,7 @@ clip_grad_norm_, AdamW), computed once per case in a 1-rank spawn and handed to 
 loop over the meshes and run the engine on each; the (1, 1, 1) mesh runs the engine in a 1-rank
 spawn. Cases (``families.MAIN``): every family's pretraining model (GPT, BERT with its binary head,
 Llama) and, on three meshes, BERT for sequence classification. Coverage by default: per mesh, one
-run per schedule, the families and the option setting (ZeRO-1, recompute and sequence parallelism
+run per schedule, the families and the option setting (ZeRO-2, recompute and sequence parallelism
 all on or all off) rotating so that every mesh meets every family and both settings, and so does
 every schedule. With ``TPZOO_ENGINE_MATRIX=full``: every combination of them.
 """
@@ -156,7 +156,8 @@ def compare(engine: Engine, results, ref, log: CaseLog) -> None:
 
 
 def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
-    """ZeRO-1 (never with ``fsdp``, which shards more), recompute and sequence parallelism all ``on`` or off."""
+    """The distributed optimizer (ZeRO-2; never with ``fsdp``, which shards more), recompute and sequence
+    parallelism all ``on`` or off."""
     return dict(use_distributed_optimizer=on and not fsdp, recompute_activations=on, sequence_parallel=on and tp > 1,
                 fsdp=fsdp)
 
@@ -169,9 +170,9 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
     Default: run k = index, index + 1, ... takes family k mod F and every option on when k is even;
     one run per schedule when pp > 1 (four), else F runs of 1f1b: every mesh meets every family and
     both settings, and so does every schedule over the meshes. ``full``: every combination of
-    family, schedule, ZeRO-1 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
+    family, schedule, ZeRO-2 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
     add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
-    no ZeRO-1), over ``schedules``.
+    no ZeRO-2), over ``schedules``.
     """
     families = PRETRAINING
     if full:
@@ -192,7 +193,7 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
 
 
 def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict) -> str:
-    on = [short for short, key in (("fsdp", "fsdp"), ("zero1", "use_distributed_optimizer"),
+    on = [short for short, key in (("fsdp", "fsdp"), ("zero2", "use_distributed_optimizer"),
                                    ("recompute", "recompute_activations"), ("sp", "sequence_parallel")) if options[key]]
     return f"{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}-{'+'.join(on) or 'plain'}"
 
@@ -209,7 +210,7 @@ def adamw_bytes(engine: Engine) -> int:
 
 def check_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLog, dict]:
     """Every run of ``variants`` on each of ``meshes`` (tp, pp, dp) against its single-rank reference,
-    each under its own case name; also the ZeRO-1 state held per dp (largest per rank, plain AdamW's)."""
+    each under its own case name; also the ZeRO-2 state held per dp (largest per rank, plain AdamW's)."""
     log, zero = CaseLog(), {}
     for index, (tp, pp, dp) in enumerate(meshes):
         mesh = init_mesh(tp=tp, pp=pp, dp=dp)
@@ -225,7 +226,7 @@ def check_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLo
                 if options["use_distributed_optimizer"]:
                     total = held.clone()
                     dist.all_reduce(total[:1], group=mesh.dp_group)
-                    assert total[0] == held[1], f"ZeRO-1 state over dp {total[0]} B != AdamW's {held[1]} B"
+                    assert total[0] == held[1], f"ZeRO-2 state over dp {total[0]} B != AdamW's {held[1]} B"
                     dist.all_reduce(held, op=dist.ReduceOp.MAX)
                     zero[dp] = tuple(held.tolist())
             if dist.get_rank() == 0:
@@ -258,9 +259,9 @@ def test_engine_meshes_equal_single_rank(eight_ranks, name):
     assert_case([log for log, _ in eight_ranks], name)
 
 
-def test_engine_zero1_shards_the_optimizer_state(eight_ranks):
+def test_engine_distributed_optimizer_shards_the_optimizer_state(eight_ranks):
     zero = eight_ranks[0][1]
-    print("ZeRO-1 optimizer state, largest per rank vs plain AdamW on that rank (bytes):", zero)
+    print("ZeRO-2 optimizer state, largest per rank vs plain AdamW on that rank (bytes):", zero)
     assert set(zero) == {dp for _, _, dp in MESHES}
     for dp, (held, plain) in zero.items():
         assert held <= 1.5 * plain / dp + 1024, f"dp={dp}: a rank holds {held} B of {plain} B, not about 1/{dp}"
@@ -297,7 +298,7 @@ def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedul
     assert any(mesh[1] > 1 for mesh in CLASSIFIER_RUNS), "the classifier must run through a pipeline too"
     names = run_names(MESHES) + run_names([(1, 1, 1)])
     assert len(set(names)) == len(names), "two runs share a case name"
-    for tp, pp, dp in MESHES + [(1, 1, 1)]:  # full: families x schedules x ZeRO-1 x recompute x sp, all distinct
+    for tp, pp, dp in MESHES + [(1, 1, 1)]:  # full: families x schedules x ZeRO-2 x recompute x sp, all distinct
         full = [(n, schedule, tuple(o.items())) for n, schedule, o in variants(0, tp, pp, dp, full=True)]
         product = len(PRETRAINING) * (len(SCHEDULES) if pp > 1 else 1) * (2 if dp > 1 else 1) * 2 * (2 if tp > 1 else 1)
         assert len(set(full)) == len(full) == product + ((tp, pp, dp) in CLASSIFIER_RUNS), (tp, pp, dp)

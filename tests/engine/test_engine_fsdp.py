@@ -58,7 +58,7 @@ RUN_NAMES = [run_name(name, *mesh, schedule, options) for index, mesh in enumera
 SHARE_CASES = [f"fsdp-weights-1/dp-tp{tp}-pp{pp}-dp{dp}" for tp, pp, dp in MESHES]
 BF16_CASE = f"fsdp-bf16-tracks-plain-bf16-{'tp{}-pp{}-dp{}'.format(*BF16[0])}-{BF16[1]}"
 FP16_CASE = f"fsdp-fp16-skips-as-plain-fp16-{'tp{}-pp{}-dp{}'.format(*FP16[0])}-{FP16[1]}"
-REFUSED_CASE = "fsdp-engine-refuses-zero1-and-zero-bubble"
+REFUSED_CASE = "fsdp-engine-refuses-distributed-optimizer-and-zero-bubble"
 EXTRA_CASES = [*SHARE_CASES, BF16_CASE, FP16_CASE, REFUSED_CASE]
 
 
@@ -162,7 +162,7 @@ def test_engine_fsdp_keeps_the_engine_guarantees(fsdp_ranks, name):
     assert_case([log for log, _ in fsdp_ranks], name)
 
 
-@pytest.mark.parametrize("schedule, changes, pp, message", REFUSED, ids=["zero1", "zero-bubble"])
+@pytest.mark.parametrize("schedule, changes, pp, message", REFUSED, ids=["distributed-optimizer", "zero-bubble"])
 def test_engine_fsdp_misuse_refused(schedule, changes, pp, message):
     with pytest.raises(ValueError, match=message):
         check_fsdp(EngineConfig(schedule=schedule, **changes), SimpleNamespace(pp_size=pp))
