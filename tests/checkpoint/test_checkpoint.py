@@ -28,6 +28,7 @@ from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, ful
 from tpzoo.models.pretrained import save_pretrained
 from tpzoo.models.sharding import gather_full, load_full_state_dict, source_name, tp_partitions
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
+from tpzoo.parallel.fsdp import local
 from tpzoo.testing import spawn
 
 G, S, SAVE_AT, STEPS = 16, 8, 3, 5
@@ -87,7 +88,9 @@ def gathered_state(engine: Engine) -> tuple[dict, dict]:
         weights.update({k: v.numpy() for k, v in gather_full(mains, partitions, mesh).items()})
         for name, p in chunk.model.named_parameters():
             if name in mains:
-                assert torch.equal(p, mains[name].to(p.dtype)), f"model weight {name} is not its main weight"
+                # local: torch.equal of DTensors (FSDP) all-reduces over the whole world, not the mesh
+                assert torch.equal(local(p), local(mains[name]).to(p.dtype)), \
+                    f"model weight {name} is not its main weight"
             p = engine.main.main_of(p)
             if p in inner.state:
                 state = inner.state[p]

@@ -1,6 +1,8 @@
 """Optimizer state in a checkpoint: each parameter's state (AdamW: ``step``, ``exp_avg``, ``exp_avg_sq``)
 keyed "optim.<global parameter name>.<state name>", tensors shaped like the parameter stored like it
-(``tensors``), scalars (``step``) as plain replicated tensors.
+(``tensors``), scalars (``step``) as plain replicated tensors. Under FSDP the parameters and their
+state are DTensors sharded over dp (each rank holds its rows): stored the same way, and loaded into
+new DTensors of the parameter's placement (``zeros_like``) that become the state.
 
 The state is that of the main parameters (``tpzoo.engine.mixed_precision``: float32 whatever the
 precision), stored under their model parameters' names. The layout does not depend on dp, ZeRO-1
@@ -21,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from tpzoo.checkpoint.tensors import Entry
+from tpzoo.checkpoint.tensors import Entry, entry
 from tpzoo.engine.train_step import Engine
 from tpzoo.models.sharding import TIED_COPY, full_shape, source_name, tp_partitions
 
@@ -41,7 +43,7 @@ def _named_parameters(engine: Engine) -> Iterator[tuple[str, nn.Parameter, tuple
 def optimizer_entries(engine: Engine) -> list[Entry]:
     """The state this rank holds, for saving (none before the first step)."""
     state = engine.optimizer.state
-    return [Entry(f"{OPTIM_PREFIX}{name}.{key}", value, partition if value.shape == p.shape else None)
+    return [entry(f"{OPTIM_PREFIX}{name}.{key}", value, partition if value.shape == p.shape else None)
             for name, p, partition in _named_parameters(engine) if name != TIED_COPY and p in state
             for key, value in state[p].items() if torch.is_tensor(value)]
 
@@ -62,11 +64,11 @@ def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry
             continue
         states[p] = {}
         for state_name, meta in by_param[source_name(name)].items():
-            like_param = tuple(meta.size) == full_shape(p, partition)
+            like_param = tuple(meta.size) == full_shape(p.shape, partition)
             t = (torch.zeros_like(p, memory_format=torch.contiguous_format) if like_param
                  else torch.zeros(tuple(meta.size), dtype=meta.properties.dtype))
             states[p][state_name] = t
-            entries.append(Entry(f"{OPTIM_PREFIX}{source_name(name)}.{state_name}", t,
+            entries.append(entry(f"{OPTIM_PREFIX}{source_name(name)}.{state_name}", t,
                                  partition if like_param else None))
     return entries, states
 

@@ -18,6 +18,16 @@ rows r V'/tp ... of a padded tensor whose size depends on tp, not a ``torch.chun
 unpadded [V, h] one; storing it padded would tie the checkpoint to the tp that wrote it.
 Identical items on several ranks (dp replicas, tp peers of a replicated tensor) are written once:
 DCP's save planner deduplicates them.
+
+Under FSDP a rank holds only the dp piece of its tp tensor: the parameter (and its optimizer state) is
+a DTensor Shard(0) over the dp mesh whose global shape is the tp shard's, rank d holding rows
+[d c, min((d+1) c, n)), c = ceil(n / dp). Such an entry (``dp_shape`` set) is stored as the same full
+tensor under the same key, so an FSDP checkpoint and a plain one are interchangeable:
+
+    tp shard or replicated               DTensor [Shard(dim) or Replicate(), Shard(0)] on the (tp, dp)
+                                           mesh: the tp chunk, then its dp chunk (uneven sizes given)
+    tp shard of the padded vocabulary    dp pieces gathered (``full_tensor``), then as above; at load
+                                           this rank's dp rows of its tp slice are kept
 """
 
 from __future__ import annotations
@@ -27,10 +37,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from tpzoo.models.base import StagedModel
-from tpzoo.models.sharding import TIED_COPY, full_shape, gather_full, shard, source_name, tp_partitions
+from tpzoo.models.sharding import (TIED_COPY, dp_rows, full_shape, gather_full, shard, source_name,
+                                   tp_partitions)
 from tpzoo.parallel import ParallelMesh
 
 MODEL_PREFIX = "model."
@@ -42,24 +53,60 @@ class Entry:
 
     ``local`` is what the rank holds (a tp shard for partitioned parameters) and is written into in
     place at load; ``partition`` is (tp dim, full unpadded size) from ``tp_partitions``, None when
-    replicated.
+    replicated. ``dp_shape``: set when ``local`` is only this rank's Shard(0) piece over dp (FSDP) of
+    a tp tensor of that shape.
     """
 
     key: str
     local: Tensor
     partition: tuple[int, int] | None = None
+    dp_shape: tuple[int, ...] | None = None
+
+    def tp_shape(self) -> tuple[int, ...]:
+        """The shape of this rank's tp tensor (the whole of it, whatever dp holds)."""
+        return self.dp_shape if self.dp_shape is not None else tuple(self.local.shape)
 
     def padded(self, mesh: ParallelMesh) -> bool:
         """A shard of the padded vocabulary (its full size is not tp x its local size)."""
-        return self.partition is not None and self.partition[1] != self.local.shape[self.partition[0]] * mesh.tp_size
+        return (self.partition is not None
+                and self.partition[1] != self.tp_shape()[self.partition[0]] * mesh.tp_size)
 
     def full_shape(self) -> tuple[int, ...]:
-        return full_shape(self.local, self.partition)
+        return full_shape(self.tp_shape(), self.partition)
 
     def dtensor(self, mesh: ParallelMesh) -> DTensor:
-        """``local`` as this rank's chunk of a DTensor sharded over the tp mesh (no copy)."""
-        return DTensor.from_local(self.local.detach(), mesh.device_mesh["tp"], [Shard(self.partition[0])],
-                                  run_check=False)
+        """``local`` as this rank's chunk of a DTensor sharded over the tp mesh, or over the (tp, dp)
+        mesh for a dp piece (no copy)."""
+        local = self.local.detach()
+        if self.dp_shape is None:
+            return DTensor.from_local(local, mesh.device_mesh["tp"], [Shard(self.partition[0])], run_check=False)
+        shape = torch.Size(self.full_shape())
+        tp = Shard(self.partition[0]) if self.partition else Replicate()
+        return DTensor.from_local(local, mesh.tp_dp_mesh, [tp, Shard(0)], run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape))
+
+    def tp_tensor(self, mesh: ParallelMesh) -> Tensor:
+        """This rank's whole tp tensor: ``local``, or its dp pieces gathered (collective over dp)."""
+        if self.dp_shape is None:
+            return self.local
+        shape = torch.Size(self.dp_shape)
+        return DTensor.from_local(self.local.detach(), mesh.device_mesh["dp"], [Shard(0)], run_check=False,
+                                  shape=shape, stride=_contiguous_stride(shape)).full_tensor()
+
+
+def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None) -> Entry:
+    """An entry for ``tensor``: a plain tp tensor, or a DTensor Shard(0) over dp (FSDP) whose local view
+    becomes ``local`` (loading writes into the DTensor's own storage)."""
+    if isinstance(tensor, DTensor):
+        if tuple(tensor.placements) != (Shard(0),):
+            raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp only, got "
+                             f"{tensor.placements} on {tensor.device_mesh}")
+        return Entry(key, tensor.to_local(), partition, tuple(tensor.shape))
+    return Entry(key, tensor, partition)
+
+
+def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
+    return torch.empty(shape, device="meta").stride()
 
 
 def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = False,
@@ -73,16 +120,17 @@ def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = Fal
     """
     partitions = tp_partitions(model, mesh.tp_size)
     tensors = {**model.state_dict(), **(weights or {})}
-    return [Entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in tensors.items()
+    return [entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in tensors.items()
             if t is not None and (loading or name != TIED_COPY)]
 
 
 def save_items(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
-    """key -> what ``dcp.save`` writes (see the module docstring). Collective over tp: the padded
-    vocabulary tensors are gathered, in ``entries``' order (the same on every tp rank)."""
+    """key -> what ``dcp.save`` writes (see the module docstring). Collective over tp (and dp for dp
+    pieces): the padded vocabulary tensors are gathered, in ``entries``' order (the same on every rank)."""
     padded = [e for e in entries if e.padded(mesh)]
-    full = gather_full({e.key: e.local for e in padded}, {e.key: e.partition for e in padded}, mesh)
-    return {e.key: full[e.key] if e.key in full else e.dtensor(mesh) if e.partition else e.local.detach()
+    full = gather_full({e.key: e.tp_tensor(mesh) for e in padded}, {e.key: e.partition for e in padded}, mesh)
+    return {e.key: full[e.key] if e.key in full else e.dtensor(mesh) if e.partition or e.dp_shape
+            else e.local.detach()
             for e in entries}
 
 
@@ -94,17 +142,22 @@ def load_targets(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
         if e.padded(mesh):
             out[e.key] = torch.empty(e.full_shape(), dtype=e.local.dtype, device=e.local.device)
         else:
-            out[e.key] = e.dtensor(mesh) if e.partition else e.local.detach()
+            out[e.key] = e.dtensor(mesh) if e.partition or e.dp_shape else e.local.detach()
     return out
 
 
 @torch.no_grad()
 def finish_load(entries: list[Entry], targets: dict[str, Tensor], mesh: ParallelMesh) -> None:
-    """Copy this rank's slice of each loaded full padded-vocabulary tensor into its shard."""
+    """Copy this rank's slice of each loaded full padded-vocabulary tensor into its shard (its dp rows of
+    it for a dp piece)."""
     for e in entries:
         if e.padded(mesh):
             dim = e.partition[0]
-            e.local.copy_(shard(targets[e.key], dim, e.local.shape[dim], mesh))
+            piece = shard(targets[e.key], dim, e.tp_shape()[dim], mesh)
+            if e.dp_shape is not None:
+                start, stop = dp_rows(piece.shape[0], mesh)
+                piece = piece[start:stop]
+            e.local.copy_(piece)
 
 
 def split_by_fit(entries: list[Entry], saved: dict[str, object]) -> tuple[list[Entry], list[Entry]]:

@@ -10,15 +10,19 @@ vocabulary cut back to its real size V (no padding rows), so it does not depend 
     VocabParallelBias            r V'/tp ...       [V'/tp]       [V]
     anything else                replicated                      as is
 
-``full_state_dict`` gathers (every tp rank must call it, and gets the result);
-``load_full_state_dict`` keeps this rank's slice (no communication). Checkpoints and the Hugging
-Face converter go through these two.
+``full_state_dict`` gathers (every tp rank must call it, and gets the result; under FSDP, where each
+value is a DTensor sharded over dp, every dp rank too: the dp pieces are gathered first);
+``load_full_state_dict`` keeps this rank's slice (no communication; under FSDP its dp rows of it).
+Checkpoints and the Hugging Face converter go through these two.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from tpzoo.parallel import ParallelMesh
 from tpzoo.parallel.collectives import all_gather
@@ -49,9 +53,12 @@ def tp_partitions(model: nn.Module, tp: int) -> dict[str, tuple[int, int]]:
 
 def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int]], mesh: ParallelMesh
                 ) -> dict[str, Tensor]:
-    """Shards -> full tensors (collective over tp, in ``tensors``' order; every tp rank gets them)."""
+    """Shards -> full tensors (collective over tp, in ``tensors``' order; every tp rank gets them). A
+    DTensor (FSDP: the tp shard sharded over dp) is gathered over its mesh first (``full_tensor``)."""
     out = {}
     for name, t in tensors.items():
+        if isinstance(t, DTensor):
+            t = t.detach().full_tensor()
         if name in partitions:
             dim, size = partitions[name]
             t = all_gather(t.detach(), dim, mesh.tp_group).narrow(dim, 0, size)
@@ -85,9 +92,16 @@ def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor
     return full.narrow(dim, mesh.tp_rank * local_size, local_size)
 
 
-def full_shape(local: Tensor, partition: tuple[int, int] | None) -> tuple[int, ...]:
-    """The full (unpadded) shape of a tensor shaped like a parameter whose shard is ``local``."""
-    shape = list(local.shape)
+def dp_rows(n: int, mesh: ParallelMesh) -> tuple[int, int]:
+    """[start, stop) of this dp rank's rows of ``n`` split as FSDP splits dim 0 (chunks of ceil(n / dp),
+    the last ones short or empty)."""
+    chunk = -(-n // mesh.dp_size)
+    return min(mesh.dp_rank * chunk, n), min((mesh.dp_rank + 1) * chunk, n)
+
+
+def full_shape(local: Sequence[int], partition: tuple[int, int] | None) -> tuple[int, ...]:
+    """The full (unpadded) shape of a tensor shaped like a parameter whose shard has shape ``local``."""
+    shape = list(local)
     if partition is not None:
         shape[partition[0]] = partition[1]
     return tuple(shape)
@@ -114,7 +128,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
         if name not in state:
             continue
         value, partition = state[name], partitions.get(name)
-        if not strict and tuple(value.shape) != full_shape(target, partition):
+        if not strict and tuple(value.shape) != full_shape(target.shape, partition):
             kept.append(name)
             continue
         if partition is not None:
@@ -122,6 +136,9 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
             if value.shape[dim] != size:
                 raise ValueError(f"{name}: full size {size} along dim {dim} expected, got shape {tuple(value.shape)}")
             value = shard(value, dim, target.shape[dim], mesh)
+        if isinstance(target, DTensor):  # FSDP: this dp rank's rows of its tp shard
+            start, stop = dp_rows(value.shape[0], mesh)
+            target, value = target.to_local(), value[start:stop]
         if value.shape != target.shape:
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(target.shape)}")
         target.copy_(value)

@@ -1,0 +1,127 @@
+"""FSDP checkpoints are the same files as plain ones: saved under FSDP, resumed without it on another
+mesh, and the other way round.
+
+One 8-rank spawn trains GPT and BERT (fp32, dropout off) under FSDP at (tp, pp, dp) = (1, 2, 4) for 5
+steps, saving after step 3 (``full_state_dict`` gathers the saved weights, ``load_full_state_dict``
+writes them back into the dp shards). Resumed at (2, 1, 4) without FSDP the full weights and optimizer state equal
+the saved ones bit for bit and the next 2 losses the uninterrupted run's; that engine saves again
+(a plain checkpoint), which an FSDP engine at (2, 2, 2) resumes alike and saves once more (tp-sharded
+dp pieces); ``load_model`` rebuilds both FSDP checkpoints' weights. A 1-rank spawn resumes the FSDP
+checkpoints at (1, 1, 1). GPT's vocabulary (500) and BERT's (101) are padded: those tensors go through
+the gathered path; BERT's token types (2 rows) leave some dp ranks no rows at dp = 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import CaseLog, assert_case
+from test_checkpoint import CLIP, EPS, G, LR, SAVE_AT, STEPS, WD, assert_same_state, batch, gathered_state, model_config
+from torch.distributed.tensor import DTensor
+
+from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
+from tpzoo.engine import Engine, EngineConfig
+from tpzoo.models import BertModel, GPTModel, full_state_dict
+from tpzoo.models.sharding import load_full_state_dict
+from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
+from tpzoo.testing import spawn
+
+KINDS = {"gpt": GPTModel, "bert": BertModel}
+TOL = 1e-5  # FSDP sums the gradients over dp in another order than the all-reduce
+SAVED_AT = (1, 2, 4)  # (tp, pp, dp), under FSDP
+PLAIN_AT, FSDP_AT = (2, 1, 4), (2, 2, 2)
+NAMES = [f"{kind}-{case}" for kind in KINDS for case in (
+    "fsdp-save", "fsdp-to-plain-tp2-pp1-dp4", "plain-to-fsdp-tp2-pp2-dp2", "load-model")] + [
+    f"{kind}-fsdp-to-single-rank" for kind in KINDS]
+
+
+def make_engine(kind: str, shape: tuple[int, int, int], fsdp: bool) -> Engine:
+    tp, pp, dp = shape
+    mesh = init_mesh(tp=tp, pp=pp, dp=dp)
+    manual_seed(7 if fsdp else 99, mesh)  # another seed: only the loaded weights give the same losses
+    config = model_config(kind)
+    return Engine(lambda plan, **stage: KINDS[kind](config, plan, **stage), config,
+                  EngineConfig(micro_batch_size=G // (dp * pp), global_batch_size=G, lr=LR, weight_decay=WD,
+                               adam_eps=EPS, clip_grad=CLIP), ParallelPlan(mesh, kernels="torch", fsdp=fsdp))
+
+
+def train(engine: Engine, kind: str, steps: range) -> list[float]:
+    return [engine.train_step(batch(kind, step)).loss for step in steps]
+
+
+def check_losses(got: list[float], expected: list[float], tag: str, log: CaseLog) -> None:
+    log.close(torch.tensor(got), torch.tensor(expected), f"{tag}: losses after resuming", tag, TOL)
+
+
+def resume(folder: str, kind: str, shape: tuple[int, int, int], fsdp: bool, ref: dict, tag: str, log: CaseLog,
+           save_to: str | None = None) -> None:
+    """An engine at ``shape`` loads ``folder``: the saved state bitwise (saved again to ``save_to`` as
+    loaded), then the uninterrupted run's losses."""
+    engine = make_engine(kind, shape, fsdp)
+    assert load_checkpoint(folder, engine)["iteration"] == SAVE_AT
+    assert all(isinstance(p, DTensor) for p in engine.params) == fsdp, f"{tag}: FSDP {fsdp} parameters"
+    assert_same_state(engine, ref["state"], tag)
+    if save_to:
+        save_checkpoint(save_to, SAVE_AT, engine, meta={})
+    check_losses(train(engine, kind, range(SAVE_AT, STEPS)), ref["losses"], tag, log)
+
+
+def check_load_model(folder: str, kind: str, ref: dict, shape: tuple[int, int, int]) -> None:
+    tp, pp, dp = shape
+    model = load_model(folder, ParallelPlan(init_mesh(tp=tp, pp=pp, dp=dp), kernels="torch"))
+    for name, value in full_state_dict(model).items():
+        assert torch.equal(value, torch.from_numpy(ref["state"][0][name])), f"load_model {folder}: {name}"
+
+
+def eight_ranks(root: str) -> tuple[CaseLog, dict]:
+    log, refs = CaseLog(), {}
+    for kind in KINDS:
+        with log.case(f"{kind}-fsdp-save"):
+            engine = make_engine(kind, SAVED_AT, True)
+            first = train(engine, kind, range(SAVE_AT))
+            save_checkpoint(f"{root}/{kind}-fsdp", SAVE_AT, engine, meta={})
+            state = gathered_state(engine)
+            for chunk in engine.chunks:  # full_state_dict gathers the dp pieces (and the tp shards)
+                assert all(isinstance(v, DTensor) for v in chunk.model.state_dict().values())
+                full = full_state_dict(chunk.model)
+                for name, value in full.items():
+                    assert torch.equal(value, torch.from_numpy(state[0][name])), f"full_state_dict: {name}"
+                with torch.no_grad():  # load_full_state_dict writes each rank's dp rows back
+                    for p in chunk.model.parameters():
+                        p.zero_()
+                load_full_state_dict(chunk.model, full)
+                assert all(torch.equal(v, full[k]) for k, v in full_state_dict(chunk.model).items())
+            refs[kind] = dict(state=state, losses=train(engine, kind, range(SAVE_AT, STEPS)))
+        with log.case(f"{kind}-fsdp-to-plain-tp2-pp1-dp4"):
+            resume(f"{root}/{kind}-fsdp", kind, PLAIN_AT, False, refs[kind], f"{kind} FSDP -> plain", log,
+                   save_to=f"{root}/{kind}-plain")
+        with log.case(f"{kind}-plain-to-fsdp-tp2-pp2-dp2"):
+            resume(f"{root}/{kind}-plain", kind, FSDP_AT, True, refs[kind], f"{kind} plain -> FSDP", log,
+                   save_to=f"{root}/{kind}-fsdp-tp2")
+        with log.case(f"{kind}-load-model"):
+            check_load_model(f"{root}/{kind}-fsdp", kind, refs[kind], (2, 1, 4))
+            check_load_model(f"{root}/{kind}-fsdp-tp2", kind, refs[kind], (1, 1, 8))
+    return log, refs
+
+
+def one_rank(root: str, refs: dict) -> CaseLog:
+    log = CaseLog()
+    for kind in KINDS:
+        with log.case(f"{kind}-fsdp-to-single-rank"):
+            resume(f"{root}/{kind}-fsdp", kind, (1, 1, 1), False, refs[kind], f"{kind} FSDP -> 1 rank", log)
+    return log
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> dict[str, list[CaseLog]]:
+    root = str(tmp_path_factory.mktemp("fsdp-checkpoints"))
+    results = spawn(eight_ranks, 8, root, timeout=600)
+    logs = {"eight": [log for log, _ in results], "one": spawn(one_rank, 1, root, results[0][1], timeout=300)}
+    worst = {k: v for log in logs["eight"] + logs["one"] for k, v in log.max.items()}
+    print("largest relative loss differences:", {k: f"{v:.1e}" for k, v in worst.items()})
+    return logs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fsdp_checkpoint(logs, name):
+    assert_case(logs["one" if name.endswith("single-rank") else "eight"], name)
