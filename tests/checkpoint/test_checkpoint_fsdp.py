@@ -66,7 +66,8 @@ def resume(folder: str, kind: str, shape: tuple[int, int, int], fsdp: bool, ref:
     check_losses(train(engine, kind, range(SAVE_AT, STEPS)), ref["losses"], tag, log)
 
 
-def check_load_model(folder: str, kind: str, ref: dict, shape: tuple[int, int, int]) -> None:
+def check_load_model(folder: str, ref: dict, shape: tuple[int, int, int]) -> None:
+    """``load_model`` at ``shape`` (without FSDP) holds the saved weights."""
     tp, pp, dp = shape
     model = load_model(folder, ParallelPlan(init_mesh(tp=tp, pp=pp, dp=dp), kernels="torch"))
     for name, value in full_state_dict(model).items():
@@ -99,8 +100,8 @@ def eight_ranks(root: str) -> tuple[CaseLog, dict]:
             resume(f"{root}/{kind}-plain", kind, FSDP_AT, True, refs[kind], f"{kind} plain -> FSDP", log,
                    save_to=f"{root}/{kind}-fsdp-tp2")
         with log.case(f"{kind}-load-model"):
-            check_load_model(f"{root}/{kind}-fsdp", kind, refs[kind], (2, 1, 4))
-            check_load_model(f"{root}/{kind}-fsdp-tp2", kind, refs[kind], (1, 1, 8))
+            check_load_model(f"{root}/{kind}-fsdp", refs[kind], (2, 1, 4))
+            check_load_model(f"{root}/{kind}-fsdp-tp2", refs[kind], (1, 1, 8))
     return log, refs
 
 
