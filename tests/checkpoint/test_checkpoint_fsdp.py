@@ -13,6 +13,7 @@ the gathered path; BERT's token types (2 rows) leave some dp ranks no rows at dp
 
 from __future__ import annotations
 
+import background
 import pytest
 import torch
 from cases import CaseLog, assert_case
@@ -24,7 +25,6 @@ from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import BertModel, GPTModel, full_state_dict
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
-from tpzoo.testing import spawn
 
 KINDS = {"gpt": GPTModel, "bert": BertModel}
 TOL = 1e-5  # FSDP sums the gradients over dp in another order than the all-reduce
@@ -79,7 +79,7 @@ def eight_ranks(root: str) -> tuple[CaseLog, dict]:
     for kind in KINDS:
         with log.case(f"{kind}-fsdp-save"):
             engine = make_engine(kind, SAVED_AT, True)
-            first = train(engine, kind, range(SAVE_AT))
+            train(engine, kind, range(SAVE_AT))
             save_checkpoint(f"{root}/{kind}-fsdp", SAVE_AT, engine, meta={})
             state = gathered_state(engine)
             for chunk in engine.chunks:  # full_state_dict gathers the dp pieces (and the tp shards)
@@ -113,11 +113,12 @@ def one_rank(root: str, refs: dict) -> CaseLog:
     return log
 
 
-@pytest.fixture(scope="module")
+@background.fixture
 def logs(tmp_path_factory) -> dict[str, list[CaseLog]]:
     root = str(tmp_path_factory.mktemp("fsdp-checkpoints"))
-    results = spawn(eight_ranks, 8, root, timeout=600)
-    logs = {"eight": [log for log, _ in results], "one": spawn(one_rank, 1, root, results[0][1], timeout=300)}
+    results = background.spawn(eight_ranks, 8, root, timeout=600)
+    logs = {"eight": [log for log, _ in results],
+            "one": background.spawn(one_rank, 1, root, results[0][1], timeout=300)}
     worst = {k: v for log in logs["eight"] + logs["one"] for k, v in log.max.items()}
     print("largest relative loss differences:", {k: f"{v:.1e}" for k, v in worst.items()})
     return logs

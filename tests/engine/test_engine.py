@@ -17,6 +17,7 @@ import functools
 import itertools
 import os
 import time
+from typing import Callable
 
 import background
 import pytest
@@ -125,14 +126,16 @@ def stage_layers(pp: int, schedule: str) -> tuple[int, ...] | None:
 
 
 def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activations: bool = False,
-          sequence_parallel: bool = False, fsdp: bool = False, **options) -> tuple[Engine, list]:
-    """An engine on ``mesh`` with m = pp micro-batches per step (the fewest that keep every schedule
-    busy; the pipelines accumulate over them); returns (engine, step results)."""
+          sequence_parallel: bool = False, fsdp: bool = False, micro_batches: int | None = None,
+          **options) -> tuple[Engine, list]:
+    """An engine on ``mesh`` with m = ``micro_batches`` per step, by default pp (the fewest that keep
+    every schedule busy; the pipelines accumulate over them); returns (engine, step results)."""
     plan = ParallelPlan(mesh, kernels="torch", recompute_activations=recompute_activations,
                         sequence_parallel=sequence_parallel, fsdp=fsdp)
     config = config_of(name, mesh.tp_size)
     engine = Engine(lambda plan, **stage: CASES[name].build(config, plan, **stage), config,
-                    EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G,
+                    EngineConfig(micro_batch_size=G // (mesh.dp_size * (micro_batches or mesh.pp_size)),
+                                 global_batch_size=G,
                                  schedule=schedule, stage_layers=stage_layers(mesh.pp_size, schedule), lr=LR,
                                  weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, **options), plan)
     return engine, [engine.train_step(global_batch(name, step)) for step in range(steps)]
@@ -195,7 +198,8 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
 def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict) -> str:
     on = [short for short, key in (("fsdp", "fsdp"), ("zero2", "use_distributed_optimizer"),
                                    ("recompute", "recompute_activations"), ("sp", "sequence_parallel")) if options[key]]
-    return f"{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}-{'+'.join(on) or 'plain'}"
+    m = f"-m{options['micro_batches']}" if options.get("micro_batches") else ""
+    return f"{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}{m}-{'+'.join(on) or 'plain'}"
 
 
 def run_names(meshes: list[tuple[int, int, int]]) -> list[str]:
@@ -208,29 +212,43 @@ def adamw_bytes(engine: Engine) -> int:
     return sum(2 * p.numel() * 4 + 4 for p in engine.params)
 
 
+def run_case(log: CaseLog, refs: dict, mesh, name: str, schedule: str, options: dict,
+             check: Callable[[Engine, list], None] = lambda engine, results: None) -> None:
+    """One run under its case name (``run_name``): train, ``compare`` with its reference, then
+    ``check(engine, results)``; rank 0 prints the run's time."""
+    tp, pp, dp = mesh.tp_size, mesh.pp_size, mesh.dp_size
+    tag = run_name(name, tp, pp, dp, schedule, options)
+    t0 = time.perf_counter()
+    with log.case(tag):
+        engine, results = train(name, mesh, schedule, **options)
+        compare(engine, results, refs[ref_key(name, tp)], log)
+        check(engine, results)
+    if dist.get_rank() == 0:
+        print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)
+
+
 def check_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLog, dict]:
     """Every run of ``variants`` on each of ``meshes`` (tp, pp, dp) against its single-rank reference,
     each under its own case name; also the ZeRO-2 state held per dp (largest per rank, plain AdamW's)."""
     log, zero = CaseLog(), {}
+
+    def check_sharding(engine: Engine, options: dict) -> None:
+        mesh, dp = engine.mesh, engine.mesh.dp_size
+        if dp > 1 and "zero-bubble" not in engine.config.schedule:
+            assert engine.reducer.overlapped == len(engine.reducer.buckets), "no overlap with backward"
+        held = torch.tensor([optimizer_state_bytes(engine.optimizer), adamw_bytes(engine)])
+        if options["use_distributed_optimizer"]:
+            total = held.clone()
+            dist.all_reduce(total[:1], group=mesh.dp_group)
+            assert total[0] == held[1], f"ZeRO-2 state over dp {total[0]} B != AdamW's {held[1]} B"
+            dist.all_reduce(held, op=dist.ReduceOp.MAX)
+            zero[dp] = tuple(held.tolist())
+
     for index, (tp, pp, dp) in enumerate(meshes):
         mesh = init_mesh(tp=tp, pp=pp, dp=dp)
         for name, schedule, options in variants(index, tp, pp, dp):
-            tag = run_name(name, tp, pp, dp, schedule, options)
-            t0 = time.perf_counter()
-            with log.case(tag):
-                engine, results = train(name, mesh, schedule, **options)
-                compare(engine, results, refs[ref_key(name, tp)], log)
-                if dp > 1 and "zero-bubble" not in schedule:
-                    assert engine.reducer.overlapped == len(engine.reducer.buckets), "no overlap with backward"
-                held = torch.tensor([optimizer_state_bytes(engine.optimizer), adamw_bytes(engine)])
-                if options["use_distributed_optimizer"]:
-                    total = held.clone()
-                    dist.all_reduce(total[:1], group=mesh.dp_group)
-                    assert total[0] == held[1], f"ZeRO-2 state over dp {total[0]} B != AdamW's {held[1]} B"
-                    dist.all_reduce(held, op=dist.ReduceOp.MAX)
-                    zero[dp] = tuple(held.tolist())
-            if dist.get_rank() == 0:
-                print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)
+            run_case(log, refs, mesh, name, schedule, options,
+                     lambda engine, _, options=options: check_sharding(engine, options))
     return log, zero
 
 

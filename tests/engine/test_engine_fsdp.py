@@ -29,16 +29,17 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import CaseLog, assert_case
-from test_engine import (CLIP, PRETRAINING, SCHEDULES, compare, ref_key, refs, run_name, train, variants)
+from test_engine import CLIP, PRETRAINING, SCHEDULES, refs, run_case, run_name, train, variants
 
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.fsdp_params import check_fsdp
-from tpzoo.engine.grads import local
 from tpzoo.parallel import init_mesh
+from tpzoo.parallel.fsdp import local
 
 MESHES = [(1, 1, 8), (2, 1, 4), (1, 2, 4), (2, 2, 2)]  # (tp, pp, dp)
 FSDP_SCHEDULES = tuple(s for s in SCHEDULES if s != "interleaved-zero-bubble")  # refused: see check_fsdp
 CLASSIFIER_RUNS = {(2, 2, 2): ("interleaved-1f1b", True)}  # mesh: (schedule, every option on)
+ACCUMULATING = (2, 1, 4)  # a pp = 1 mesh whose runs take 2 micro-batches a step (the others: m = pp)
 EXTRA_STEPS = 4          # the precision checks (the matrix runs test_engine's 10)
 BF16 = ((2, 2, 2), "1f1b", dict(recompute_activations=True, sequence_parallel=True))  # mesh, schedule, options
 # from 2^21 the scale backs off twice, then steps (measured: overflows at 2^24 .. 2^20, none at 2^19)
@@ -50,7 +51,11 @@ REFUSED = [("1f1b", dict(use_distributed_optimizer=True), 1, "turn off use_distr
 
 
 def fsdp_variants(index: int, tp: int, pp: int, dp: int) -> list[tuple[str, str, dict]]:
-    return variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS)
+    """``test_engine.variants`` with FSDP over FSDP_SCHEDULES; on ACCUMULATING, 2 micro-batches a step, so that
+    the engine's own accumulation at pp = 1 without a reduce (``sync_gradients_this_backward``) runs."""
+    runs = variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS)
+    m2 = (tp, pp, dp) == ACCUMULATING
+    return [(name, schedule, {**options, "micro_batches": 2} if m2 else options) for name, schedule, options in runs]
 
 
 RUN_NAMES = [run_name(name, *mesh, schedule, options) for index, mesh in enumerate(MESHES)
@@ -113,20 +118,17 @@ def check_refused(log: CaseLog, mesh) -> None:
                 train(PRETRAINING[0], mesh, schedule, steps=0, fsdp=True, **changes)
 
 
+def check_clipped(engine, results: list) -> None:
+    assert max(r.grad_norm for r in results) > CLIP, f"no step clipped (CLIP={CLIP})"
+
+
 def check_fsdp_meshes(refs: dict) -> tuple[CaseLog, dict]:
     """The cases of RUN_NAMES and EXTRA_CASES on 8 ranks; also (largest share, plain bytes) per mesh."""
     log, shares = CaseLog(), {}
     for index, (tp, pp, dp) in enumerate(MESHES):
         mesh = init_mesh(tp=tp, pp=pp, dp=dp)
         for name, schedule, options in fsdp_variants(index, tp, pp, dp):
-            tag = run_name(name, tp, pp, dp, schedule, options)
-            t0 = time.perf_counter()
-            with log.case(tag):
-                engine, results = train(name, mesh, schedule, **options)
-                compare(engine, results, refs[ref_key(name, tp)], log)
-                assert max(r.grad_norm for r in results) > CLIP, f"no step clipped (CLIP={CLIP})"
-            if dist.get_rank() == 0:
-                print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)
+            run_case(log, refs, mesh, name, schedule, options, check_clipped)
         t0 = time.perf_counter()
         shares[tp, pp, dp] = check_shares(log, mesh, name, schedule, options)
         if (tp, pp, dp) == BF16[0]:

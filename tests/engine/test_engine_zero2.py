@@ -135,3 +135,11 @@ def test_owners_pin_the_tied_embedding_to_dp_rank_0():
 def test_zero_stage_must_be_1_or_2(stage):
     with pytest.raises(ValueError, match=f"zero_stage must be 1 or 2 .*got {type(stage).__name__}"):
         EngineConfig(zero_stage=stage)
+
+
+def test_zero_stage_needs_the_distributed_optimizer():
+    """A ZeRO stage without the distributed optimizer would be ignored: refused; with it, stage 2 by default."""
+    with pytest.raises(ValueError, match="zero_stage=1 needs use_distributed_optimizer=True"):
+        EngineConfig(zero_stage=1)
+    assert EngineConfig(use_distributed_optimizer=True).zero_stage == 2
+    assert EngineConfig().zero_stage is None

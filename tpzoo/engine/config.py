@@ -52,9 +52,9 @@ class EngineConfig:
                                                   "explicit layers per stage (chunk); None: even split")
     use_distributed_optimizer: bool = _field(False, _bool, "optimizer state (and main weights) sharded over dp: "
                                              "ZeRO-1, or ZeRO-2 with zero_stage")
-    zero_stage: int = _field(2, _zero_stage, "with use_distributed_optimizer: 1 all-reduces the gradients, every dp "
-                             "rank keeps them all; 2 reduce-scatters them, each rank keeps its owned parameters' "
-                             "gradients (~1/dp)")
+    zero_stage: int | None = _field(None, _optional(_zero_stage), "with use_distributed_optimizer (None: 2): 1 "
+                                    "all-reduces the gradients, every dp rank keeps them all; 2 reduce-scatters them, "
+                                    "each rank keeps its owned parameters' gradients (~1/dp)")
     lr: float = _field(1e-3, _positive_float, "AdamW learning rate")
     weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
     adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
@@ -84,6 +84,11 @@ class EngineConfig:
         if self.min_loss_scale > self.initial_loss_scale:
             raise ValueError(f"EngineConfig.min_loss_scale={self.min_loss_scale} exceeds initial_loss_scale="
                              f"{self.initial_loss_scale}; lower the minimum or raise the initial scale")
+        if self.zero_stage is not None and not self.use_distributed_optimizer:
+            raise ValueError(f"EngineConfig.zero_stage={self.zero_stage} needs use_distributed_optimizer=True (the "
+                             f"stage of its sharding); turn it on or drop zero_stage")
+        if self.use_distributed_optimizer and self.zero_stage is None:
+            self.zero_stage = 2
         if self.virtual_stages is None:
             self.virtual_stages = 2 if self.schedule in INTERLEAVED else 1
         if self.virtual_stages > 1 and self.schedule not in INTERLEAVED:

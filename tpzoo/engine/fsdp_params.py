@@ -27,6 +27,8 @@ def check_fsdp(config: EngineConfig, mesh: ParallelMesh) -> None:
     - interleaved-zero-bubble with pp > 1: torch's split weight gradients (``stage_backward_weight``, torch
       2.13) differentiate with respect to the stage's sharded parameters, not the gathered ones FSDP
       computes with, so the weight gradients would be lost (measured: the norms differ from step 0).
+
+    The scripts refuse the same flags before torch loads (``tpzoo.training.args.check_fsdp_flags``).
     """
     if config.use_distributed_optimizer:
         raise ValueError("FSDP shards the optimizer state over dp already; turn off use_distributed_optimizer "
@@ -63,12 +65,17 @@ class FSDPParams:
         return p
 
     def flush(self) -> None:
-        """Nothing: FSDP's post-backward (torch's pipeline stages call it after split weight gradients)
-        leaves every gradient reduced and sharded."""
+        """Nothing: FSDP's post-backward leaves every gradient reduced and sharded."""
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+    def abandon_step(self) -> None:
+        """After a forward or backward that raised: FSDP's per-step state is undefined until each root
+        resets it (torch's ``FSDPModule.reset_iter_state``), so the engine can take the next step."""
+        for chunk in self.chunks:
+            chunk.reset_iter_state()
 
     def publish(self) -> None:
         """Nothing: the next forward gathers the updated shards."""

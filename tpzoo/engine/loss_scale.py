@@ -66,7 +66,7 @@ class DynamicLossScaler:
 
     def unscale(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> torch.Tensor:
         """Divide the gradients by the scale; return ``any_nonfinite`` over ``group`` (1: skip the step)."""
-        params = [p for p in params if p.grad is not None]
+        params = list(params)  # all of them: any_nonfinite puts its flag on their device, with or without gradients
         torch._foreach_mul_(local_grads(params), 1.0 / self.scale)
         return any_nonfinite(params, group)
 

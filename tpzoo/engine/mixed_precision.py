@@ -110,6 +110,9 @@ class MainParams:
             if main is not p and p.grad is not None:
                 _move_grad(p, main)
 
+    def abandon_step(self) -> None:
+        """After a forward or backward that raised: nothing to reset (``zero_grad`` starts the next step)."""
+
     def zero_grad(self) -> None:
         for p, main in zip(self.model, self.params):
             p.grad = main.grad = None

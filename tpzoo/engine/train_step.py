@@ -210,7 +210,11 @@ class Engine:
         if self.reducer is not None:
             self.reducer.start(self.m)
         with peers_named("train_step", mesh, self.config.timeout_s):
-            total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
+            try:
+                total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
+            except BaseException:
+                main.abandon_step()
+                raise
             main.flush()
             if self.reducer is not None:
                 self.reducer.sync()

@@ -11,13 +11,18 @@ is the root unit, gathered for the whole forward: that is where a tied embedding
 reading the embedding's weight outside the embedding's own forward (``tpzoo.engine.fsdp_params``).
 
     per rank, between steps:   weights P / dp, gradients P / dp, optimizer state P / dp (float32 each)
-    per rank, at the peak:     + one unit gathered (the largest layer, or the root unit), in ``param_dtype``
+    per rank, during a step:   + the root unit and one or two layers gathered, in ``param_dtype`` (FSDP keeps
+                               the root gathered through the forward and prefetches the next layer on CUDA);
+                               with m > 1 micro-batches + the float32 gradients, unsharded until the last
+                               backward (no reduce per micro-batch); with pp > 1 + the whole stage gathered
+                               from its first backward to the step's end (torch's pipeline stages turn
+                               FSDP's reshard-after-backward off between micro-batches)
 
 The sharded parameters stay float32: they are the main weights the optimizer steps. Compute runs in
 ``param_dtype`` (bf16/fp16: FSDP casts each gathered weight), gradients are reduced in ``reduce_dtype``
 (float32) and summed, not averaged (divide factor 1): the engine's losses are already divided by the
 global batch's counts. Accumulating over micro-batches without a reduce per micro-batch is
-``no_sync_until_last`` (pp = 1) or torch's pipeline stages (pp > 1, which recognise an FSDP root).
+``sync_gradients_this_backward`` (pp = 1) or torch's pipeline stages (pp > 1, which recognise an FSDP root).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: ParallelMesh,
     sequence-parallel sums) carry over to their sharded replacements. In place; ``root`` becomes an
     ``FSDPModule``."""
     if isinstance(root, FSDPModule):
-        raise ValueError(f"{type(root).__name__} is already sharded with FSDP")
+        raise ValueError(f"{type(root).__name__} is already sharded with FSDP; apply_fsdp takes a freshly built module")
     kept = {name: facts(p) for name, p in root.named_parameters()}
     policy = MixedPrecisionPolicy(param_dtype=None if param_dtype == torch.float32 else param_dtype,
                                   reduce_dtype=reduce_dtype)

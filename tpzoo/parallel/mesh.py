@@ -151,8 +151,10 @@ def _start_process_group(device_type: str, timeout: timedelta) -> None:
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
     # a script that never calls destroy_process_group (docs/checkpoints.md's example) left gloo's threads
     # to the interpreter's teardown, which aborted it once in CI ("terminate called without an active
-    # exception", exit -6) after its last line had run; the group this made is ended before that
-    atexit.register(_end_process_group)
+    # exception", exit -6) after its last line had run; the gloo group this made is ended before that
+    # (not nccl's: ending it at exit could wait on a collective stuck on a dead peer)
+    if device_type != "cuda":
+        atexit.register(_end_process_group)
 
 
 def _end_process_group() -> None:

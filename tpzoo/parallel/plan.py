@@ -36,7 +36,8 @@ class ParallelPlan:
     attention_backend: str = "auto"      # core attention: fused-softmax kernels, torch sdpa, or auto (sdpa)
     seed: int = 1234                     # weights: model piece i is drawn under a seed derived from (seed, i)
     compile: bool = False                # torch.compile each transformer layer and the loss head (docs/kernels.md)
-    fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3)
+    fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3):
+                                         # applied by the Engine; a model built or loaded outside one is whole
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, ParallelMesh):

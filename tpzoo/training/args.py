@@ -204,7 +204,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="model chunks per pp rank (interleaved schedules; default: 2 for them)")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
     g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-2 over dp: optimizer state and main weights sharded, gradients reduce-scattered to their owner")
+    g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-2 over dp: optimizer state and "
+                   "main weights sharded, gradients reduce-scattered to their owner")
     g.add_argument("--use-torch-fsdp2", action="store_true", help="weights, gradients and optimizer state sharded "
                    "over dp by torch's FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1")
     g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
