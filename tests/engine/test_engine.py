@@ -45,6 +45,8 @@ TOL = 1e-5
 # single-rank runs that only split the batch differently (summation order) drifted from 1e-7 to 2.8e-5
 # apart in gradient norm by step 10; at 1e-3 they stay within 1e-7.
 LR, WD, CLIP, EPS = 1e-3, 0.01, 0.5, 1e-4
+BUCKET_MB = 0.05  # 50 KiB: 5 gradient buckets of the tiny models (~220 KiB), reduce-scattered under ZeRO-2 with
+                  # pieces of size 0 at dp 8 (the default 25 MiB would make one)
 TINY = dict(num_layers=6, hidden_size=32, num_attention_heads=8, ffn_hidden_size=64, vocab_size=VOCAB,
             max_position_embeddings=S, hidden_dropout=0.0, attention_dropout=0.0)
 MESHES = [(2, 2, 2), (1, 2, 4), (2, 4, 1), (4, 2, 1), (1, 8, 1), (1, 1, 8), (8, 1, 1)]  # (tp, pp, dp)
@@ -137,7 +139,8 @@ def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activati
                     EngineConfig(micro_batch_size=G // (mesh.dp_size * (micro_batches or mesh.pp_size)),
                                  global_batch_size=G,
                                  schedule=schedule, stage_layers=stage_layers(mesh.pp_size, schedule), lr=LR,
-                                 weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, **options), plan)
+                                 weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, **{"bucket_mb": BUCKET_MB, **options}),
+                    plan)
     return engine, [engine.train_step(global_batch(name, step)) for step in range(steps)]
 
 
