@@ -52,8 +52,6 @@ class FSDPParams:
     """Shards each of ``chunks`` (``StageModule``s: the units of ``fsdp_units``, the chunk the root unit)
     over dp for a run at ``precision``; ``params``: the sharded parameters, all ``owned``."""
 
-    zero = False  # no broadcast after the step (MainParams' ZeRO-1 flag)
-
     def __init__(self, chunks: list[nn.Module], precision: str, mesh: ParallelMesh) -> None:
         for chunk in chunks:
             apply_fsdp(chunk, fsdp_units(chunk.model), mesh, param_dtype=DTYPES[precision])
