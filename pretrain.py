@@ -21,6 +21,7 @@ from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_ar
                                  command_parser, engine_config, exit_on_misuse, exit_on_write_error,
                                  fill_model_defaults, set_model_defaults)
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
+from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
 
 PROG = "pretrain.py"
 # Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)
@@ -37,6 +38,7 @@ def parser() -> CommandParser:
     add_precision_args(p)
     add_data_args(p)
     add_run_args(p)
+    add_refused_args(p)  # last: a flag defined above is never refused
     return p
 
 
