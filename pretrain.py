@@ -28,10 +28,12 @@ PROG = "pretrain.py"
 MODEL_DEFAULTS = {name: f.train_defaults for name, f in FAMILIES.items()}
 
 
-def parser() -> CommandParser:
-    p = command_parser(PROG, f"Pretrain a model ({', '.join(FAMILIES)}) on the pp x dp x tp mesh "
+def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
+    """pretrain.py's flags; ``prog`` and the default ``--model`` differ for Megatron-LM's entry-point names
+    (pretrain_gpt.py, pretrain_bert.py)."""
+    p = command_parser(prog, f"Pretrain a model ({', '.join(FAMILIES)}) on the pp x dp x tp mesh "
                        "(docs/training.md).")
-    add_model_args(p)
+    add_model_args(p, default_model=model)
     add_parallel_args(p)
     add_optimizer_args(p, micro_batch_size=8, global_batch_size=32)
     set_model_defaults(p, MODEL_DEFAULTS)
@@ -54,17 +56,17 @@ def check_flags(args: argparse.Namespace) -> None:
         engine_config(filled)  # batch sizes, the loss-scale flags against the precision ...
 
 
-def main(argv: list[str] | None = None):
-    p = parser()
+def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
+    p = parser(prog, model)
     args = p.parse_args(argv)
-    exit_on_misuse(PROG, lambda: check_flags(args))
+    exit_on_misuse(prog, lambda: check_flags(args))
     import torch.distributed as dist
 
     from tpzoo.training.loop import train
     from tpzoo.training.setup import build_run
 
-    summary = exit_on_write_error(PROG, lambda: train(exit_on_misuse(  # disk full ...: one line, exit 1
-        PROG, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS))))
+    summary = exit_on_write_error(prog, lambda: train(exit_on_misuse(  # disk full ...: one line, exit 1
+        prog, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS))))
     dist.destroy_process_group()
     return summary
 
