@@ -15,6 +15,10 @@ Each distinct gradient element counts exactly once in the global norm:
 
 A gradient may be a DTensor (FSDP's parameters are DTensors sharded over dp): its local shard is
 what this rank holds and counts (``tpzoo.parallel.fsdp.local``).
+
+The same counting gives the weights' norm (``global_params_norm``: ``--log-params-norm``; weights sharded
+over dp by ZeRO's owners or FSDP summed over dp) and the zero entries of the reduced gradients
+(``count_zero_grads``: ``--log-num-zeros-in-grad``).
 """
 
 from __future__ import annotations
@@ -42,22 +46,48 @@ def local_grads(params: Iterable[nn.Parameter]) -> list[Tensor]:
     return [local(p.grad) for p in params if p.grad is not None]
 
 
+def _sum_over_mesh(value: Tensor, mesh: ParallelMesh, dp_sharded: bool) -> Tensor:
+    """``value`` (this rank's count of the elements it counts) summed over tp and pp, and dp when ``dp_sharded``."""
+    for group in (mesh.tp_group, mesh.pp_group, *((mesh.dp_group,) if dp_sharded else ())):
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(value, group=group)
+    return value
+
+
+def _sum_of_squares(tensors: list[Tensor], device: torch.device) -> Tensor:
+    sq = torch.zeros((), dtype=torch.float32, device=device)
+    if tensors:
+        sq = sq + torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).square().sum()
+    return sq
+
+
 def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, loss: torch.Tensor | None = None,
                      dp_sharded: bool = False) -> torch.Tensor:
     """The L2 norm (float32 scalar) of all gradients of the model that ``params`` are this rank's part of.
     ``loss``: a tensor whose non-finite entries (on any tp or pp rank) make the norm NaN on all of them,
     riding the norm's all-reduce (so the ranks agree on a non-finite loss at no extra collective).
     ``dp_sharded``: each dp rank holds a different part of the gradients (FSDP, ZeRO-2): summed over dp."""
-    grads = local_grads(p for p in params if _counted_here(p, mesh))
-    sq = torch.zeros((), dtype=torch.float32, device=mesh.device)
-    if grads:
-        sq = sq + torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).square().sum()
+    sq = _sum_of_squares(local_grads(p for p in params if _counted_here(p, mesh)), mesh.device)
     if loss is not None:
         sq = sq + torch.where(torch.isfinite(loss).all(), 0.0, float("nan"))
-    for group in (mesh.tp_group, mesh.pp_group, *((mesh.dp_group,) if dp_sharded else ())):
-        if dist.get_world_size(group) > 1:
-            dist.all_reduce(sq, group=group)
-    return sq.sqrt()
+    return _sum_over_mesh(sq, mesh, dp_sharded).sqrt()
+
+
+def global_params_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, dp_sharded: bool = False) -> Tensor:
+    """The L2 norm (float32 scalar) of the weights of the whole model that ``params`` are this rank's part of,
+    each weight counted once (as ``global_grad_norm`` counts gradients). ``dp_sharded``: each dp rank holds
+    different weights (the ones it owns under ZeRO, FSDP's shards): summed over dp."""
+    weights = [local(p.detach()) for p in params if _counted_here(p, mesh)]
+    return _sum_over_mesh(_sum_of_squares(weights, mesh.device), mesh, dp_sharded).sqrt()
+
+
+def count_zero_grads(params: Iterable[nn.Parameter], mesh: ParallelMesh, dp_sharded: bool = False) -> Tensor:
+    """The number (int64 scalar) of zero entries of the gradients of the whole model, each counted once
+    (the elements ``global_grad_norm`` counts; ``dp_sharded`` likewise). No host sync."""
+    zeros = torch.zeros((), dtype=torch.int64, device=mesh.device)
+    for grad in local_grads(p for p in params if _counted_here(p, mesh)):
+        zeros = zeros + (grad == 0).sum()
+    return _sum_over_mesh(zeros, mesh, dp_sharded)
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh,

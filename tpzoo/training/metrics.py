@@ -12,10 +12,18 @@ mean of that iteration) and its named parts (``losses``: BERT's ``mlm_loss`` and
 ``lr``, ``grad_norm``, ``skipped`` (true: that iteration's step made no update, its loss or
 gradient norm not finite or an fp16 overflow), ``loss_scale`` (fp16's; 1 otherwise), ``tokens_per_sec``
 (over the train steps since the previous line), ``val_loss`` and its parts (``val_mlm_loss`` ...) on
-eval lines and ``mfu`` where the device's peak is known. The file is strict JSON: a non-finite number
+eval lines and ``mfu`` where the device's peak is known; ``throughput`` (``throughput=True``: model
+TFLOP/s per GPU, ``flops_per_token`` x tokens/s / world size / 1e12) and the caller's ``stats``
+(``params_norm``, ``num_zeros``, ``time/<name>`` ...). The file is strict JSON: a non-finite number
 (a diverged loss) is written as null. The printed line says ``SKIPPED`` on a skipped step, and the loss
-scale when it is not 1. TensorBoard tags: ``train/<name>``, ``valid/<name>`` for the val_ fields and
-eval extras.
+scale when it is not 1.
+
+``writers`` (``tpzoo.training.monitor``: TensorBoard, W&B; default a SummaryWriter into the log dir
+when tensorboard is installed) get each line's numbers as scalars, tags ``train/<name>``,
+``valid/<name>`` for the val_ fields and eval extras, a name holding ``/`` (``time/optimizer``) as it
+is; ``shown(key)`` False keeps a field out of them (``--no-log-loss-scale-to-tensorboard`` ...).
+``board_interval``: the writers also get the train numbers of every iteration divisible by it (with
+the tokens/s of the current window), between the lines.
 Only the rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
 """
 
@@ -25,12 +33,13 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.presets import num_parameters
+from tpzoo.training.monitor import tensorboard_writer as _tensorboard
 
 # dense peak FLOP/s per GPU (no sparsity) by device-name fragment, first match wins: bf16, fp16, fp32
 PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
@@ -59,20 +68,11 @@ def flops_per_token(config: ModelConfig, seq_length: int) -> float:
     return 6.0 * num_parameters(config) + 12.0 * config.num_layers * config.hidden_size * seq_length
 
 
-def _tensorboard(log_dir: Path) -> Any:
-    """A SummaryWriter when tensorboard is installed, else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(log_dir))
-
-
 def format_line(record: dict[str, Any], train_iters: int) -> str:
     """One plain log line: ``iteration 10/100 | loss 4.2107 | lr 1.00e-03 | ...``."""
     parts = [f"iteration {record['iteration']}/{train_iters}"]
     formats = {"loss": ".4f", "val_loss": ".4f", "lr": ".2e", "grad_norm": ".3f", "loss_scale": "g",
-               "tokens_per_sec": ",.0f", "mfu": ".1%"}
+               "tokens_per_sec": ",.0f", "mfu": ".1%", "throughput": ".3g", "params_norm": ".3f"}
     for key, fmt in formats.items():
         if record.get(key) is not None and not (key == "loss_scale" and record[key] == 1.0):
             parts.append(f"{key.replace('_', ' ')} {record[key]:{fmt}}")
@@ -109,21 +109,25 @@ def open_metrics(path: Path, start: int) -> Any:
 
 
 class Metrics:
-    """The run's log: metrics.jsonl (appended to on resume), the bar or plain lines, TensorBoard."""
+    """The run's log: metrics.jsonl (appended to on resume), the bar or plain lines, the writers."""
 
     def __init__(self, log_dir: str | Path, train_iters: int, log_interval: int, *, start: int = 0,
                  flops_per_token: float = 0.0, peak_flops: float | None = None, world_size: int = 1,
-                 enabled: bool = True, interactive: bool | None = None) -> None:
+                 enabled: bool = True, interactive: bool | None = None, writers: list[Any] | None = None,
+                 throughput: bool = False, shown: Callable[[str], bool] = lambda key: True,
+                 board_interval: int | None = None) -> None:
         self.train_iters, self.log_interval, self.enabled = train_iters, log_interval, enabled
         self.flops_per_token, self.peak = flops_per_token, (peak_flops * world_size if peak_flops else None)
+        self.world_size, self.throughput, self.shown, self.board_interval = world_size, throughput, shown, board_interval
         self.tokens, self.seconds = 0, 0.0
-        self.file = self.writer = self.bar = None
+        self.file = self.bar = None
+        self.writers: list[Any] = []
         if not enabled:
             return
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.file = open_metrics(self.log_dir / "metrics.jsonl", start)
-        self.writer = _tensorboard(self.log_dir)
+        self.writers = [w for w in [_tensorboard(self.log_dir)] if w is not None] if writers is None else writers
         if sys.stderr.isatty() if interactive is None else interactive:
             from tqdm import tqdm
 
@@ -143,19 +147,30 @@ class Metrics:
         if self.bar is not None:
             self.bar.update(1)
 
+    def line_due(self, iteration: int, *, evaluated: bool = False, last: bool = False) -> bool:
+        """Whether ``log`` writes a metrics.jsonl line at ``iteration`` (every rank can ask: the timers'
+        collective runs at these iterations)."""
+        return iteration % self.log_interval == 0 or evaluated or last
+
     def log(self, iteration: int, *, loss: float, lr: float, grad_norm: float, val_loss: float | None = None,
             last: bool = False, losses: dict[str, float] | None = None, val_losses: dict[str, float] | None = None,
-            skipped: bool = False, loss_scale: float = 1.0, **extra: float) -> dict[str, Any] | None:
+            skipped: bool = False, loss_scale: float = 1.0, stats: dict[str, float] | None = None,
+            **extra: float) -> dict[str, Any] | None:
         """Write the line of ``iteration`` if it is due (log interval, eval, or ``last``); returns it.
         ``losses``: the parts of ``loss`` by name (``mlm_loss`` ...), ``val_losses`` those of ``val_loss``
         (logged as ``val_<name>``); ``skipped``, ``loss_scale``: the step's (``StepResult.skipped``,
-        ``Engine.loss_scale``); ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy, f1,
-        perplexity)."""
-        if not (iteration % self.log_interval == 0 or val_loss is not None or last):
+        ``Engine.loss_scale``); ``stats``: more train numbers (``params_norm``, ``time/<name>`` ...);
+        ``extra``: more numbers of an eval line (finetune.py: epoch, accuracy, f1, perplexity).
+        Between lines, an iteration divisible by ``board_interval`` goes to the writers only."""
+        line = self.line_due(iteration, evaluated=val_loss is not None, last=last)
+        if not (line or (self.board_interval and iteration % self.board_interval == 0)):
             return None
         speed = self.tokens / self.seconds if self.seconds > 0 else 0.0
         record: dict[str, Any] = dict(iteration=iteration, loss=loss, **(losses or {}), lr=lr, grad_norm=grad_norm,
                                       skipped=bool(skipped), loss_scale=float(loss_scale), tokens_per_sec=speed)
+        if self.throughput:
+            record["throughput"] = speed * self.flops_per_token / self.world_size / 1e12
+        record.update(stats or {})
         valid: dict[str, float] = {}
         if val_loss is not None:
             valid = {"val_loss": val_loss, **{f"val_{k}": v for k, v in (val_losses or {}).items()}}
@@ -163,16 +178,14 @@ class Metrics:
         record.update(extra)
         if self.peak:
             record["mfu"] = speed * self.flops_per_token / self.peak
-        self.tokens, self.seconds = 0, 0.0
         if not self.enabled:
             return record
+        self._write_scalars(record, valid, extra)
+        if not line:
+            return record
+        self.tokens, self.seconds = 0, 0.0
         self.file.write(json_line(record) + "\n")
         self.file.flush()
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "iteration":
-                    tag = f"valid/{key[4:]}" if key in valid else f"valid/{key}" if key in extra else f"train/{key}"
-                    self.writer.add_scalar(tag, float(value), iteration)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
             if val_loss is not None:
@@ -181,7 +194,18 @@ class Metrics:
             print(format_line(record, self.train_iters), flush=True)
         return record
 
+    def _write_scalars(self, record: dict[str, Any], valid: dict[str, float], extra: dict[str, float]) -> None:
+        """The numbers of ``record`` that ``shown`` lets through, to every writer, tagged as the module says."""
+        step = record["iteration"]
+        for key, value in record.items():
+            if key == "iteration" or value is None or not self.shown(key):
+                continue
+            tag = (key if "/" in key else f"valid/{key[4:]}" if key in valid else f"valid/{key}" if key in extra
+                   else f"train/{key}")
+            for writer in self.writers:
+                writer.add_scalar(tag, float(value), step)
+
     def close(self) -> None:
-        for handle in (self.bar, self.writer, self.file):
+        for handle in (self.bar, *self.writers, self.file):
             if handle is not None:
                 handle.close()

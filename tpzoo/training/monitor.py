@@ -1,0 +1,125 @@
+"""The writers a run's numbers go to besides metrics.jsonl: TensorBoard and Weights & Biases (rank 0 only).
+
+    writers = open_writers(args, log_dir, run_name)    # what the logging flags ask for
+    writer.add_scalar(tag, value, step); writer.close()
+
+TensorBoard: ``--tensorboard-dir`` (needs the tensorboard package), else the log dir when tensorboard
+is installed, and nothing when it is not. W&B: ``--wandb-project`` through the wandb library,
+``wandb.init(project, name=--wandb-exp-name or the run folder's name, dir=--wandb-save-dir or
+the log dir, entity=--wandb-entity, config=the run's flags)`` (wandb writes into DIR/wandb);
+``WANDB_MODE=offline`` keeps the run in that folder without a network (``wandb sync`` uploads it later). A flag whose library is missing is
+refused before any heavy work (``require``: one line naming ``pip install 'tpzoo[monitor]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # torch loads after the flags are checked (require runs before)
+    import torch
+
+INSTALL = "pip install 'tpzoo[monitor]'"
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (tensorboard and wandb load slowly)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(module: str, what: str) -> None:
+    """ValueError naming ``what`` (a flag or command) and the install line unless ``module`` is installed."""
+    if not installed(module):
+        raise ValueError(f"{what} needs the {module} package, which is not installed: {INSTALL}")
+
+
+def tensorboard_writer(log_dir: str | Path, queue_size: int = 1000) -> Any:
+    """A SummaryWriter into ``log_dir`` queueing ``queue_size`` events, or None without tensorboard."""
+    if not installed("tensorboard"):
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(log_dir), max_queue=queue_size)
+
+
+class WandbWriter:
+    """A W&B run with SummaryWriter's ``add_scalar``/``close``: each scalar logged under its tag at ``step``."""
+
+    def __init__(self, project: str, name: str, save_dir: str | Path, entity: str | None,
+                 config: dict[str, Any]) -> None:
+        import wandb
+
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=name, dir=str(save_dir), entity=entity, config=config)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.run.log({tag: value}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_writers(args: argparse.Namespace, log_dir: Path, run_name: str) -> list[Any]:
+    """The writers the logging flags of ``args`` ask for (see the module's docstring); rank 0 calls this."""
+    writers = []
+    board = tensorboard_writer(args.tensorboard_dir or log_dir, args.tensorboard_queue_size)
+    if board is not None:
+        writers.append(board)
+    if args.wandb_project is not None:
+        writers.append(WandbWriter(args.wandb_project, args.wandb_exp_name or run_name,
+                                   args.wandb_save_dir or log_dir, args.wandb_entity,
+                                   {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
+    return writers
+
+
+def shown(args: argparse.Namespace) -> Callable[[str], bool]:
+    """Which metrics fields go to the writers: all but the loss scale under
+    ``--no-log-loss-scale-to-tensorboard``, and the timers and throughput only with ``--log-timers-to-tensorboard``."""
+    def show(key: str) -> bool:
+        if key == "loss_scale":
+            return args.log_loss_scale_to_tensorboard
+        if key.startswith("time/") or key == "throughput":
+            return args.log_timers_to_tensorboard
+        return True
+    return show
+
+
+def monitor_options(args: argparse.Namespace, log_dir: Path, run_name: str, rank0: bool) -> dict[str, Any]:
+    """``Metrics``' keyword arguments from the logging flags: the writers (rank 0's; none elsewhere), the
+    throughput, the fields shown to the writers, the TensorBoard interval."""
+    return dict(writers=open_writers(args, log_dir, run_name) if rank0 else [], throughput=args.log_throughput,
+                shown=shown(args), board_interval=args.tensorboard_log_interval)
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """``--log-memory-to-tensorboard``: this process's memory in bytes: on CUDA the allocated, peak
+    allocated and reserved bytes; on a CPU the peak resident set size."""
+    import torch
+
+    if device.type == "cuda":
+        return {"mem_allocated_bytes": float(torch.cuda.memory_allocated(device)),
+                "mem_max_allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
+                "mem_reserved_bytes": float(torch.cuda.memory_reserved(device))}
+    import resource
+
+    return {"mem_max_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+
+
+def step_stats(args: argparse.Namespace, result: Any, device: torch.device, world_size: int) -> dict[str, float]:
+    """The numbers the logging flags add to a train line from the step's ``result`` (a ``StepResult``):
+    ``params_norm``, ``num_zeros``, memory, ``world_size``."""
+    stats: dict[str, float] = {}
+    if result.params_norm is not None:
+        stats["params_norm"] = result.params_norm
+    if result.num_zeros is not None:
+        stats["num_zeros"] = result.num_zeros
+    if args.log_memory_to_tensorboard:
+        stats.update(memory_stats(device))
+    if args.log_world_size_to_tensorboard:
+        stats["world_size"] = world_size
+    return stats
