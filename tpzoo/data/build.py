@@ -28,7 +28,7 @@ import numpy as np
 from tpzoo.data.cache import cache_dir, cached_build
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import is_main_process, say
-from tpzoo.data.sources import resolve_files
+from tpzoo.data.sources import DatasetSource, absolute_specs
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
 from tpzoo.models.families import DATA_KINDS, FAMILIES, family
 
@@ -113,14 +113,15 @@ def samples_needed(
 
 
 def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str, cache_path: str | None = None) -> str:
-    """Tokenize raw files (``--dataset``) once into ``cache_dir(cache_path)/datasets/``; returns the
-    indexed-dataset prefix. The cache key covers the files (path, size, mtime), the tokenizer and the
-    data kind (``cache_name``). Says on stderr where the data is, whether it is built now or found."""
-    from tpzoo.data.preprocess import describe_files, preprocess
+    """Tokenize ``--dataset`` (a ``DatasetSource``, or file specs read with its defaults) once into
+    ``cache_dir(cache_path)/datasets/``; returns the indexed-dataset prefix. The cache key covers what
+    identifies the source (``DatasetSource.open``'s stamp), the tokenizer and the data kind
+    (``cache_name``). Says on stderr where the data is, whether it is built now or found."""
+    from tpzoo.data.preprocess import write_indexed
 
+    source = spec if isinstance(spec, DatasetSource) else DatasetSource.of(spec)
     causal, filed_as = data_kind(model) == "causal-lm", cache_name(model)
-    files = resolve_files(spec)
-    stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    documents, stamp, what = source.open()
     key = hashlib.sha256(json.dumps([stamp, tokenizer.sha256, filed_as]).encode()).hexdigest()[:16]
     name = f"datasets/{filed_as}-{key}"
     final = cache_dir(cache_path) / name
@@ -128,15 +129,13 @@ def prepare_dataset(spec: Any, tokenizer: Tokenizer, model: str, cache_path: str
         if is_main_process():
             say(f"tokenized dataset: {final / 'data'} (cached; delete {final} to rebuild)")
         return str(final / "data")
-    title = (
-        f"tokenizing {describe_files(files)} with {os.path.basename(tokenizer.path)} into {final / 'data'} "
-        "(once; later runs reuse it)"
-    )
+    title = (f"tokenizing {what} with {os.path.basename(tokenizer.path)} into {final / 'data'} "
+             "(once; later runs reuse it)")
+    metadata = {"json_key": source.key, "inputs": absolute_specs(source.specs)}
 
     def build(out: Path) -> None:
-        preprocess(
-            files, str(out / "data"), tokenizer, append_eod=causal, split_sentences=not causal, title=title
-        )
+        write_indexed(documents(), str(out / "data"), tokenizer, append_eod=causal, split_sentences=not causal,
+                      metadata=metadata, title=title)
 
     return str(cached_build(name, build, cache_path) / "data")
 

@@ -1,4 +1,6 @@
-"""Read documents (strings) from local json/jsonl/txt/parquet/csv files through ``datasets``.
+"""Read documents (strings) from local json/jsonl/txt/parquet/csv files through ``datasets``, and
+what ``--dataset`` names (``DatasetSource``): such files, a folder written by ``datasets``'
+``save_to_disk``, or a dataset name that ``datasets`` finds in its local cache (never the network).
 
 Files are streamed (``streaming=True``), so reading is constant-memory whatever the corpus size.
 A ``.txt`` file holds one document per paragraph (documents are separated by blank lines, one
@@ -8,11 +10,15 @@ sentence or line per line inside, the layout BERT's original pretraining data us
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import csv
 import glob
 import json
 import os
-from typing import Any, Iterable, Iterator
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 # tsv files (GLUE's among them) are read unquoted; csv cells "NA"/"null" stay text.
@@ -149,3 +155,181 @@ def iter_texts(source: Any, key: str = "text") -> Iterator[str]:
     for row in source:
         if row[key].strip():
             yield row[key]
+
+
+SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes: a DatasetDict's, a Dataset's
+DATASET_PARTS = ("dataset_config", "dataset_split", "json_key")  # the flags that pick what --dataset reads
+NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # a dataset name, "name" or "owner/name"
+
+
+def add_dataset_source_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the flags that pick what a ``--dataset`` folder or name holds: ``--dataset-config``,
+    ``--dataset-split``, ``--json-key``."""
+    parser.add_argument("--dataset-config", metavar="NAME",
+                        help="the configuration of a --dataset name (datasets' load_dataset(name, NAME))")
+    parser.add_argument("--dataset-split", metavar="SPLIT",
+                        help="the split of a --dataset name or save_to_disk DatasetDict folder (default: train)")
+    parser.add_argument("--json-key", default="text", metavar="KEY",
+                        help="the text field of --dataset rows or columns (default: %(default)s)")
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """What ``--dataset`` reads: ``specs`` (files, globs, folders; or one ``save_to_disk`` folder; or
+    one dataset name), the ``config`` and ``split`` of a name or DatasetDict folder, the text ``key``."""
+
+    specs: tuple[str, ...]
+    config: str | None = None
+    split: str | None = None
+    key: str = "text"
+
+    @classmethod
+    def of(cls, specs: str | os.PathLike | Iterable[str | os.PathLike]) -> DatasetSource:
+        """The source of ``specs`` (one or several) with the default split, config and key."""
+        items = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
+        return cls(tuple(map(str, items)))
+
+    @property
+    def kind(self) -> str:
+        """"saved" (a save_to_disk folder), "name" (a dataset name, no such path here) or "files"."""
+        saved = [s for s in self.specs if _is_saved(s)]
+        if saved and len(self.specs) > 1:
+            raise ValueError(f"--dataset {saved[0]} is a folder saved by datasets' save_to_disk: pass it alone")
+        if saved:
+            return "saved"
+        if len(self.specs) == 1 and _is_name(self.specs[0]):
+            return "name"
+        return "files"
+
+    def open(self) -> tuple[Callable[[], Iterator[str]], list[Any], str]:
+        """(documents, stamp, description): a function iterating the texts; what identifies the
+        content (the cache key of its tokenization: paths, sizes, mtimes; datasets' fingerprint;
+        the name, config, split and key); a phrase naming it. Checked here: ValueError naming the fix."""
+        kind = self.kind
+        if kind != "name" and self.config is not None:
+            raise ValueError(f"--dataset-config picks a configuration of a dataset name; {self.specs[0]!r} is "
+                             f"{'a save_to_disk folder' if kind == 'saved' else 'files'}: drop --dataset-config")
+        if kind == "files":
+            if self.split is not None:
+                raise ValueError(f"--dataset-split picks a split of a dataset name or a save_to_disk DatasetDict "
+                                 f"folder; {self.specs[0]!r} is files: drop --dataset-split")
+            files = resolve_files(self.specs)
+            stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
+            size = sum(os.path.getsize(f) for f in files)
+            what = f"{len(files):,} file{'s' * (len(files) != 1)} ({size / 1e6:,.1f} MB)"
+            return (lambda: iter_documents(files, self.key)), [stamp, self.key], what
+        spec = self.specs[0]
+        if kind == "saved":
+            data, what = _load_saved(spec, self.split), f"save_to_disk folder {spec!r}"
+        else:
+            data, what = _load_cached(spec, self.config, self.split), f"dataset {spec!r}"
+        if self.key not in data.column_names:
+            raise ValueError(f"column {self.key!r} is not in {what}; its columns are {data.column_names}: "
+                             "pass --json-key with one of them")
+        files = [f["filename"] for f in data.cache_files]
+        stamp = [kind, os.path.abspath(spec) if kind == "saved" else spec, self.config, self.split or "train",
+                 self.key, data._fingerprint, [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]]
+        where = ", ".join(f"{k} {v}" for k, v in (("config", self.config), ("split", data.split)) if v)
+        return (lambda: _texts(data, self.key, what)), stamp, f"{what} ({where + ', ' if where else ''}" \
+            f"{data.num_rows:,} rows)"
+
+
+def dataset_source(args: argparse.Namespace) -> DatasetSource | None:
+    """The ``DatasetSource`` of the flags (None without ``--dataset``; ValueError for its flags without it)."""
+    if not args.dataset:
+        given = [f for f in ("dataset_config", "dataset_split") if getattr(args, f, None) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} goes with --dataset (a name or save_to_disk folder)")
+        return None
+    return DatasetSource(tuple(map(str, args.dataset)), getattr(args, "dataset_config", None),
+                         getattr(args, "dataset_split", None), getattr(args, "json_key", "text"))
+
+
+def absolute_specs(specs: Iterable[str]) -> list[str]:
+    """``specs`` with paths made absolute (a checkpoint's flags name the same files from any working
+    directory); a dataset name stays as it is."""
+    return [s if _is_name(s) else os.path.abspath(s) for s in specs]
+
+
+def _is_saved(spec: str) -> bool:
+    return os.path.isdir(spec) and any(os.path.isfile(os.path.join(spec, m)) for m in SAVED_MARKERS)
+
+
+def _is_name(spec: str) -> bool:
+    """A dataset name: no such path here, no glob, no file suffix, and spelled like "owner/name"."""
+    return (not os.path.exists(spec) and not glob.has_magic(spec) and _builder(spec) is None
+            and NAME.fullmatch(spec) is not None)
+
+
+def _pick(data: Any, split: str | None, what: str) -> Any:
+    """The ``split`` (default "train") of a DatasetDict, or a Dataset itself (no split given)."""
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        if split is not None:
+            raise ValueError(f"{what} holds one Dataset, not a DatasetDict of splits: drop --dataset-split {split}")
+        return data
+    split = split or "train"
+    if split not in data:
+        raise ValueError(f"split {split!r} is not in {what}; its splits are {', '.join(data)}: "
+                         "pass --dataset-split with one of them")
+    return data[split]
+
+
+def _load_saved(path: str, split: str | None) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    return _pick(datasets.load_from_disk(path), split, f"save_to_disk folder {path!r}")
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """datasets (and the Hub client under it) in offline mode: a name resolves from the local cache only."""
+    import datasets
+
+    saved, os.environ["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE"), "1"
+    saved_config, datasets.config.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved_config
+        if saved is None:
+            del os.environ["HF_DATASETS_OFFLINE"]
+        else:
+            os.environ["HF_DATASETS_OFFLINE"] = saved
+
+
+def _load_cached(name: str, config: str | None, split: str | None) -> Any:
+    """Dataset ``name`` (``config``, ``split``) from datasets' cache ($HF_DATASETS_CACHE, else
+    ~/.cache/huggingface/datasets), offline; ValueError naming how to fetch it when it is not there."""
+    import datasets
+
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
+    cache = os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE
+    what = f"dataset {name!r}" + (f" (config {config!r})" if config else "")
+    try:
+        with _offline():
+            data = datasets.load_dataset(name, config, cache_dir=str(cache))
+    except (ConnectionError, FileNotFoundError, ValueError) as e:
+        configs = re.search(r"Available configs in the cache: (\[.*\])", str(e))
+        if configs:
+            raise ValueError(f"{what} is not in the datasets cache {cache}; its cached configs are {configs[1]}: "
+                             "pass --dataset-config with one of them") from None
+        fetch = f"datasets.load_dataset({name!r}{f', {config!r}' if config else ''})"
+        raise ValueError(f"--dataset {name}: no such file or folder, and {what} is not in the datasets cache {cache} "
+                         f"(read offline); on a machine with a network run python -c \"import datasets; {fetch}\" "
+                         "and copy its cache here (or save_to_disk a folder and pass it)") from None
+    return _pick(data, split, what)
+
+
+def _texts(data: Any, key: str, what: str) -> Iterator[str]:
+    """The non-empty texts of column ``key`` of the Dataset ``data``, in order."""
+    for batch in data.iter(batch_size=1024):
+        for text in batch[key]:
+            if not isinstance(text, str):
+                raise ValueError(f"{what}: column {key!r} holds {type(text).__name__}, not text; pick a text column "
+                                 "with --json-key")
+            if text.strip():
+                yield text
