@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,12 +20,12 @@ import time
 from pathlib import Path
 
 import background
-from doc_helpers import clean_env
+from doc_helpers import clean_env, commands
 from pretrain_helpers import PRETRAIN, TINY, command, metrics, pretrain, rel
 
 ITERS, SAVED = 4, 2
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 2 --eval-iters 1 --save-interval {SAVED}".split()
-NODES, PER_NODE = 2, 2
+NODES = 2  # launchers, as the docs line says (--nnodes 2)
 
 
 def free_port() -> int:
@@ -34,10 +35,16 @@ def free_port() -> int:
 
 
 def launcher(port: int, job: str, save: Path) -> list[str]:
-    """One node's launch line (docs/multinode.md), at tp 2 x dp 2 over both nodes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node", str(PER_NODE),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job,
-            "--rdzv-conf", "join_timeout=120", PRETRAIN, *FLAGS, "--tp", "2", "--dp", "2", "--save", str(save)]
+    """One node's launch line: docs/multinode.md's (2 nodes x 2 ranks at tp 2 x dp 2) with this test's
+    port, job id and --save, the tiny model's flags after it."""
+    [line] = commands("multinode.md")
+    words = shlex.split(line)
+    assert words[0] == "torchrun" and "pretrain.py" in words, line
+    given = {"--rdzv-endpoint": f"127.0.0.1:{port}", "--rdzv-id": job, "--save": str(save)}
+    words = [given.get(before, word) for before, word in zip(["", *words], words)]
+    split = words.index("pretrain.py")
+    return [sys.executable, "-m", "torch.distributed.run", *words[1:split], "--rdzv-conf", "join_timeout=120",
+            PRETRAIN, *words[split + 1:], *FLAGS]
 
 
 def launch_nodes(root: Path) -> list[subprocess.CompletedProcess]:
