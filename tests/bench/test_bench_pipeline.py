@@ -1,4 +1,5 @@
-"""bench/pipeline.py: the measured bubble follows the theory and in-flight micro-batches meet their bounds."""
+"""bench/pipeline.py: the measured bubble follows the theory and in-flight micro-batches meet their bounds; its
+timeline PNG (one row per rank and schedule: forwards, backwards, idle)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_pipeline_bench_matches_theory():
+def test_pipeline_bench_matches_theory(tmp_path):
+    timeline = tmp_path / "pipeline.png"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pipeline.py"), "--stages", "2", "--microbatches", "4",
-                           "--fwd-ms", "40"], capture_output=True, text=True, timeout=300)
+                           "--fwd-ms", "40", "--timeline", str(timeline)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:]}
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:-1]}
+    assert proc.stdout.splitlines()[-1] == f"timeline: {timeline}"
     assert set(rows) == {"gpipe", "1f1b", "interleaved-1f1b"}, proc.stdout
     for name, cols in rows.items():
         bubble, theory = float(cols[2]), float(cols[3])
@@ -21,6 +26,13 @@ def test_pipeline_bench_matches_theory():
         assert abs(bubble - theory) < 0.1, f"{name}: bubble {bubble} far from theory {theory}\n{proc.stdout}"
         assert peaks == bounds, f"{name}: peak in-flight {peaks} != bound {bounds}\n{proc.stdout}"
     assert rows["gpipe"][6:8] == ["4", "4"] and rows["1f1b"][6:8] == ["2", "1"]
+    from matplotlib.image import imread
+
+    pixels = (imread(str(timeline))[..., :3] * 255).astype(np.uint8)
+    assert pixels.shape[:2] == (390, 1000)
+    colours = {tuple(c) for c in pixels.reshape(-1, 3)[::7].tolist()}
+    forward, backward, idle = (31, 119, 180), (255, 127, 14), (221, 221, 221)  # tab:blue, tab:orange, #dddddd
+    assert {forward, backward, idle} <= colours, "forwards, backwards and idle time drawn"
 
 
 def test_pipeline_bench_rejects_too_few_microbatches():
