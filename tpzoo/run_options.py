@@ -6,4 +6,34 @@ KERNEL_BACKENDS = ("auto", "triton", "torch")
 ATTENTION_BACKENDS = ("auto", "fused-softmax", "sdpa")
 # the plan's fields besides the mesh: what older checkpoints kept in the model config
 PLAN_OPTIONS = ("sequence_parallel", "recompute_activations", "kernels", "attention_backend", "seed", "compile",
-                "fsdp")
+                "fsdp", "recompute_granularity", "recompute_method", "recompute_num_layers")
+# Megatron-LM's activation recompute (--recompute-granularity, --recompute-method)
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+# Megatron-LM's --attention-backend values -> tpzoo's (None: no counterpart, refused): flash = torch's sdpa
+# (its flash kernel where it applies), unfused and local = the explicit softmax(q k^T) v of fused-softmax
+MEGATRON_ATTENTION_BACKENDS = {"flash": "sdpa", "unfused": "fused-softmax", "local": "fused-softmax", "fused": None}
+
+
+def recompute_problem(recompute_activations: bool, granularity: str | None, method: str | None,
+                      num_layers: int | None) -> str | None:
+    """What is wrong with these recompute options (Megatron-LM's rules: full needs a method and a layer
+    count, selective neither; tpzoo's --recompute-activations not besides them), or None."""
+    if granularity not in (None, *RECOMPUTE_GRANULARITIES) or method not in (None, *RECOMPUTE_METHODS):
+        return (f"--recompute-granularity must be one of {', '.join(RECOMPUTE_GRANULARITIES)} and --recompute-method "
+                f"one of {', '.join(RECOMPUTE_METHODS)}; got {granularity!r}, {method!r}")
+    if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1):
+        return f"--recompute-num-layers must be an int >= 1, got {num_layers!r}"
+    if granularity is not None and recompute_activations:
+        return (f"--recompute-activations (tpzoo's: every layer recomputed, = --recompute-granularity full "
+                f"--recompute-method uniform --recompute-num-layers 1) and --recompute-granularity {granularity} "
+                f"both given; keep one")
+    if granularity == "full" and (method is None or num_layers is None):
+        return (f"--recompute-granularity full needs --recompute-method (uniform or block) and "
+                f"--recompute-num-layers; got {method}, {num_layers}")
+    if granularity != "full" and (method is not None or num_layers is not None):
+        flags = " ".join(f"--recompute-{name} {value}" for name, value in (("method", method), ("num-layers", num_layers))
+                         if value is not None)
+        return (f"{flags}: for --recompute-granularity full only (selective recomputes the core attention of every "
+                f"layer); drop it or add --recompute-granularity full")
+    return None

@@ -21,7 +21,8 @@ from tpzoo.engine.train_step import Engine
 logger = logging.getLogger(__name__)
 
 
-def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = True) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = True, load_rng: bool = True
+                    ) -> dict[str, Any]:
     """Restore ``engine`` from the checkpoint at ``path`` (a save dir, following ``latest``, or an iter
     folder) and return its meta (the caller's meta, "iteration" and "checkpoint").
 
@@ -29,14 +30,17 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     model (the saved float32 weights into the main weights, ``MainParams``, and from them the model's),
     with ``load_optimizer`` the optimizer state, its hyperparameters and the loss scaler, and the RNG
     states when the saved mesh shape equals the current one (otherwise they stay as they are, and a
-    warning says so: per-rank streams have no counterpart on another layout). ValueError when the
-    checkpoint's model differs from the engine's (naming the fields) or ``path`` holds no checkpoint.
+    warning says so: per-rank streams have no counterpart on another layout) unless ``load_rng`` is
+    False. ValueError when the checkpoint's model differs from the engine's (naming the fields), when
+    ``path`` holds no checkpoint, or when it was saved without the optimizer state or RNG states that
+    ``load_optimizer`` / ``load_rng`` ask for (naming Megatron-LM's flag that skips them).
     """
     start = time.perf_counter()
     folder = resolve_checkpoint(path, collective=True)
     meta = read_meta(folder)
     record = meta["checkpoint"]
     check_model_matches(record["model"], engine.chunks[0].model, folder)
+    _check_saved(folder, record, load_optimizer, load_rng)
     saved = read_dcp_metadata(folder).state_dict_metadata
     mesh = engine.mesh
     entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(
@@ -49,7 +53,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
         optim_entries, states = optimizer_targets(engine, saved)
         entries += optim_entries
     same_mesh = record["mesh"] == mesh_shape(engine)
-    rng = rng_targets(saved) if same_mesh else {}
+    rng = rng_targets(saved) if same_mesh and load_rng else {}
     targets = load_targets(entries, mesh)
     load_tensors({**targets, **rng}, folder)
     finish_load(entries, targets, mesh)
@@ -61,9 +65,20 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
             engine.scaler.resume(record["loss_scaler"])  # the schedule goes on; its settings are the flags'
     restore_rng(mesh, rng)
     if dist.get_rank() == 0:
-        if not same_mesh:
+        if not same_mesh and load_rng:
             logger.warning("checkpoint %s was saved on mesh %s, this one is %s: RNG states not restored (dropout "
                            "masks will differ from an uninterrupted run)", folder, record["mesh"], mesh_shape(engine))
         logger.info("loaded checkpoint %s (iteration %d) in %.2fs", folder, meta["iteration"],
                     time.perf_counter() - start)
     return meta
+
+
+def _check_saved(folder: Path, record: dict[str, Any], load_optimizer: bool, load_rng: bool) -> None:
+    """ValueError when the checkpoint lacks what is to be loaded (checkpoints from before the save options
+    hold both)."""
+    checks = ((load_optimizer, record["optimizer"].get("saved", True), "optimizer state", "optim"),
+              (load_rng, record.get("rng", True), "RNG states", "rng"))
+    for wanted, saved, what, flag in checks:
+        if wanted and not saved:
+            raise ValueError(f"checkpoint {folder} was saved without its {what} (--no-save-{flag}); load it with "
+                             f"--no-load-{flag} or --finetune")

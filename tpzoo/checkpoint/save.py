@@ -36,8 +36,9 @@ def mesh_shape(engine: Engine) -> dict[str, int]:
     return {"pp": engine.mesh.pp_size, "dp": engine.mesh.dp_size, "tp": engine.mesh.tp_size}
 
 
-def _meta(iteration: int, engine: Engine, meta: dict[str, Any]) -> str:
-    """meta.json's text: the caller's ``meta`` plus "iteration" and "checkpoint" (what loading needs)."""
+def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: bool, save_rng: bool) -> str:
+    """meta.json's text: the caller's ``meta`` plus "iteration" and "checkpoint" (what loading needs;
+    "optimizer"."saved" and "rng" say whether the optimizer state and the RNG states were written)."""
     taken = [k for k in RESERVED if k in meta]
     if taken:
         raise ValueError(f"meta keys {taken} are reserved for the checkpoint's own record; rename them")
@@ -47,7 +48,8 @@ def _meta(iteration: int, engine: Engine, meta: dict[str, Any]) -> str:
         "model": model_record(engine.chunks[0].model),
         "optimizer": {"class": type(engine.optimizer).__name__,
                       "zero": engine.config.use_distributed_optimizer,
-                      "param_groups": param_groups(engine.optimizer)},
+                      "param_groups": param_groups(engine.optimizer), "saved": save_optimizer},
+        "rng": save_rng,
         "loss_scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
         "manifest": True,  # its absence then means damage, not a checkpoint from before manifests
     }
@@ -164,7 +166,7 @@ def wait_for_save() -> Path | None:
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any],
-                    background: bool = False) -> Path:
+                    background: bool = False, save_optimizer: bool = True, save_rng: bool = True) -> Path:
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
@@ -181,11 +183,15 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     ``background``: return once the tensors are written (the engine may step on); the hashing, the
     manifest and the publication go on on a thread until ``wait_for_save`` (or the next save, which
     waits first). The tensors are copied out before this returns, so later steps cannot change them.
+
+    ``save_optimizer`` / ``save_rng`` False (Megatron-LM's --no-save-optim / --no-save-rng): the optimizer
+    state (and loss scaler) / the RNG states are left out, and meta.json says so; loading such a
+    checkpoint then needs ``load_optimizer=False`` / ``load_rng=False``.
     """
     global _pending
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
-    text = _meta(iteration, engine, meta)
+    text = _meta(iteration, engine, meta, save_optimizer, save_rng)
     wait_for_save()
     start = time.perf_counter()
     final = iteration_dir(save_dir, iteration)
@@ -194,9 +200,9 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     mesh = engine.mesh
     entries = [e for chunk in engine.chunks
                for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
-    entries += optimizer_entries(engine)
+    entries += optimizer_entries(engine) if save_optimizer else []
     try:
-        dcp.save({**save_items(entries, mesh), **rng_items(mesh)}, checkpoint_id=partial)
+        dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)
     except (OSError, CheckpointException) as e:
         cause = _os_error(e)
         if cause is None:

@@ -13,7 +13,8 @@ tensor, in one of three ways:
        vocab-parallel output bias)           it once)
     replicated (LayerNorms, row biases)    plain tensor (written once)        read in place
 
-The vocabulary cannot be a DTensor: it is padded to a multiple of 128 x tp, so rank r's shard holds
+The vocabulary cannot be a DTensor: it is padded to a multiple of m x tp (m: the config's
+make_vocab_size_divisible_by, Megatron-LM's flag; 128 unless set), so rank r's shard holds
 rows r V'/tp ... of a padded tensor whose size depends on tp, not a ``torch.chunk`` piece of the
 unpadded [V, h] one; storing it padded would tie the checkpoint to the tp that wrote it.
 Identical items on several ranks (dp replicas, tp peers of a replicated tensor) are written once:

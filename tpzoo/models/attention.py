@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from tpzoo import kernels as K
 from tpzoo.models.kv_cache import KVCache
+from tpzoo.models.recompute import recompute
 from tpzoo.models.rope import RotaryEmbedding
 from tpzoo.models.transformer import in_tp_stream
 from tpzoo.parallel import ColumnParallelLinear, ParallelPlan, RowParallelLinear, init_method_normal
@@ -110,7 +111,10 @@ class ParallelAttention(nn.Module):
             k, v = cache.update(self.layer_number, k, v)                  # [b, g/tp, t + s, d]
         if self.heads_per_group > 1:
             k, v = (t.repeat_interleave(self.heads_per_group, dim=1) for t in (k, v))
-        context = self.core_attention(q, k, v, mask)                      # [b, n/tp, s, d]
+        if self.plan.recompute_granularity == "selective" and self.training and torch.is_grad_enabled():
+            context = recompute(self.core_attention, self.mesh.rng, q, k, v, mask)  # Megatron's selective recompute
+        else:
+            context = self.core_attention(q, k, v, mask)                  # [b, n/tp, s, d]
         context = context.transpose(1, 2).reshape(b, s, self.heads_per_rank * self.head_dim)
         return self.dense(context)
 

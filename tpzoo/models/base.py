@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
+from functools import partial
 from typing import ClassVar, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -31,7 +32,7 @@ from tpzoo.models.compile import compile_model
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.norms import build_norm
-from tpzoo.models.recompute import recompute
+from tpzoo.models.recompute import recompute, run_span
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
 from tpzoo.parallel.param_facts import mark
 
@@ -158,11 +159,17 @@ class StagedModel(nn.Module):
         return self.pre_process and self.post_process and len(self.layers) == self.config.num_layers
 
     def run_layers(self, hidden: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]; with ``plan.recompute_activations``
-        (training, grad on) each layer keeps only its input and reruns in backward (``recompute``)."""
-        rerun = self.plan.recompute_activations and self.training and torch.is_grad_enabled()
-        for layer in self.layers.values():
-            hidden = recompute(layer, self.mesh.rng, hidden, mask, cache) if rerun else layer(hidden, mask, cache)
+        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]; in training (grad on) the spans the plan
+        recomputes (``ParallelPlan.recompute_units``: ``recompute_activations``, Megatron-LM's full
+        uniform/block recompute) keep only their input and rerun in backward (``recompute``)."""
+        layers = list(self.layers.values())
+        training = self.training and torch.is_grad_enabled()
+        for first, end, rerun in self.plan.recompute_units(len(layers)):
+            span = partial(run_span, layers[first:end])
+            if rerun and training:
+                hidden = recompute(span, self.mesh.rng, hidden, mask, cache)
+            else:
+                hidden = span(hidden, mask, cache)
         return hidden
 
     def extra_repr(self) -> str:

@@ -104,7 +104,7 @@ class BertLMHead(nn.Module):
                                           init_method=init_method_normal(config.init_method_std),
                                           tp_group=self.mesh.tp_group)
         self.layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, kernels=plan.kernels)
-        self.output_bias = VocabParallelBias(config.vocab_size, self.mesh.tp_size)
+        self.output_bias = VocabParallelBias(config.vocab_size, self.mesh.tp_size, config.make_vocab_size_divisible_by)
 
     def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None) -> Tensor:
         c = self.config
@@ -127,7 +127,8 @@ class BertHead(nn.Module):
             self.pooler = BertPooler(config, plan.mesh)
             self.binary_head = _small_head(config, plan.mesh, 2)
         add_output_weight(self, config.vocab_size, config.hidden_size, config.init_method_std, plan,
-                          tied=config.tie_word_embeddings, has_embedding=has_embedding)
+                          tied=config.tie_word_embeddings, has_embedding=has_embedding,
+                          pad_to=config.make_vocab_size_divisible_by)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None,
                 return_binary_logits: bool = False, next_sentence_label: Tensor | None = None
@@ -177,7 +178,7 @@ class _BertBase(StagedModel):
         c = self.config
         return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
                          type_vocab_size=c.type_vocab_size, norm=self.norm(), hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std)
+                         init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
 
     def build_layer(self, layer_number: int) -> nn.Module:
         c, plan = self.config, self.plan

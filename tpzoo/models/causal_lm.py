@@ -36,7 +36,7 @@ class CausalLM(StagedModel):
         """``LMHead``: the family's final norm, then the tied or own output layer."""
         c = self.config
         return LMHead(self.norm(), c.vocab_size, c.hidden_size, self.plan, tied=c.tie_word_embeddings,
-                      has_embedding=self.pre_process, init_std=c.init_method_std)
+                      has_embedding=self.pre_process, init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only)."""

@@ -29,8 +29,9 @@ ACTIVATIONS = ("gelu", "gelu_tanh")
 # run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
 OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
-# loads into (and a run resumes with) a config that differs from the saved one only in these
-RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std"})
+# loads into (and a run resumes with) a config that differs from the saved one only in these (checkpoints
+# store the vocabulary unpadded, so its padding multiple is one of them)
+RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std", "make_vocab_size_divisible_by"})
 
 
 def _int(minimum: int) -> Check:
@@ -80,7 +81,9 @@ class ModelConfig:
     hidden_size: int = _field(768, _int(1), "width h of the residual stream")
     num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each")
     ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means the family's default")
-    vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded to a multiple of 128 x tp inside)")
+    vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
+    make_vocab_size_divisible_by: int = _field(128, _int(1), "the vocabulary is padded with unused rows to "
+                                               "V' = a multiple of this x tp (Megatron-LM's flag of this name)")
     max_position_embeddings: int = _field(1024, _int(1), "the longest sequence (learned positions: their count)")
     hidden_dropout: float = _field(0.1, _probability, "dropout on embeddings and residual branches")
     attention_dropout: float = _field(0.1, _probability, "dropout on attention probabilities")

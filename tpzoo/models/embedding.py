@@ -34,11 +34,13 @@ from tpzoo.parallel import (
 )
 
 
-def word_embeddings(vocab_size: int, hidden_size: int, init_std: float, plan: ParallelPlan
+def word_embeddings(vocab_size: int, hidden_size: int, init_std: float, plan: ParallelPlan, pad_to: int = 128
                     ) -> VocabParallelEmbedding:
-    """The [V'/tp, h] vocab-parallel word embedding (also the holder of an untied output weight)."""
+    """The [V'/tp, h] vocab-parallel word embedding (also the holder of an untied output weight);
+    V' = V rounded up to a multiple of ``pad_to`` x tp (the config's make_vocab_size_divisible_by)."""
     return VocabParallelEmbedding(vocab_size, hidden_size, init_method_normal(init_std),
-                                  sequence_parallel=plan.sequence_parallel, tp_group=plan.mesh.tp_group)
+                                  pad_vocab_to_multiple_of=pad_to, sequence_parallel=plan.sequence_parallel,
+                                  tp_group=plan.mesh.tp_group)
 
 
 def _replicated_embedding(rows: int, hidden_size: int, init_std: float) -> nn.Embedding:
@@ -53,16 +55,17 @@ class Embedding(nn.Module):
     word_embeddings [V'/tp, h] vocab-parallel; position_embeddings [P, h] (``max_positions``; None:
     no learned positions, e.g. rotary ones in the attention) and token_type_embeddings [T, h]
     (``type_vocab_size`` > 0) replicated; ``norm`` (post-norm models) applied to the sum.
-    ``max_sequence``: the longest sequence accepted (default ``max_positions``).
+    ``max_sequence``: the longest sequence accepted (default ``max_positions``); ``pad_to``: see
+    ``word_embeddings``.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, plan: ParallelPlan, *, max_positions: int | None = None,
                  type_vocab_size: int = 0, norm: nn.Module | None = None, hidden_dropout: float = 0.0,
-                 init_std: float = 0.02, max_sequence: int | None = None) -> None:
+                 init_std: float = 0.02, max_sequence: int | None = None, pad_to: int = 128) -> None:
         super().__init__()
         self.plan, self.hidden_dropout = plan, hidden_dropout
         self.max_sequence = max_sequence or max_positions
-        self.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan)
+        self.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan, pad_to)
         self.position_embeddings = (_replicated_embedding(max_positions, hidden_size, init_std)
                                     if max_positions else None)
         self.token_type_embeddings = (_replicated_embedding(type_vocab_size, hidden_size, init_std)
@@ -102,15 +105,15 @@ class Embedding(nn.Module):
 class VocabParallelBias(nn.Module):
     """An output bias over the vocabulary, split like the embedding: [V'/tp], zero (and zero on padding)."""
 
-    def __init__(self, vocab_size: int, tp: int) -> None:
+    def __init__(self, vocab_size: int, tp: int, pad_to: int = 128) -> None:
         super().__init__()
         self.num_embeddings = vocab_size
-        self.bias = nn.Parameter(torch.zeros(padded_vocab_size(vocab_size, tp) // tp))
+        self.bias = nn.Parameter(torch.zeros(padded_vocab_size(vocab_size, tp, pad_to) // tp))
         mark(self.bias, tp_split_dim=0, tp_full_size=vocab_size)
 
 
 def add_output_weight(head: nn.Module, vocab_size: int, hidden_size: int, init_std: float, plan: ParallelPlan, *,
-                      tied: bool, has_embedding: bool) -> None:
+                      tied: bool, has_embedding: bool, pad_to: int = 128) -> None:
     """Give an LM head the output weight [V'/tp, h] that it cannot borrow from the model's embedding.
 
     Tied and the model holds the embedding: nothing, the model passes the word embedding's weight
@@ -119,10 +122,10 @@ def add_output_weight(head: nn.Module, vocab_size: int, hidden_size: int, init_s
     gradients). Untied: ``output_layer``, a weight of its own.
     """
     if not tied:
-        head.output_layer = word_embeddings(vocab_size, hidden_size, init_std, plan)
+        head.output_layer = word_embeddings(vocab_size, hidden_size, init_std, plan, pad_to)
     elif not has_embedding:
         with building(plan.seed, "embedding"):
-            head.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan)
+            head.word_embeddings = word_embeddings(vocab_size, hidden_size, init_std, plan, pad_to)
         mark(head.word_embeddings.weight, pp_tied=True)  # the first stage's weight, copied
 
 
@@ -164,11 +167,12 @@ class LMHead(nn.Module):
     last stage (``add_output_weight``). forward -> per-token loss [b, s] | logits [b, s, V] (``lm_output``)."""
 
     def __init__(self, norm: nn.Module, vocab_size: int, hidden_size: int, plan: ParallelPlan, *, tied: bool,
-                 has_embedding: bool, init_std: float = 0.02) -> None:
+                 has_embedding: bool, init_std: float = 0.02, pad_to: int = 128) -> None:
         super().__init__()
         self.plan, self.vocab_size = plan, vocab_size
         self.final_layernorm = norm
-        add_output_weight(self, vocab_size, hidden_size, init_std, plan, tied=tied, has_embedding=has_embedding)
+        add_output_weight(self, vocab_size, hidden_size, init_std, plan, tied=tied, has_embedding=has_embedding,
+                          pad_to=pad_to)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None = None) -> Tensor:
         hidden = self.final_layernorm(hidden)

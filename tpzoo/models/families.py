@@ -55,6 +55,23 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """A family's model in Megatron-LM's architecture flags (``tpzoo.training.architecture_args``):
+    what every model of the family is (positions, norm, MLP, biases), and which of the flags that
+    only change config fields it takes (``grouped_query``: --group-query-attention; every family
+    takes --untie-embeddings-and-output-weights)."""
+
+    position_embedding_type: str     # learned_absolute | rope (--position-embedding-type)
+    normalization: str               # LayerNorm | RMSNorm (--normalization)
+    swiglu: bool                     # a SwiGLU MLP (--swiglu), else GELU
+    add_bias_linear: bool            # biases on every linear layer (--disable-bias-linear: False)
+    grouped_query: bool = False      # its config has num_query_groups
+
+
+_LEARNED_LN_GELU = Architecture("learned_absolute", "LayerNorm", swiglu=False, add_bias_linear=True)
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family: its name (``--model``), module, data kind, presets and training defaults."""
 
@@ -65,6 +82,7 @@ class Family:
     presets: dict[str, dict[str, Any]]           # name -> config fields
     default_preset: str                          # the preset of pretrain.py --model NAME
     train_defaults: dict[str, Any]               # pretrain.py's schedule defaults for this family
+    architecture: Architecture                   # as Megatron-LM's flags describe it
 
     def __post_init__(self) -> None:
         if self.data not in DATA_KINDS or self.finetune not in FINETUNE_KINDS:
@@ -93,7 +111,7 @@ _DECODER_DEFAULTS = dict(train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_iters=
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt", "tpzoo.models.gpt", data="causal-lm", finetune="causal-lm", default_preset="gpt-tiny",
-           train_defaults=_DECODER_DEFAULTS, presets={
+           train_defaults=_DECODER_DEFAULTS, architecture=_LEARNED_LN_GELU, presets={
                "gpt2": dict(_GPT2, num_layers=12, hidden_size=768, num_attention_heads=12),
                "gpt2-medium": dict(_GPT2, num_layers=24, hidden_size=1024, num_attention_heads=16),
                "gpt2-large": dict(_GPT2, num_layers=36, hidden_size=1280, num_attention_heads=20),
@@ -101,13 +119,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                "gpt-tiny": dict(_GPT2, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
                                 hidden_dropout=0.1, attention_dropout=0.1)}),
     Family("bert", "tpzoo.models.bert", data="masked-lm", finetune="classification", default_preset="bert-tiny",
-           train_defaults=dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50), presets={
+           train_defaults=dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50),
+           architecture=_LEARNED_LN_GELU, presets={
                "bert-base": dict(_BERT, num_layers=12, hidden_size=768, num_attention_heads=12),
                "bert-large": dict(_BERT, num_layers=24, hidden_size=1024, num_attention_heads=16),
                "bert-tiny": dict(_BERT, **_TINY, num_layers=2, hidden_size=128, num_attention_heads=4,
                                  hidden_dropout=0.1, attention_dropout=0.1)}),
     Family("llama", "tpzoo.models.llama", data="causal-lm", finetune="causal-lm", default_preset="llama-tiny",
-           train_defaults=_DECODER_DEFAULTS, presets={
+           train_defaults=_DECODER_DEFAULTS,
+           architecture=Architecture("rope", "RMSNorm", swiglu=True, add_bias_linear=False, grouped_query=True),
+           presets={
                "llama-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
                                   num_query_groups=2, ffn_hidden_size=352),
                # TinyLlama-1.1B's shape

@@ -49,7 +49,7 @@ class GPTModel(CausalLM):
         c = self.config
         return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
                          type_vocab_size=c.type_vocab_size, hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std)
+                         init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
 
     def build_layer(self, layer_number: int) -> nn.Module:
         c, plan = self.config, self.plan

@@ -72,7 +72,8 @@ class LlamaModel(CausalLM):
     def build_embedding(self) -> nn.Module:
         c = self.config
         return Embedding(c.vocab_size, c.hidden_size, self.plan, hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std, max_sequence=c.max_position_embeddings)
+                         init_std=c.init_method_std, max_sequence=c.max_position_embeddings,
+                         pad_to=c.make_vocab_size_divisible_by)
 
     def build_layer(self, layer_number: int) -> nn.Module:
         c, plan = self.config, self.plan

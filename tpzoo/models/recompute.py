@@ -1,4 +1,7 @@
-"""Activation recompute of one layer: keep its input only, rerun its forward in backward.
+"""Activation recompute of a layer, a span of layers or a block's part: keep its inputs only, rerun its
+forward in backward. Which spans a model chunk recomputes is its plan's (``ParallelPlan.recompute_units``:
+tpzoo's per-layer recompute and Megatron-LM's full uniform/block recompute, applied by
+``StagedModel.run_layers``); selective recompute reruns the core attention only (``ParallelAttention``).
 
 ``torch.utils.checkpoint`` restores the default generator for the rerun; ``recompute`` also replays
 the mesh's RNG tracker streams (``mesh.rng``: the "tp" stream) from where the forward found them,
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -38,6 +41,13 @@ def _rng_contexts(tracker: RNGStatesTracker) -> tuple[AbstractContextManager, Ab
     return nullcontext(), _Replay(tracker)
 
 
-def recompute(layer: nn.Module, tracker: RNGStatesTracker, *args: Any) -> Tensor:
+def recompute(layer: Callable[..., Tensor], tracker: RNGStatesTracker, *args: Any) -> Tensor:
     """``layer(*args)``, keeping only the inputs for backward and rerunning it there (non-reentrant)."""
     return checkpoint(layer, *args, use_reentrant=False, context_fn=partial(_rng_contexts, tracker))
+
+
+def run_span(layers: Sequence[nn.Module], hidden: Tensor, *args: Any) -> Tensor:
+    """The layers in order on ``hidden``, each also given ``args`` (mask, cache): one recompute unit."""
+    for layer in layers:
+        hidden = layer(hidden, *args)
+    return hidden

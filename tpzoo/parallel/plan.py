@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpzoo.parallel.mesh import ParallelMesh, get_mesh
-from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, PLAN_OPTIONS
+from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, PLAN_OPTIONS, recompute_problem
 
 __all__ = ["ATTENTION_BACKENDS", "KERNEL_BACKENDS", "PLAN_OPTIONS", "ParallelPlan", "as_plan"]
 
@@ -38,6 +38,11 @@ class ParallelPlan:
     compile: bool = False                # torch.compile each transformer layer and the loss head (docs/kernels.md)
     fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3):
                                          # applied by the Engine; a model built or loaded outside one is whole
+    # Megatron-LM's recompute (``recompute_units``): "full" layers by ``recompute_method`` and
+    # ``recompute_num_layers``, or "selective": core attention only; None: recompute_activations decides
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, ParallelMesh):
@@ -53,6 +58,28 @@ class ParallelPlan:
                              f"got {self.attention_backend!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"ParallelPlan.seed must be an int >= 0, got {self.seed!r}")
+        self._check_recompute()
+
+    def _check_recompute(self) -> None:
+        problem = recompute_problem(self.recompute_activations, self.recompute_granularity, self.recompute_method,
+                                    self.recompute_num_layers)
+        if problem:
+            raise ValueError(f"ParallelPlan: {problem}")
+
+    def recompute_units(self, num_layers: int) -> list[tuple[int, int, bool]]:
+        """How a model chunk of ``num_layers`` layers runs them: (first, end, recomputed) spans in order.
+
+        A recomputed span keeps only its input and reruns all of its layers in backward. Full
+        recompute, Megatron-LM's methods (per model chunk, i.e. per pipeline stage or virtual stage):
+        uniform N: spans of N layers (the last one shorter), each recomputed as one unit; block N:
+        the first N layers recomputed one by one, the others not. ``recompute_activations``: every
+        layer its own unit (uniform 1). Otherwise, and for selective: every layer, none recomputed."""
+        if self.recompute_activations or self.recompute_granularity == "full":
+            n = self.recompute_num_layers or 1
+            if self.recompute_method == "block":
+                return [(i, i + 1, i < n) for i in range(num_layers)]
+            return [(i, min(i + n, num_layers), True) for i in range(0, num_layers, n)]
+        return [(i, i + 1, False) for i in range(num_layers)]
 
     @property
     def tp_size(self) -> int:

@@ -1,0 +1,214 @@
+"""Megatron-LM's architecture and speed flags (its names, choices and meanings) on tpzoo's model
+families and run options. Imports without torch: misuse is reported before torch loads.
+
+Architecture. Each family declares the model Megatron-LM's flags describe (``Family.architecture``:
+gpt and bert learned_absolute positions, LayerNorm, GELU, biases; llama rope, RMSNorm, SwiGLU, no
+biases, grouped-query attention). Without ``--model`` the flags pick the family they describe, read
+as Megatron-LM reads them (a flag not given has Megatron-LM's default), the script's default family
+when several match (gpt and bert do: pretrain.py's gpt, pretrain_bert.py's bert; ``args.default_model``,
+``add_model_args``); with ``--model`` the flags given must
+agree with it. A combination no family has is refused naming the nearest family and the flags that
+differ. The flags that only set config fields: ``--norm-epsilon`` (layernorm_epsilon), ``--rotary-base``,
+``--make-vocab-size-divisible-by``, ``--untie-embeddings-and-output-weights`` (tie_word_embeddings),
+``--group-query-attention`` (num_query_groups: ``--num-query-groups``, Megatron-LM's 1 when not
+given). Without ``--model`` the model is the one the flags describe: tied unless untied, one kv head
+per head unless grouped; with it, the preset's unless a flag says otherwise.
+
+    resolve_architecture(args)   # sets args.model and args.architecture_changes (config field -> value)
+
+Speed. ``--use-flash-attn`` = ``--attention-backend sdpa``; Megatron-LM's attention backends map onto
+tpzoo's (``MEGATRON_ATTENTION_BACKENDS``); ``--recompute-granularity/-method/-num-layers`` go to the
+plan (``ParallelPlan.recompute_units``); the ``--no-*-fusion`` flags of tpzoo's kernels mean
+``--kernels torch``, those of fusions tpzoo never does are its behaviour already; ``--overlap-grad-reduce``
+is tpzoo's behaviour (the data-parallel reduce overlaps backward), ``--overlap-param-gather`` true of
+FSDP only (its units gather ahead of their compute).
+
+    resolve_speed(args)          # attention backend and kernels to tpzoo's values; the rest checked
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tpzoo.models.families import FAMILIES, PRESETS, Architecture, family
+from tpzoo.run_options import (MEGATRON_ATTENTION_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS,
+                               recompute_problem)
+from tpzoo.training.args import positive_float, positive_int
+
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+# what a model is, as Megatron-LM's flags say it: trait -> its value when no flag sets it (Megatron-LM's)
+TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
+                              add_bias_linear=True, group_query_attention=False)
+# --no-*-fusion flags: of a fusion tpzoo's kernels do (turned off by --kernels torch), or of one tpzoo never does
+KERNEL_FUSIONS = ("masked_softmax", "bias_gelu")
+ABSENT_FUSIONS = ("bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
+# the speed flags' destinations: each launch's own, never restored from a checkpoint
+SPEED_FLAGS = ("use_flash_attn", "overlap_grad_reduce", "overlap_param_gather", "recompute_granularity",
+               "recompute_method", "recompute_num_layers", "no_persist_layer_norm", "attention_softmax_in_fp32",
+               *(f"no_{name}_fusion" for name in KERNEL_FUSIONS + ABSENT_FUSIONS))
+
+
+def add_architecture_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's architecture flags; each None (or absent) until given."""
+    g = parser.add_argument_group("model architecture (Megatron-LM's flags; docs/models.md)")
+    g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES,
+                   help="learned_absolute (gpt, bert) or rope (llama); the others: no family has them")
+    g.add_argument("--rotary-base", type=positive_float, help="rotary base theta (rope families; default: the preset's)")
+    g.add_argument("--rotary-percent", type=float, help="only 1.0: every feature of a head is rotated")
+    g.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (gpt, bert) or RMSNorm (llama)")
+    g.add_argument("--norm-epsilon", type=positive_float, help="epsilon of the norms (default: the preset's)")
+    g.add_argument("--swiglu", action="store_true", default=None, help="SwiGLU MLP (llama)")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
+                   help="an output layer of its own")
+    g.add_argument("--group-query-attention", action="store_true", default=None,
+                   help="--num-query-groups kv heads (llama; 1 unless given)")
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false", default=None,
+                   help="no biases in the linear layers (llama)")
+    g.add_argument("--add-bias-linear", dest="add_bias_linear", action="store_true", default=None,
+                   help="biases in the linear layers (gpt, bert)")
+    g.add_argument("--kv-channels", type=positive_int, help="only hidden size / heads, tpzoo's head size")
+    g.add_argument("--make-vocab-size-divisible-by", type=positive_int, help="pad the vocabulary to a multiple of "
+                   "this x tp (default: the preset's, 128)")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true",
+                   help="accepted: tpzoo's attention softmax is always float32")
+
+
+def add_speed_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's speed flags (docs/training.md)."""
+    g = parser.add_argument_group("speed (Megatron-LM's flags; docs/training.md)")
+    g.add_argument("--use-flash-attn", action="store_true", help="= --attention-backend sdpa (torch's fused attention)")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="accepted: tpzoo's data-parallel gradient reduce always overlaps backward")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of its compute")
+    g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES,
+                   help="full: whole layers (by --recompute-method); selective: core attention only")
+    g.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, help="full recompute: uniform (groups of "
+                   "--recompute-num-layers layers) or block (the first N layers of each pipeline stage)")
+    g.add_argument("--recompute-num-layers", type=positive_int)
+    for name in KERNEL_FUSIONS:
+        g.add_argument(f"--no-{name.replace('_', '-')}-fusion", action="store_true", help="= --kernels torch")
+    for name in ABSENT_FUSIONS:
+        g.add_argument(f"--no-{name.replace('_', '-')}-fusion", action="store_true",
+                       help="accepted: tpzoo has no such fusion")
+    g.add_argument("--no-persist-layer-norm", action="store_true", help="accepted: tpzoo's layer norm kernel is not "
+                   "a persistent one")
+
+
+def _allowed(arch: Architecture, trait: str) -> tuple[Any, ...]:
+    """The values of ``trait`` a family of architecture ``arch`` takes."""
+    if trait == "group_query_attention":
+        return (False, True) if arch.grouped_query else (False,)
+    return (getattr(arch, trait),)
+
+
+def _show(trait: str, value: Any) -> str:
+    """A trait's value as the flags say it."""
+    if trait == "add_bias_linear":
+        return "--add-bias-linear" if value else "--disable-bias-linear"
+    if isinstance(value, bool):
+        flag = f"--{trait.replace('_', '-')}"
+        return flag if value else f"no {flag}"
+    return f"--{trait.replace('_', '-')} {value}"
+
+
+def _differences(name: str, wanted: dict[str, Any]) -> list[str]:
+    """``flags X (family: Y)`` for each trait of ``wanted`` that the family ``name`` does not take."""
+    arch = family(name).architecture
+    return [f"{_show(t, v)} ({name}: {_show(t, _allowed(arch, t)[0])})"
+            for t, v in wanted.items() if v not in _allowed(arch, t)]
+
+
+def resolve_architecture(args: argparse.Namespace) -> None:
+    """Check the architecture flags and set ``args.model`` (when None: the family they describe) and
+    ``args.architecture_changes`` (the config fields they set). Done once (a second call returns).
+    ValueError naming the flags and the family for a combination it cannot build."""
+    if getattr(args, "architecture_changes", None) is not None:
+        return
+    if args.rotary_percent not in (None, 1.0):
+        raise ValueError(f"--rotary-percent {args.rotary_percent}: tpzoo rotates every feature of a head; "
+                         f"drop it or pass 1.0")
+    given = {t: getattr(args, t) for t in TRAITS if getattr(args, t) is not None}
+    described = args.model is None
+    if described:
+        wanted = {**TRAITS, **given}
+        fits = [name for name in FAMILIES if not _differences(name, wanted)]
+        if not fits:
+            nearest = min(FAMILIES, key=lambda name: len(_differences(name, wanted)))
+            raise ValueError(f"no model family has the architecture these flags describe; the nearest, {nearest}, "
+                             f"differs in {'; '.join(_differences(nearest, wanted))}: change those flags (a flag "
+                             f"not given means Megatron-LM's default) or pass --model")
+        args.model = args.default_model if args.default_model in fits else fits[0]
+    else:
+        wrong = _differences(args.model, given)
+        if wrong:
+            fits = [name for name in FAMILIES if not _differences(name, given)]
+            instead = f" or pass --model {fits[0]}" if fits else ""
+            raise ValueError(f"--model {args.model} disagrees with the architecture flags: {'; '.join(wrong)}; drop "
+                             f"those flags{instead}")
+    args.architecture_changes = _config_changes(args, described)
+    _check_kv_channels(args)
+
+
+def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]:
+    """The config fields the flags set (``described``: the family was picked by the flags, whose
+    absent tie and grouping flags then mean Megatron-LM's tied, ungrouped model)."""
+    arch = family(args.model).architecture
+    changes: dict[str, Any] = {}
+    if args.norm_epsilon is not None:
+        changes["layernorm_epsilon"] = args.norm_epsilon
+    if args.make_vocab_size_divisible_by is not None:
+        changes["make_vocab_size_divisible_by"] = args.make_vocab_size_divisible_by
+    if args.rotary_base is not None:
+        if arch.position_embedding_type != "rope":
+            raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
+                             f"{arch.position_embedding_type} ones; drop it")
+        changes["rotary_base"] = float(args.rotary_base)
+    if args.untie_embeddings_and_output_weights or described:
+        changes["tie_word_embeddings"] = not args.untie_embeddings_and_output_weights
+    if arch.grouped_query and args.num_query_groups is None and (args.group_query_attention or described):
+        changes["num_query_groups"] = 1 if args.group_query_attention else None
+    return changes
+
+
+def _check_kv_channels(args: argparse.Namespace) -> None:
+    """--kv-channels must be tpzoo's head size, hidden size / heads (the flags', else the preset's)."""
+    if args.kv_channels is None:
+        return
+    preset = PRESETS[args.preset or family(args.model).default_preset]
+    hidden = args.hidden_size or preset["hidden_size"]
+    heads = args.num_attention_heads or preset["num_attention_heads"]
+    if args.kv_channels * heads != hidden:
+        raise ValueError(f"--kv-channels {args.kv_channels}: tpzoo's heads have hidden size / heads = {hidden} / "
+                         f"{heads} features each; drop --kv-channels or pass {hidden // heads}")
+
+
+def resolve_speed(args: argparse.Namespace) -> None:
+    """Megatron-LM's speed flags onto tpzoo's: ``args.attention_backend`` and ``args.kernels`` set to
+    tpzoo's values; ValueError naming the flags for a value without a counterpart or flags that
+    disagree. Calling it again changes nothing."""
+    backend = MEGATRON_ATTENTION_BACKENDS.get(args.attention_backend, args.attention_backend)
+    if backend is None:
+        raise ValueError(f"--attention-backend {args.attention_backend} is Transformer Engine's cuDNN attention, "
+                         f"which tpzoo does not have; use flash or sdpa (torch's fused attention) instead")
+    if args.use_flash_attn:
+        if backend not in ("auto", "sdpa"):
+            raise ValueError(f"--use-flash-attn means --attention-backend sdpa, but --attention-backend is "
+                             f"{args.attention_backend}; drop one of them")
+        backend = "sdpa"
+    args.attention_backend = backend
+    unfused = [f"--no-{name.replace('_', '-')}-fusion" for name in KERNEL_FUSIONS if getattr(args, f"no_{name}_fusion")]
+    if unfused:
+        if args.kernels not in ("auto", "torch"):
+            raise ValueError(f"{', '.join(unfused)} mean --kernels torch, but --kernels is {args.kernels}; drop one")
+        args.kernels = "torch"
+    if args.overlap_param_gather and not args.use_torch_fsdp2:
+        raise ValueError("--overlap-param-gather: tpzoo overlaps weight gathers with compute under --use-torch-fsdp2 "
+                         "only (the distributed optimizer broadcasts the updated weights after the step); add "
+                         "--use-torch-fsdp2 or drop it")
+    problem = recompute_problem(args.recompute_activations, args.recompute_granularity, args.recompute_method,
+                                args.recompute_num_layers)
+    if problem:
+        raise ValueError(problem)
