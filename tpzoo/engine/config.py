@@ -4,6 +4,7 @@ Each field's check sits next to it; ``check_fits`` then ties the config to the m
 (layers per stage, micro-batches per step) and raises before any work, naming the numbers:
 
     global_batch_size = micro_batch_size x dp x m           m micro-batches per dp rank and step
+                                                            (a step may take another multiple: a batch ramp-up)
     chunks = pp x virtual_stages                            pipeline stages (model chunks)
     units = num_layers (+ 2 when the embedding and head weigh as a layer each)   divisible by chunks
 """
@@ -19,12 +20,18 @@ from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positi
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
 INTERLEAVED = ("interleaved-1f1b", "interleaved-zero-bubble")
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adam", "sgd")
 
 
 def _non_negative(v: object) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return f"must be a float >= 0, got {type(v).__name__} {v!r}"
     return None if v >= 0 else f"must be >= 0, got {v}"
+
+
+def _unit(v: object) -> str | None:
+    problem = _non_negative(v)
+    return problem or (None if v < 1 else f"must be < 1, got {v}")
 
 
 def _stage_layers(v: object) -> str | None:
@@ -55,9 +62,14 @@ class EngineConfig:
     zero_stage: int | None = _field(None, _optional(_zero_stage), "with use_distributed_optimizer (None: 2): 1 "
                                     "all-reduces the gradients, every dp rank keeps them all; 2 reduce-scatters them, "
                                     "each rank keeps its owned parameters' gradients (~1/dp)")
-    lr: float = _field(1e-3, _positive_float, "AdamW learning rate")
-    weight_decay: float = _field(0.01, _non_negative, "AdamW weight decay")
+    optimizer: str = _field("adam", _choice(*OPTIMIZERS), "adam: AdamW (decoupled weight decay); sgd: SGD with "
+                            "momentum (weight decay added to the gradient)")
+    lr: float = _field(1e-3, _positive_float, "learning rate (the schedule sets it each step)")
+    weight_decay: float = _field(0.01, _non_negative, "weight decay")
+    adam_beta1: float = _field(0.9, _unit, "AdamW's first-moment decay")
+    adam_beta2: float = _field(0.999, _unit, "AdamW's second-moment decay")
     adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
+    sgd_momentum: float = _field(0.9, _non_negative, "SGD's momentum")
     clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
     precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, or bf16/fp16 weights and gradients with float32 "
                             "main weights in the optimizer (fp16: + loss scaling); see docs/parallelism.md")
@@ -100,13 +112,21 @@ class EngineConfig:
         return timedelta(seconds=self.timeout_s)
 
 
-def micro_batches(config: EngineConfig, dp: int) -> int:
-    """m = global_batch_size / (micro_batch_size x dp), or a ValueError naming the numbers."""
+def micro_batches(config: EngineConfig, dp: int, pp: int = 1, batch_size: int | None = None) -> int:
+    """m = batch_size (default: global_batch_size) / (micro_batch_size x dp), or a ValueError naming the
+    numbers: not divisible, or at pp > 1 fewer than pp micro-batches for the 1f1b and interleaved schedules.
+    A step may take any batch size that passes (a batch size ramp-up)."""
+    g = config.global_batch_size if batch_size is None else batch_size
     per_step = config.micro_batch_size * dp
-    if config.global_batch_size % per_step:
-        raise ValueError(f"global batch size {config.global_batch_size} is not divisible by micro batch size x dp = "
+    if g % per_step or g < 1:
+        raise ValueError(f"global batch size {g} is not divisible by micro batch size x dp = "
                          f"{config.micro_batch_size} x {dp} = {per_step}; use a multiple of {per_step}")
-    return config.global_batch_size // per_step
+    m = g // per_step
+    if pp > 1 and config.schedule != "gpipe" and m < pp:
+        raise ValueError(f"the {config.schedule} schedule needs at least pp={pp} micro-batches per step, got "
+                         f"{m} (global batch {g} / (micro batch {config.micro_batch_size} x dp {dp})); raise the "
+                         f"global batch size or lower the micro batch size")
+    return m
 
 
 def split_layers(num_layers: int, chunks: int, stage_layers: tuple[int, ...] | None = None) -> list[range]:
@@ -137,14 +157,8 @@ def split_layers(num_layers: int, chunks: int, stage_layers: tuple[int, ...] | N
 
 def check_fits(config: EngineConfig, num_layers: int, pp: int, dp: int) -> tuple[int, list[range]]:
     """(micro-batches per step, layers of every stage), or a ValueError before any work is done."""
-    m = micro_batches(config, dp)
+    m = micro_batches(config, dp, pp)
     chunks = pp * config.virtual_stages
-    if pp > 1 and config.schedule in INTERLEAVED and m < pp:
-        raise ValueError(f"the {config.schedule} schedule needs at least pp={pp} micro-batches per step, got "
-                         f"{m} (global batch {config.global_batch_size} / (micro batch {config.micro_batch_size} "
-                         f"x dp {dp})); raise the global batch size or lower the micro batch size")
-    if pp > 1 and config.schedule == "1f1b" and m < pp:
-        raise ValueError(f"the 1f1b schedule needs at least pp={pp} micro-batches per step, got {m}")
     if pp == 1 and config.virtual_stages > 1:
         raise ValueError(f"virtual_stages={config.virtual_stages} needs pp > 1 (interleaving splits a pipeline)")
     return m, split_layers(num_layers, chunks, config.stage_layers)

@@ -123,19 +123,26 @@ class GradReducer:
 
 
 def build_optimizer(params: list[nn.Parameter], config: EngineConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over ``params``, the main parameters this rank steps (``MainParams.owned``: with
-    ``use_distributed_optimizer``, ZeRO-1 or -2, about 1/dp of them, so each dp rank keeps the main weights and
-    AdamW state of its share only).
+    """The config's optimizer over ``params``, the main parameters this rank steps (``MainParams.owned``: with
+    ``use_distributed_optimizer``, ZeRO-1 or -2, about 1/dp of them; FSDP: this rank's shards), so each dp rank
+    keeps the main weights and optimizer state of its share only; the one place the engine builds it.
 
-    On CUDA the fused implementation (one kernel for the whole update); elsewhere the multi-tensor
-    (``foreach``) one, the same update as the per-parameter loop to the last bit on CPU (checked against
-    plain AdamW by tests/engine/test_engine.py)."""
+    ``adam``: AdamW, Megatron-LM's adam (decoupled weight decay: w -= lr (update + wd w)), betas
+    (adam_beta1, adam_beta2), eps adam_eps. ``sgd``: SGD with momentum ``sgd_momentum``, weight decay added to
+    the gradient (L2, as Megatron-LM's SGD). On CUDA AdamW's fused implementation (one kernel for the whole
+    update); elsewhere the multi-tensor (``foreach``) one, the same update as the per-parameter loop to the last
+    bit on CPU (checked against plain AdamW by tests/engine/test_engine.py)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.sgd_momentum, weight_decay=config.weight_decay,
+                               foreach=True)
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps, **fast)
+    return torch.optim.AdamW(params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                             weight_decay=config.weight_decay, eps=config.adam_eps, **fast)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of optimizer state (AdamW's moments and steps) held on this rank (a DTensor's: its local shard)."""
+    """Bytes of optimizer state (AdamW's moments and steps, SGD's momentum) held on this rank (a DTensor's: its
+    local shard)."""
     return sum(local(t).numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                if torch.is_tensor(t))
 

@@ -63,7 +63,7 @@ def _broadcast_last(engine: Engine, out: Tensor | None) -> Tensor:
 
 
 def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = False) -> list[tuple[Tensor, ...]]:
-    """The last stage's model outputs (float32) for each of this dp rank's ``engine.m`` micro-batches,
+    """The last stage's model outputs (float32) for each of this dp rank's micro-batches,
     on every rank of the pp group (and the same on the tp ranks): one tuple per micro-batch.
 
     ``batch`` is a global batch as ``train_step`` takes it (input_ids [G, s], labels, BERT's extras).
@@ -79,7 +79,7 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
         kept = engine.runner.outputs()  # on the ranks of the last stage only
         returned = 1 if logits else len(engine.loss_keys(batch))  # outputs of the last stage
         return [tuple(_broadcast_last(engine, kept[k][j] if kept is not None else None) for j in range(returned))
-                for k in range(engine.m)]
+                for k in range(len(ids))]
 
 
 def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:

@@ -163,17 +163,18 @@ def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineCon
 
 class PipelineRunner:
     """This rank's chunks of the model (``build_chunks``) and the schedules over them, one per sequence
-    length: runs a step's micro-batches forward and, when training, backward (see module docstring), in
+    length and number of micro-batches m (each schedule is built for its m: a batch ramp-up builds one per
+    batch size): runs a step's micro-batches forward and, when training, backward (see module docstring), in
     the dtype of the model's weights (``dtype``, the config's precision: the engine casts them,
     ``mixed_precision``)."""
 
     def __init__(self, build: Callable[..., PipelineStage], plan: ParallelPlan, layers: list[range],
-                 config: EngineConfig, m: int) -> None:
-        self.plan, self.mesh, self.config, self.m = plan, plan.mesh, config, m
+                 config: EngineConfig) -> None:
+        self.plan, self.mesh, self.config = plan, plan.mesh, config
         self.num_stages = len(layers)
         self.chunks = build_chunks(build, layers, plan)
         self.label_keys: tuple[str, ...] = self.chunks[0].model.label_keys
-        self.schedules: dict[int, object] = {}  # sequence length -> pipeline schedule (pp > 1)
+        self.schedules: dict[tuple[int, int], object] = {}  # (sequence length, m) -> pipeline schedule (pp > 1)
         self.scale = 1.0
         self.dtype = DTYPES[config.precision]
 
@@ -210,11 +211,11 @@ class PipelineRunner:
     def _run_schedule(self, ids: list[Tensor], backward: bool) -> Tensor:
         first, last = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.pp_size - 1
         local = torch.cat(ids)
-        seq = local.shape[1]
-        if seq not in self.schedules:
-            self.schedules[seq] = build_schedule(self.chunks, self.num_stages, self.config, self.m, self.mesh, seq,
+        key = (local.shape[1], len(ids))  # a batch ramp-up changes m between steps
+        if key not in self.schedules:
+            self.schedules[key] = build_schedule(self.chunks, self.num_stages, self.config, key[1], self.mesh, key[0],
                                                  self._loss_fn, self.dtype)
-        schedule = self.schedules[seq]
+        schedule = self.schedules[key]
         losses: list[Tensor] = []
         (schedule.step if backward else schedule.eval)(*((local,) if first else ()), target=local if last else None,
                                                        losses=losses if last else None)

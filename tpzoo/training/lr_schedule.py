@@ -1,14 +1,27 @@
-"""The learning-rate schedule: linear warmup, then constant, linear or cosine decay to ``min_lr``.
+"""The learning-rate and weight-decay schedule: Megatron-LM's ``OptimizerParamScheduler``.
 
-Iterations count from 1 (the step that makes iteration ``i`` uses ``lr_at(i)``), as Megatron-LM's:
+The schedule is a function of n, the steps counted so far; pretrain.py counts samples: the lr of an
+iteration is the schedule at the samples consumed BEFORE it (iteration 1: n = 0), so
 
-    i <= W:       lr * i / W                                     (W = warmup_iters)
-    i >  W:       min_lr + (lr - min_lr) * f((i - W) / (D - W))  (D = decay_iters, usually --train-iters)
-                  f = 1 (constant), 1 - r (linear), (1 + cos(pi r)) / 2 (cosine); r = 1 from D on
+    n <= W (W > 0):   init + (lr - init) n / W                         (init = --lr-warmup-init)
+    constant:         lr
+    n > D:            min_lr                                           (D = decay steps)
+    inverse-square-root: max(min_lr, lr sqrt(max(W, 1)) / sqrt(max(n, 1)))
+    otherwise:        min_lr + (lr - min_lr) f(r),  r = (n - W) / (D - W)
+                      f = 1 - r (linear), (1 + cos(pi r)) / 2 (cosine),
+                      WSD: 1 until D - A, then with q = (n - (D - A)) / A (A = WSD decay steps):
+                      1 - q (linear), (1 + cos(pi q)) / 2 (cosine), 2 * 0.5^q - 1 (exponential), 1 - sqrt(q)
+    weight decay:     end_wd for n > I (I = increment steps); else start_wd + (end_wd - start_wd) c,
+                      c = n / I (linear), (1 + cos(pi (1 - n / I))) / 2 (cosine); constant: weight decay
 
-The schedule is a pure function of the iteration, so resuming needs only the iteration; its
-settings travel in the checkpoint's meta (``state_dict``) so that a resumed run can say when the
-flags changed them.
+In samples (``from_args``), Megatron-LM's ``get_optimizer_param_scheduler``: with --train-iters T and
+the final global batch G, D = --lr-decay-iters (default T) x G, W = --lr-warmup-iters x G, A =
+--lr-wsd-decay-iters x G, I = T x G; with --train-samples, D = --lr-decay-samples (default
+--train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples, I = --train-samples; with
+--lr-warmup-fraction, W = fraction x D. finetune.py counts optimizer steps instead (its iteration).
+
+The schedule is a pure function of n, so resuming needs only the consumed samples; its settings
+travel in the checkpoint's meta (``state_dict``) so that a resumed run can say when the flags changed them.
 """
 
 from __future__ import annotations
@@ -22,51 +35,157 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-STYLES = ("constant", "linear", "cosine")
+    from tpzoo.training.batch_schedule import BatchSchedule
+
+STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+WSD_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+WD_STYLES = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True)
 class LRSchedule:
     lr: float
     min_lr: float
-    warmup_iters: int
-    decay_iters: int
+    warmup_steps: float
+    decay_steps: float
     style: str = "cosine"
+    init_lr: float = 0.0
+    wsd_decay_steps: float | None = None
+    wsd_style: str = "exponential"
+    start_wd: float | None = None  # None: the optimizer's weight decay is left as it is
+    end_wd: float | None = None
+    wd_incr_steps: float = 0
+    wd_style: str = "constant"
 
     def __post_init__(self) -> None:
-        if self.style not in STYLES:
-            raise ValueError(f"--lr-decay-style {self.style!r} is not one of {', '.join(STYLES)}")
+        for value, styles, flag in ((self.style, STYLES, "--lr-decay-style"),
+                                    (self.wsd_style, WSD_STYLES, "--lr-wsd-decay-style"),
+                                    (self.wd_style, WD_STYLES, "--weight-decay-incr-style")):
+            if value not in styles:
+                raise ValueError(f"{flag} {value!r} is not one of {', '.join(styles)}")
         if not self.lr > 0:
             raise ValueError(f"--lr {self.lr} must be > 0")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"--min-lr {self.min_lr} must lie in [0, --lr {self.lr}]")
+        if not 0 <= self.init_lr <= self.lr:
+            raise ValueError(f"--lr-warmup-init {self.init_lr} must lie in [0, --lr {self.lr}]")
+        if self.style == "WSD" and not self.wsd_decay_steps:
+            raise ValueError("--lr-decay-style WSD needs the length of its decay: --lr-wsd-decay-iters or "
+                             "--lr-wsd-decay-samples")
+        if self.start_wd is not None and not 0 <= self.start_wd <= self.end_wd:
+            raise ValueError(f"--start-weight-decay {self.start_wd} must lie in [0, --end-weight-decay {self.end_wd}]")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LRSchedule:
-        """The schedule of ``--lr --min-lr --lr-warmup-iters --lr-decay-style``, decaying over ``--train-iters``."""
-        return cls(args.lr, args.min_lr, args.lr_warmup_iters, args.train_iters, args.lr_decay_style)
+    def from_args(cls, args: argparse.Namespace, batches: BatchSchedule) -> LRSchedule:
+        """The schedule of the flags, in samples (see the module docstring); ``args.train_iters`` None
+        means sample-based (--train-samples). ValueError for the flag pairs Megatron-LM refuses."""
+        check_schedule_flags(args)
+        g = batches.global_batch_size
+        if args.train_iters is not None:
+            decay = (args.lr_decay_iters or args.train_iters) * g
+            warmup = (args.lr_warmup_iters or 0) * g
+            wsd = args.lr_wsd_decay_iters * g if args.lr_wsd_decay_iters is not None else None
+            incr = args.train_iters * g
+        else:
+            decay = args.lr_decay_samples or args.train_samples
+            warmup, wsd, incr = args.lr_warmup_samples, args.lr_wsd_decay_samples, args.train_samples
+        if args.lr_warmup_fraction is not None:
+            warmup = args.lr_warmup_fraction * decay
+        start, end = weight_decay_range(args)
+        return cls(args.lr, args.min_lr, warmup, decay, args.lr_decay_style, args.lr_warmup_init, wsd,
+                   args.lr_wsd_decay_style, start, end, incr, args.weight_decay_incr_style)
 
-    def lr_at(self, iteration: int) -> float:
-        """The learning rate of the step that makes ``iteration`` (1-based)."""
-        if iteration <= self.warmup_iters:
-            return self.lr * iteration / self.warmup_iters
+    def lr_at(self, n: float) -> float:
+        """The learning rate after ``n`` steps (pretrain.py: samples consumed before the iteration)."""
+        if self.warmup_steps > 0 and n <= self.warmup_steps:
+            return self.init_lr + (self.lr - self.init_lr) * n / self.warmup_steps
         if self.style == "constant":
             return self.lr
-        ratio = 1.0 if iteration >= self.decay_iters else (
-            (iteration - self.warmup_iters) / (self.decay_iters - self.warmup_iters))
-        factor = 1.0 - ratio if self.style == "linear" else 0.5 * (1.0 + math.cos(math.pi * ratio))
-        return self.min_lr + (self.lr - self.min_lr) * factor
+        if n > self.decay_steps:
+            return self.min_lr
+        if self.style == "inverse-square-root":
+            return max(self.min_lr, self.lr * math.sqrt(max(self.warmup_steps, 1)) / math.sqrt(max(n, 1)))
+        ratio = (n - self.warmup_steps) / (self.decay_steps - self.warmup_steps)
+        if self.style == "linear":
+            coeff = 1.0 - ratio
+        elif self.style == "cosine":
+            coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        else:  # WSD: stable, then the anneal of its last wsd_decay_steps
+            anneal = self.decay_steps - self.wsd_decay_steps
+            q = max(0.0, (n - anneal) / self.wsd_decay_steps)
+            coeff = {"linear": 1.0 - q, "cosine": 0.5 * (math.cos(math.pi * q) + 1.0),
+                     "exponential": 2.0 * 0.5**q - 1.0, "minus_sqrt": 1.0 - math.sqrt(q)}[self.wsd_style]
+        return self.min_lr + coeff * (self.lr - self.min_lr)
 
-    def apply(self, optimizer: torch.optim.Optimizer, iteration: int) -> float:
-        """Set every param group's lr to ``lr_at(iteration)`` (ZeRO-1 copies it to its shard on step)."""
-        lr = self.lr_at(iteration)
+    def wd_at(self, n: float) -> float | None:
+        """The weight decay after ``n`` steps (None: not scheduled)."""
+        if self.start_wd is None:
+            return None
+        if n > self.wd_incr_steps or self.wd_style == "constant":
+            return self.end_wd
+        ratio = n / self.wd_incr_steps
+        coeff = ratio if self.wd_style == "linear" else 0.5 * (math.cos(math.pi * (1 - ratio)) + 1.0)
+        return self.start_wd + coeff * (self.end_wd - self.start_wd)
+
+    def apply(self, optimizer: torch.optim.Optimizer, n: float) -> float:
+        """Set every param group's lr (and scheduled weight decay) to their values after ``n`` steps;
+        returns the lr (ZeRO-1 copies it to its shard on step)."""
+        lr, wd = self.lr_at(n), self.wd_at(n)
         for group in optimizer.param_groups:
             group["lr"] = lr
+            if wd is not None:
+                group["weight_decay"] = wd
         return lr
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def changes_from(self, saved: dict[str, Any]) -> list[str]:
-        """``name: saved -> now`` for every setting that differs from a checkpoint's ``state_dict``."""
-        return [f"{k}: {saved.get(k)} -> {v}" for k, v in self.state_dict().items() if saved.get(k) != v]
+    def changes_from(self, saved: dict[str, Any], global_batch_size: int = 1) -> list[str]:
+        """``name: saved -> now`` for every setting that differs from a checkpoint's ``state_dict``. A checkpoint of
+        tpzoo's earlier schedule (``warmup_iters``, ``decay_iters``: iterations) is read in samples of
+        ``global_batch_size`` (``earlier_format``)."""
+        if earlier_format(saved):
+            saved = dict(saved, warmup_steps=saved["warmup_iters"] * global_batch_size,
+                         decay_steps=saved["decay_iters"] * global_batch_size)
+        return [f"{k}: {saved.get(k, v)} -> {v}" for k, v in self.state_dict().items() if saved.get(k, v) != v]
+
+
+def earlier_format(saved: dict[str, Any]) -> bool:
+    """Whether a checkpoint's schedule state is tpzoo's earlier one, which set the lr of iteration i at step i
+    (iterations, not the samples before it): its run goes on at n = consumed samples + G (``Run.lr_steps``),
+    the lr it would have had."""
+    return "warmup_iters" in saved
+
+
+def check_schedule_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the pair, for the flags Megatron-LM's arguments.py refuses together: --train-iters
+    with --train-samples, an *-iters flag in a run counted in samples (or *-samples in one counted in
+    iterations), --lr-warmup-fraction with --lr-warmup-iters/-samples."""
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ValueError("--train-iters and --train-samples both set the run's length; give one of them")
+    if args.train_iters is None and args.train_samples is None:
+        raise ValueError("give --train-iters or --train-samples (the run's length)")
+    unit, other = ("samples", "iters") if args.train_iters is None else ("iters", "samples")
+    for name in (f"lr_decay_{other}", f"lr_wsd_decay_{other}", f"lr_warmup_{other}"):
+        if getattr(args, name):
+            flag = f"--{name.replace('_', '-')}"
+            raise ValueError(f"{flag} counts {other}, but the run's length is --train-{unit}; give "
+                             f"{flag.replace(other, unit)} instead")
+    if args.lr_warmup_fraction is not None and getattr(args, f"lr_warmup_{unit}"):
+        raise ValueError(f"--lr-warmup-fraction and --lr-warmup-{unit} both set the warmup; give one of them")
+
+
+def weight_decay_range(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """(start, end) weight decay of --weight-decay-incr-style (Megatron-LM's rules): constant takes neither
+    --start-weight-decay nor --end-weight-decay (None, None: --weight-decay throughout); linear and cosine
+    need both."""
+    start, end = args.start_weight_decay, args.end_weight_decay
+    if args.weight_decay_incr_style == "constant":
+        if start is not None or end is not None:
+            raise ValueError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or "
+                             "cosine; with constant, give --weight-decay")
+        return None, None
+    if start is None or end is None:
+        raise ValueError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs both --start-weight-decay "
+                         f"and --end-weight-decay")
+    return start, end
