@@ -49,6 +49,8 @@ def _folder(path: Path, files: dict[str, str | bytes]) -> str:
 def prepare(root: Path) -> dict[str, str]:
     """Every input the cases name, under ``root``: two tiny checkpoints (GPT, BERT; pretrain.py's
     TINY flags, 2 steps), the demo tokenizer, data and task, and bad files of every kind."""
+    import datasets
+
     from tpzoo.data.demo import demo_data, demo_dir, demo_task
     from tpzoo.data.tokenizer import train_tokenizer
 
@@ -75,6 +77,8 @@ def prepare(root: Path) -> dict[str, str]:
                   bad_latest=_folder(f / "bad_latest", {"latest": "iter_0000009\n"}),
                   other_tok=train_tokenizer(str(demo_dir() / "corpus.jsonl"), str(f / "other"), 120),
                   **_bad_indexed_datasets(f, str(gpt_data)))
+    inputs["saved_dict"] = str(f / "saved_dict")  # a DatasetDict folder of datasets' save_to_disk
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(inputs["saved_dict"])
     for name in ("gpt", "bert"):
         _pretrain(root, name)
         inputs[name] = str(root / name)
