@@ -1,0 +1,107 @@
+"""Megatron-LM's checkpoint flags (tpzoo.training.checkpoint_args) and the save/load options under them:
+a checkpoint saved without its optimizer state or RNG states says so and loads only with the flags that
+skip them; a vocabulary padded to another multiple at tp 2 loads at tp 1; ``--save DIR --load DIR``
+starts a first run from scratch; ``--finetune`` takes the weights only. One spawn of 2 ranks and two
+single-process pretrain.py runs, in the background."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import background
+from cases import CaseLog, assert_case
+from families import CASES, batch
+from pretrain_helpers import TINY, command, metrics, run
+from tpzoo.checkpoint import load_checkpoint, read_meta, save_checkpoint
+from tpzoo.engine import Engine, EngineConfig
+from tpzoo.models import full_state_dict
+from tpzoo.parallel import ParallelPlan, init_mesh
+
+SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=500,
+             max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)
+MULTIPLE = 7  # 500 tokens: padded to 504 at tp 2 (a multiple of 14), to 512 at tp 1 with the default 128
+RANK_CASES = ("padded-vocab-tp2", "meta-says-what-was-saved", "no-optimizer-names-no-load-optim",
+              "no-rng-names-no-load-rng", "tp2-padding-loads-at-tp1", "full-checkpoint-loads-optimizer")
+CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "finetune-takes-the-weights-only")
+
+
+def engine(config, mesh) -> Engine:
+    case = CASES["gpt"]
+    return Engine(lambda plan, **stage: case.build(config, plan, **stage), config,
+                  EngineConfig(micro_batch_size=2 // mesh.dp_size, global_batch_size=2), ParallelPlan(mesh))
+
+
+def rank_checks(root: str) -> CaseLog:
+    """At tp 2: train a step, save without optimizer and RNG and with both; at tp 1 (dp 2, default padding) load."""
+    log, root = CaseLog(), Path(root)
+    case = CASES["gpt"]
+    config = case.config(**SIZES, make_vocab_size_divisible_by=MULTIPLE)
+    g = torch.Generator().manual_seed(0)
+    tp2 = engine(config, init_mesh(tp=2))
+    tp2.train_step(batch(case, torch.randint(0, 500, (2, 8), generator=g), g))
+    with log.case("padded-vocab-tp2"):
+        assert tp2.chunks[0].model.embedding.word_embeddings.weight.shape[0] == 504 // 2
+    bare = save_checkpoint(root / "bare", 1, tp2, meta={}, save_optimizer=False, save_rng=False)
+    full = save_checkpoint(root / "full", 1, tp2, meta={})
+    weights = full_state_dict(tp2.chunks[0].model)
+    with log.case("meta-says-what-was-saved"):
+        for folder, saved in ((bare, False), (full, True)):
+            record = read_meta(folder)["checkpoint"]
+            assert (record["optimizer"]["saved"], record["rng"]) == (saved, saved), folder
+    tp1 = engine(config.replace(make_vocab_size_divisible_by=128), init_mesh(tp=1))
+    with log.case("no-optimizer-names-no-load-optim"):
+        with pytest.raises(ValueError, match="saved without its optimizer state .* --no-load-optim or --finetune"):
+            load_checkpoint(bare, tp1)
+    with log.case("no-rng-names-no-load-rng"):
+        with pytest.raises(ValueError, match="saved without its RNG states .* --no-load-rng or --finetune"):
+            load_checkpoint(bare, tp1, load_optimizer=False)
+    with log.case("tp2-padding-loads-at-tp1"):
+        load_checkpoint(bare, tp1, load_optimizer=False, load_rng=False)
+        model = tp1.chunks[0].model
+        assert model.embedding.word_embeddings.weight.shape[0] == 512 and not tp1.optimizer.state
+        loaded = full_state_dict(model)
+        assert all(torch.equal(loaded[k], v) for k, v in weights.items()) and loaded.keys() == weights.keys()
+    with log.case("full-checkpoint-loads-optimizer"):
+        load_checkpoint(full, tp1)
+        assert len(tp1.optimizer.state) == len(list(tp1.chunks[0].model.parameters()))
+    return log
+
+
+@background.fixture
+def outcomes(tmp_path_factory) -> tuple[list[CaseLog], dict]:
+    """The ranks' logs, and the two pretrain.py runs: a first run with --save DIR --load DIR and the
+    --no-save flags, then --finetune from it into another folder."""
+    root = tmp_path_factory.mktemp("checkpoint_flags")
+    logs = background.spawn(rank_checks, 2, str(root))
+    first = run(command([*TINY, "--train-iters", "2", "--save", "run", "--load", "run", "--no-save-optim",
+                         "--no-save-rng"]), root)
+    tuned = run(command([*TINY, "--train-iters", "2", "--load", "run", "--finetune", "--save", "tuned"]), root)
+    return logs, dict(root=root, first=first, tuned=tuned)
+
+
+@pytest.mark.parametrize("name", RANK_CASES)
+def test_checkpoint_save_and_load_options(outcomes, name):
+    assert_case(outcomes[0], name)
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_checkpoint_flags_of_pretrain(outcomes, name):
+    runs = outcomes[1]
+    root, first, tuned = runs["root"], runs["first"], runs["tuned"]
+    assert first.returncode == 0, first.stderr[-2000:]
+    if name == "first-run-starts-from-scratch":
+        assert "no checkpoint in --load run (also the --save folder): starting from scratch" in first.stdout
+    elif name == "no-save-flags-in-meta":
+        record = json.loads((root / "run" / "iter_0000002" / "meta.json").read_text())["checkpoint"]
+        assert (record["optimizer"]["saved"], record["rng"]) == (False, False)
+    else:  # a checkpoint without optimizer and RNG: --finetune needs neither, and starts at iteration 0
+        assert tuned.returncode == 0, tuned.stderr[-2000:]
+        assert "finetuning from run/iter_0000002 at iteration 0 (consumed samples 0)" in tuned.stdout
+        meta = json.loads((root / "tuned" / "iter_0000002" / "meta.json").read_text())
+        assert (meta["iteration"], meta["consumed_samples"], meta["checkpoint"]["optimizer"]["saved"]) == (2, 16, True)
+        assert sorted(metrics(root / "tuned")) == [1, 2]
+        assert (root / "run" / "latest").read_text().strip() == "iter_0000002"  # the loaded folder untouched
