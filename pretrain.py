@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
-from tpzoo.data.build import add_data_args  # noqa: E402
+from tpzoo.data.data_args import add_data_args, check_data_flags  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
                                  add_precision_args, add_run_args, check_fsdp_flags, check_output_folder,
@@ -48,6 +48,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored)."""
     check_fsdp_flags(args)
+    check_data_flags(args)
     for flag in ("save", "log_dir", "data_cache_path"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:

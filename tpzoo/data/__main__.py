@@ -2,6 +2,9 @@
 
     python -m tpzoo.data train-tokenizer --input corpus.jsonl --model-prefix tok --vocab-size 512
     python -m tpzoo.data preprocess --input corpus.jsonl --output-prefix gpt --tokenizer-model tok.model --append-eod
+    python -m tpzoo.data preprocess --input corpus.jsonl --output-prefix my-gpt2 --vocab-file gpt2-vocab.json \
+        --merge-file gpt2-merges.txt --tokenizer-type GPT2BPETokenizer --append-eod --workers 2
+                                                        # Megatron-LM's flags: writes my-gpt2_text_document.bin/.idx
     python -m tpzoo.data inspect --data-path gpt
     python -m tpzoo.data samples --model gpt --data-path gpt --seq-length 32 --indices 0 1
     python -m tpzoo.data demo
@@ -17,7 +20,9 @@ import os
 import sys
 from typing import Sequence
 
-from tpzoo.data.build import add_cache_arg, add_data_args, data_kind
+from tpzoo.data.build import add_cache_arg, data_kind
+from tpzoo.data.data_args import add_data_args
+from tpzoo.data.tokenizer_types import add_tokenizer_args
 from tpzoo.models.families import FAMILIES
 from tpzoo.training.args import check_output_folder, command_parser, non_negative_int, positive_int
 
@@ -38,17 +43,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
     p.add_argument("--max-sentences", type=positive_int, default=2_000_000, help="train on at most this many lines")
 
-    p = sub.add_parser("preprocess", help="tokenize text into PREFIX.bin + PREFIX.idx")
+    p = sub.add_parser("preprocess", help="tokenize text into PREFIX.bin + PREFIX.idx (Megatron-LM's flags: "
+                       "PREFIX_{key}_document.bin/.idx)")
     p.add_argument("--input", nargs="+", required=True, help="json/jsonl/txt/parquet/csv/tsv files, globs or folders")
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer-model", required=True, help="sentencepiece .model or Hugging Face tokenizer")
-    p.add_argument("--json-key", default="text", help="the text field of json/parquet/csv rows (default: %(default)s)")
+    add_tokenizer_args(p)
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument("--json-key", help="the text field of json/parquet/csv rows (default: text)")
+    keys.add_argument("--json-keys", nargs="+", metavar="KEY", help="Megatron-LM's: one dataset per key, "
+                      "PREFIX_{key}_document (default: text)")
     p.add_argument("--workers", type=positive_int, default=1, help="tokenizing processes")
+    p.add_argument("--partitions", type=positive_int, default=1, help="Megatron-LM's input partitions: 1 only "
+                   "(--workers spreads one input over processes, in order)")
     p.add_argument("--append-eod", action="store_true", help="end every document with <eod> (causal LMs: GPT, Llama)")
     p.add_argument("--split-sentences", action="store_true", help="store sentences as sequences (masked LMs: BERT)")
+    p.add_argument("--keep-newlines", action="store_true", help="with --split-sentences: keep the line breaks")
+    p.add_argument("--log-interval", type=positive_int, help="a progress line every this many documents")
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
     add_data_args(p)
+    p.add_argument("--seed", type=non_negative_int, default=1234, help="--mock-data's (default: %(default)s)")
     p.add_argument("--documents", type=non_negative_int, default=1, help="how many documents to decode")
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
@@ -69,10 +83,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from tpzoo.data.build import resolve_data
+    from tpzoo.data.data_args import run_data
     from tpzoo.data.indexed import IndexedDataset
 
-    tok, prefix = resolve_data("causal-lm", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
+    tok, prefix, _ = run_data(args, "causal-lm")
     data = IndexedDataset(prefix)
     print(
         json.dumps(
@@ -92,9 +106,10 @@ def _inspect(args: argparse.Namespace) -> None:
 
 
 def _samples(args: argparse.Namespace) -> None:
-    from tpzoo.data.build import build_datasets, resolve_data
+    from tpzoo.data.build import build_datasets
+    from tpzoo.data.data_args import run_data
 
-    tok, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
+    tok, prefix, split_prefixes = run_data(args, args.model)
     causal = data_kind(args.model) == "causal-lm"
     options = (
         {}
@@ -105,7 +120,8 @@ def _samples(args: argparse.Namespace) -> None:
         }
     )
     train, *_ = build_datasets(
-        args.model, tok, prefix, args.seq_length, args.seed, (max(args.indices) + 1, 0, 0), args.split, **options
+        args.model, tok, prefix, args.seq_length, args.seed, (max(args.indices) + 1, 0, 0), args.split,
+        split_prefixes, **options
     )
     pieces = tok.pieces()
     for i in args.indices:
@@ -155,6 +171,34 @@ def _demo(export: str | None, cache_path: str | None) -> None:
     )
 
 
+def megatron_names(args: argparse.Namespace) -> bool:
+    """Whether ``preprocess`` names its outputs as Megatron-LM does (``PREFIX_{key}_document``): with
+    any of Megatron-LM's own flags (``--json-keys``, ``--tokenizer-type``, ``--vocab-file``); tpzoo's
+    ``PREFIX.bin`` with ``--tokenizer-model`` and ``--json-key`` alone."""
+    return any(getattr(args, d) is not None for d in ("json_keys", "tokenizer_type", "vocab_file"))
+
+
+def _preprocess(args: argparse.Namespace) -> None:
+    """One dataset per json key: Megatron-LM's names or tpzoo's (``megatron_names``); a JSON line each."""
+    from tpzoo.data.preprocess import megatron_prefix, preprocess
+    from tpzoo.data.tokenizer_types import tokenizer_from_args
+
+    if args.partitions != 1:
+        raise ValueError(f"--partitions {args.partitions}: tpzoo reads its input in one pass, spread over --workers "
+                         f"processes in order; pass --workers {args.workers * args.partitions} without --partitions")
+    tokenizer = tokenizer_from_args(args)
+    if tokenizer is None:
+        raise ValueError("preprocess needs a tokenizer: --tokenizer-model FILE, --vocab-file + --merge-file (GPT-2), "
+                         "--vocab-file (BERT) or --tokenizer-type")
+    keys = args.json_keys or [args.json_key or "text"]
+    for key in keys:
+        prefix = (megatron_prefix(args.output_prefix, key, args.split_sentences) if megatron_names(args)
+                  else args.output_prefix)
+        stats = preprocess(args.input, prefix, tokenizer, key, args.workers, args.append_eod, args.split_sentences,
+                           keep_newlines=args.keep_newlines, log_interval=args.log_interval)
+        print(json.dumps({"prefix": prefix, **{k: round(v, 3) for k, v in stats.items()}}))
+
+
 # command -> the flag naming the files it writes, and its destination
 PREFIX_FLAGS = {
     "train-tokenizer": ("--model-prefix", "model_prefix"),
@@ -188,18 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         elif args.command == "preprocess":
-            from tpzoo.data.preprocess import preprocess
-
-            stats = preprocess(
-                args.input,
-                args.output_prefix,
-                args.tokenizer_model,
-                args.json_key,
-                args.workers,
-                args.append_eod,
-                args.split_sentences,
-            )
-            print(json.dumps({"prefix": args.output_prefix, **{k: round(v, 3) for k, v in stats.items()}}))
+            _preprocess(args)
         elif args.command == "inspect":
             _inspect(args)
         elif args.command == "samples":

@@ -1,11 +1,13 @@
 """What a trainer calls: pick the data (``--data-path`` / ``--dataset`` / the demo) and build the
 train/valid/test datasets from ``--split``, ``--seq-length``, ``--seed`` and the samples needed.
 
-    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, args.tokenizer_model, args.data_cache_path)
+    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, tokenizer_from_args(args), args.data_cache_path)
     train, valid, test = build_datasets("gpt", tok, prefix, args.seq_length, args.seed,
                                         samples_needed(args.train_iters, G, args.eval_interval, args.eval_iters),
                                         args.split)
     batch_k = [train[i] for i in range(k * G, (k + 1) * G)]   # the same on any mesh
+
+``tpzoo.data.data_args.run_data`` does the first line for every data flag (--mock-data, --train-data-path ...).
 
 ``model`` is a family name (``--model``: "gpt", "llama", "bert" ...) or a data kind: what is read
 follows the family's data kind (``tpzoo.models.families``): "causal-lm" reads documents ending in
@@ -29,7 +31,7 @@ from tpzoo.data.cache import cache_dir, cached_build
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import is_main_process, say
 from tpzoo.data.sources import DatasetSource, absolute_specs
-from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.data.tokenizer import Tokenizer, load_tokenizer, recorded_tokenizer
 from tpzoo.models.families import DATA_KINDS, FAMILIES, family
 
 DEFAULT_CACHE = "$TPZOO_CACHE, else ~/.cache/tpzoo"
@@ -51,29 +53,6 @@ def cache_name(model: str) -> str:
     tokenization and caches written before the family registry stay valid."""
     kind = data_kind(model)
     return next(name for name, f in FAMILIES.items() if f.data == kind)
-
-
-def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the data flags (``--data-path --dataset --tokenizer-model --split --data-cache-path``) to
-    ``parser``."""
-    group = parser.add_argument_group("data")
-    group.add_argument("--data-path", metavar="PREFIX", help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx)")
-    group.add_argument(
-        "--dataset",
-        metavar="SPEC",
-        nargs="+",
-        help="json/jsonl/txt/parquet/csv files, globs or folders, tokenized once into --data-cache-path",
-    )
-    group.add_argument(
-        "--tokenizer-model",
-        metavar="FILE",
-        help="sentencepiece .model or Hugging Face tokenizer (default: the one the data was made with)",
-    )
-    group.add_argument(
-        "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
-    )
-    add_cache_arg(group)
-    return parser
 
 
 def add_cache_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -144,13 +123,13 @@ def resolve_data(
     model: str,
     data_path: str | None = None,
     dataset: Any = None,
-    tokenizer_model: str | None = None,
+    tokenizer_model: Tokenizer | str | None = None,
     cache_path: str | None = None,
 ) -> tuple[Tokenizer, str]:
     """The tokenizer and indexed-dataset prefix a run uses: ``data_path``; else ``dataset`` files
     tokenized into the cache (``cache_path``, see ``cache_dir``); else the bundled demo corpus
-    (built there too). Without ``tokenizer_model`` the tokenizer recorded in the dataset is used.
-    Raises ValueError if they do not match."""
+    (built there too). ``tokenizer_model``: a Tokenizer or a ``load_tokenizer`` path; without one the
+    tokenizer recorded in the dataset is used. Raises ValueError if they do not match."""
     data_kind(model)  # a known family or kind
     if data_path and dataset:
         raise ValueError("pass either --data-path or --dataset, not both")
@@ -159,21 +138,42 @@ def resolve_data(
 
         demo_tokenizer, data_path = demo_data(model, cache_path)
         tokenizer_model = tokenizer_model or demo_tokenizer
+    tok = (load_tokenizer(tokenizer_model) if isinstance(tokenizer_model, (str, os.PathLike))
+           else tokenizer_model)
     if dataset:
-        if not tokenizer_model:
-            raise ValueError("--dataset needs --tokenizer-model to tokenize with; pass a sentencepiece .model file")
-        tok = load_tokenizer(tokenizer_model)
+        if tok is None:
+            raise ValueError("--dataset needs --tokenizer-model (a sentencepiece .model file), --vocab-file + "
+                             "--merge-file or --tokenizer-type to tokenize with")
         return tok, prepare_dataset(dataset, tok, model, cache_path)
     indexed = IndexedDataset(data_path)
     recorded = indexed.metadata.get("tokenizer")
-    if tokenizer_model:
-        tok = load_tokenizer(tokenizer_model)
-    elif recorded and os.path.exists(recorded["path"]):
-        tok = load_tokenizer(recorded["path"])
-    else:
-        raise ValueError(f"dataset {data_path!r} names no tokenizer on this machine; pass --tokenizer-model")
-    indexed.check_tokenizer(tok)
+    tok = tok or recorded_tokenizer(recorded)
+    if tok is None and recorded:
+        raise ValueError(f"dataset {data_path!r} was tokenized with {recorded.get('path', recorded['kind'])}, which "
+                         "is not on this machine; pass the tokenizer flags (--tokenizer-model, --vocab-file ...)")
+    if tok is None:
+        raise ValueError(f"dataset {data_path!r} names no tokenizer (made by Megatron-LM?): pass its tokenizer "
+                         "flags: --vocab-file vocab.json --merge-file merges.txt (GPT-2), --vocab-file vocab.txt "
+                         "(BERT), --tokenizer-model, or --tokenizer-type NullTokenizer --vocab-size N")
+    check_data_tokenizer(indexed, tok)
     return tok, str(data_path)
+
+
+def check_data_tokenizer(indexed: IndexedDataset, tokenizer: Tokenizer) -> None:
+    """ValueError unless ``tokenizer`` reads ``indexed``: the one it was made with (its metadata), and
+    a vocabulary holding every id of it. A NullTokenizer (ids as they are) needs only the latter."""
+    recorded = indexed.metadata.get("tokenizer")
+    if tokenizer.kind != "NullTokenizer":
+        indexed.check_tokenizer(tokenizer)
+    if recorded:
+        top = recorded["vocab_size"] - 1
+    elif np.iinfo(indexed.dtype).max < tokenizer.vocab_size or not indexed.num_tokens:
+        return  # every id the dtype holds is in the vocabulary
+    else:
+        top = int(max(indexed.tokens[i:i + (1 << 26)].max() for i in range(0, indexed.num_tokens, 1 << 26)))
+    if top >= tokenizer.vocab_size:
+        raise ValueError(f"dataset {indexed.prefix!r} holds token ids up to {top} but the tokenizer {tokenizer.path} "
+                         f"has a vocabulary of {tokenizer.vocab_size}; pass the tokenizer the data was made with")
 
 
 def build_datasets(
@@ -184,24 +184,31 @@ def build_datasets(
     seed: int,
     num_samples: tuple[int, int, int],
     split: str = "98,1,1",
+    split_prefixes: tuple[str | None, str | None, str | None] | None = None,
     **bert_options: Any,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
     (None where 0 are asked). Causal-LM samples are ``GPTDataset`` windows, masked-LM ones ``BertDataset``
-    samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob)."""
+    samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob).
+    ``split_prefixes``: split k reads every document of ``split_prefixes[k]`` (ValueError if samples
+    are asked of a split without one) instead of its ``split`` share of ``prefix``."""
     from tpzoo.data.bert_dataset import BertDataset
     from tpzoo.data.gpt_dataset import GPTDataset
 
     causal = data_kind(model) == "causal-lm"
-    indexed = IndexedDataset(prefix)
-    indexed.check_tokenizer(tokenizer)
-    if causal and indexed.metadata.get("append_eod") is False:
-        raise ValueError(
-            f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
-            f"together; preprocess it again with --append-eod for a causal LM ({model})"
-        )
+    if split_prefixes is None:
+        indexed = _checked(prefix, tokenizer, causal, model)
+        parts = [(indexed, docs) for docs in split_documents(indexed.num_documents, split)]
+    else:
+        parts = []
+        for name, p, n in zip(("--train-data-path", "--valid-data-path", "--test-data-path"), split_prefixes,
+                              num_samples):
+            if p is None and n:
+                raise ValueError(f"{n} samples are asked of a split without data: pass {name}")
+            indexed = _checked(p, tokenizer, causal, model) if p else None
+            parts.append((indexed, np.arange(indexed.num_documents if indexed else 0, dtype=np.int64)))
     out = []
-    for k, docs in enumerate(split_documents(indexed.num_documents, split)):
+    for k, (indexed, docs) in enumerate(parts):
         if not num_samples[k]:
             out.append(None)
         elif causal:
@@ -209,3 +216,15 @@ def build_datasets(
         else:
             out.append(BertDataset(indexed, docs, tokenizer, seq_length, num_samples[k], seed, k, **bert_options))
     return tuple(out)  # type: ignore[return-value]
+
+
+def _checked(prefix: str, tokenizer: Tokenizer, causal: bool, model: str) -> IndexedDataset:
+    """``IndexedDataset(prefix)`` read by ``tokenizer``, with documents that end for a causal LM."""
+    indexed = IndexedDataset(prefix)
+    check_data_tokenizer(indexed, tokenizer)
+    if causal and indexed.metadata.get("append_eod") is False:
+        raise ValueError(
+            f"dataset {prefix!r} was preprocessed without --append-eod, so its documents would run "
+            f"together; preprocess it again with --append-eod for a causal LM ({model})"
+        )
+    return indexed

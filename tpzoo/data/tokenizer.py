@@ -1,14 +1,17 @@
-"""Tokenizers: train and load sentencepiece models; load GPT-2 style Hugging Face tokenizers.
+"""Tokenizers: train and load sentencepiece models; load Hugging Face tokenizers. Megatron-LM's
+``--tokenizer-type`` kinds (GPT-2 BPE, BERT WordPiece, NullTokenizer) are in ``tokenizer_types``.
 
 Every tokenizer exposes ``vocab_size``, ``encode(text) -> list[int]``, ``decode(ids) -> str``, the
 special ids ``eod``, ``pad``, ``cls``, ``sep``, ``mask``, ``unk`` (None where the model lacks one),
 ``word_start`` (a bool array over the vocabulary, for whole-word masking) and ``reference()``, a
-JSON-able dict (kind, path, sha256, vocab_size) that a checkpoint stores to name its tokenizer.
+JSON-able dict (kind, its files and options, sha256, vocab_size) that a checkpoint and a dataset's
+index store to name it: ``load_tokenizer(**reference)`` loads the same kind back.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from functools import cached_property
@@ -91,28 +94,34 @@ class Tokenizer:
     def sha256(self) -> str:
         return sha256_of(self.files)
 
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments (JSON-able, files absolute): ``type(self)(**options())`` is this tokenizer."""
+        return {"path": os.path.abspath(self.path)}
+
     def reference(self) -> dict[str, Any]:
         """What a checkpoint records: ``load_tokenizer(**ref)`` loads it back and checks the hash."""
-        return {
-            "kind": self.kind,
-            "path": os.path.abspath(self.path),
-            "sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-        }
+        return {"kind": self.kind, **self.options(), "sha256": self.sha256, "vocab_size": self.vocab_size}
+
+    def __getstate__(self) -> dict[str, Any]:  # pickles as its options: worker processes load it again
+        return self.options()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, vocab_size={self.vocab_size})"
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """A sentencepiece ``.model`` file (BPE or unigram)."""
+    """A sentencepiece ``.model`` file (BPE or unigram). ``bos``: every ``encode`` starts with the
+    model's beginning-of-sequence id (Megatron-LM's Llama2Tokenizer)."""
 
     kind = "sentencepiece"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, bos: bool = False) -> None:
         import sentencepiece as spm
 
-        self.path = str(path)
+        self.path, self.bos = str(path), bos
         self.files = [self.path]
         try:
             self.sp = spm.SentencePieceProcessor(model_file=self.path)
@@ -124,12 +133,17 @@ class SentencePieceTokenizer(Tokenizer):
             setattr(self, name, i if self.sp.id_to_piece(i) == piece else None)
         if self.unk is None:
             self.unk = self.sp.unk_id()
+        if self.eod is None and self.sp.eos_id() >= 0:  # a model not trained here (Llama's </s>)
+            self.eod = self.sp.eos_id()
+        if bos and self.sp.bos_id() < 0:
+            raise ValueError(f"{self.path!r} has no beginning-of-sequence piece for Llama2Tokenizer; "
+                             "use --tokenizer-type SentencePieceTokenizer")
 
     def encode(self, text: str) -> list[int]:
-        return self.sp.encode(text)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts, num_threads=1)
+        return self.sp.encode(texts, num_threads=1, add_bos=self.bos)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -137,38 +151,30 @@ class SentencePieceTokenizer(Tokenizer):
     def pieces(self) -> list[str]:
         return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), **({"bos": True} if self.bos else {})}
 
 
 class HFTokenizer(Tokenizer):
-    """A Hugging Face fast tokenizer: ``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``."""
+    """A Hugging Face fast tokenizer: ``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``
+    (a file, or a folder holding them). Encodes without adding special tokens."""
 
     kind = "huggingface"
 
     def __init__(self, path: str) -> None:
-        try:
-            from tokenizers import Tokenizer as _Tok
-            from tokenizers import decoders, models, pre_tokenizers
-        except ImportError:
-            raise ImportError("loading a Hugging Face tokenizer needs `pip install tokenizers`") from None
         self.path = str(path)
         folder = self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
         tok_json = self.path if os.path.isfile(self.path) else os.path.join(folder, "tokenizer.json")
         if os.path.isfile(tok_json):
             self.files = [tok_json]
-            self.tok = _Tok.from_file(tok_json)
+            self._wrap(hf_tokenizers().Tokenizer.from_file(tok_json))
         else:
             self.files = [os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")]
-            self.tok = _Tok(models.BPE.from_file(*self.files))
-            self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            self.tok.decoder = decoders.ByteLevel()
-            with open(self.files[0], encoding="utf-8") as f:
-                specials = [t for t in json.load(f) if t.startswith("<|") and t.endswith("|>")]
-            self.tok.add_special_tokens(specials)
+            self._wrap(byte_level_bpe(*self.files))
+
+    def _wrap(self, tok: Any) -> None:
+        """Use the ``tokenizers.Tokenizer`` ``tok``; the special ids are looked up by name (``_HF_NAMES``)."""
+        self.tok = tok
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         vocab = self.tok.get_vocab(with_added_tokens=True)
         for name, candidates in _HF_NAMES.items():
@@ -184,40 +190,88 @@ class HFTokenizer(Tokenizer):
         by_id = {i: t for t, i in self.tok.get_vocab(with_added_tokens=True).items()}
         return [by_id.get(i, "") for i in range(self.vocab_size)]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])
+def hf_tokenizers() -> Any:
+    """The ``tokenizers`` library, or ImportError naming how to install it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ImportError("a Hugging Face, GPT-2 BPE or WordPiece tokenizer needs `pip install tokenizers`") from None
+    return tokenizers
 
 
-def load_tokenizer(path: str | os.PathLike, sha256: str | None = None, **_: Any) -> Tokenizer:
-    """Load a tokenizer from a sentencepiece ``.model`` file, a ``tokenizer.json``, or a folder with
-    either (e.g. a converted Hugging Face checkpoint). With ``sha256`` (as in ``reference()``, whose
-    other keys are accepted and ignored) raise ValueError if the files have changed."""
-    path = str(path)
+def byte_level_bpe(vocab_file: str, merge_file: str) -> Any:
+    """GPT-2's byte-level BPE (``tokenizers.Tokenizer``) from ``vocab.json`` + ``merges.txt``; the
+    vocabulary's ``<|...|>`` entries (``<|endoftext|>``) are special tokens, never split."""
+    hf = hf_tokenizers()
+    for path in (vocab_file, merge_file):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GPT-2 BPE file {path!r} does not exist; pass vocab.json and merges.txt")
+    try:
+        tok = hf.Tokenizer(hf.models.BPE.from_file(vocab_file, merge_file))
+        with open(vocab_file, encoding="utf-8") as f:
+            specials = [t for t in json.load(f) if t.startswith("<|") and t.endswith("|>")]
+    except Exception as e:  # tokenizers raises its own Exception types on a malformed file
+        raise ValueError(f"{vocab_file!r} + {merge_file!r} are not a GPT-2 vocab.json + merges.txt ({e})") from None
+    tok.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = hf.decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def tokenizer_kinds() -> dict[str, type[Tokenizer]]:
+    """Every kind a reference may name -> its class (the Megatron-LM kinds live in ``tokenizer_types``)."""
+    from tpzoo.data.tokenizer_types import MEGATRON_KINDS
+
+    return {"sentencepiece": SentencePieceTokenizer, "huggingface": HFTokenizer, **MEGATRON_KINDS}
+
+
+def load_tokenizer(path: str | os.PathLike | None = None, sha256: str | None = None, kind: str | None = None,
+                   **options: Any) -> Tokenizer:
+    """Load a tokenizer: a ``reference()`` (``load_tokenizer(**ref)``: its ``kind`` and options), or
+    by ``path`` alone a sentencepiece ``.model`` file, a ``tokenizer.json``, or a folder with either
+    (e.g. a converted Hugging Face checkpoint). With ``sha256`` raise ValueError if the files have
+    changed. Keys a kind does not take (``vocab_size`` of a file's kind ...) are ignored."""
+    if kind is not None and kind not in ("sentencepiece", "huggingface"):
+        kinds = tokenizer_kinds()
+        if kind not in kinds:
+            raise ValueError(f"tokenizer kind {kind!r} is unknown; known kinds: {', '.join(kinds)}")
+        params = inspect.signature(kinds[kind]).parameters
+        tok = kinds[kind](**{k: v for k, v in {"path": path, **options}.items() if k in params})
+    else:
+        tok = _load_path(str(path), bos=bool(options.get("bos")))
+    if sha256 is not None and tok.sha256 != sha256:
+        raise ValueError(
+            f"tokenizer {tok.path!r} has sha256 {tok.sha256[:12]}, not the recorded {sha256[:12]}; "
+            "it changed since it was recorded: restore the original file"
+        )
+    return tok
+
+
+def _load_path(path: str, bos: bool = False) -> Tokenizer:
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer {path!r} does not exist; pass a sentencepiece .model file or a folder")
     if os.path.isdir(path):
         names = set(os.listdir(path))
         if "tokenizer.json" in names or {"vocab.json", "merges.txt"} <= names:
-            tok: Tokenizer = HFTokenizer(path)
-        elif models := sorted(n for n in names if n.endswith(".model")):
-            tok = SentencePieceTokenizer(os.path.join(path, models[0]))
-        else:
-            raise FileNotFoundError(
-                f"folder {path!r} holds no tokenizer.json, vocab.json+merges.txt or sentencepiece .model file"
-            )
-    elif path.endswith(".json"):
-        tok = HFTokenizer(path)
-    else:
-        tok = SentencePieceTokenizer(path)
-    if sha256 is not None and tok.sha256 != sha256:
-        raise ValueError(
-            f"tokenizer {path!r} has sha256 {tok.sha256[:12]}, not the recorded {sha256[:12]}; "
-            "it changed since it was recorded: restore the original file"
+            return HFTokenizer(path)
+        if models := sorted(n for n in names if n.endswith(".model")):
+            return SentencePieceTokenizer(os.path.join(path, models[0]), bos)
+        raise FileNotFoundError(
+            f"folder {path!r} holds no tokenizer.json, vocab.json+merges.txt or sentencepiece .model file"
         )
-    return tok
+    return HFTokenizer(path) if path.endswith(".json") else SentencePieceTokenizer(path, bos)
+
+
+def recorded_tokenizer(reference: dict[str, Any] | None) -> Tokenizer | None:
+    """The tokenizer a checkpoint or dataset ``reference`` names, or None when there is none or
+    its files are not on this machine (ValueError when they changed since)."""
+    if not reference:
+        return None
+    files = [v for k, v in reference.items() if k in ("path", "merge_file") and v]
+    if not all(os.path.exists(f) for f in files):
+        return None
+    return load_tokenizer(**reference)
 
 
 def _sentences(source: Any, key: str) -> Iterable[str]:

@@ -30,8 +30,10 @@ import torch.distributed as dist
 
 from tpzoo.checkpoint import load_checkpoint, read_meta, resolve_checkpoint
 from tpzoo.data.batches import global_batches
-from tpzoo.data.build import build_datasets, resolve_data, samples_needed
-from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.data.build import build_datasets, samples_needed
+from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
+from tpzoo.data.tokenizer import Tokenizer
+from tpzoo.data.tokenizer_types import tokenizer_from_args
 from tpzoo.engine import Engine
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import config_from_dict, family
@@ -80,11 +82,10 @@ LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequenc
                           "exit_duration_in_mins", "max_skipped_steps"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 # (--bf16 on an fp16 run: its loss-scale flags stay behind)
-GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, "data_path": {"dataset", "tokenizer_model"},
-                  "dataset": {"data_path", "tokenizer_model"}}
+GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER}
 # flags that change what the run trains on: a resume that changes one says so
-MEANING_FLAGS = ("seq_length", "data_path", "dataset", "tokenizer_model", "split", "seed")
-PATH_FLAGS = ("data_path", "tokenizer_model", "log_dir", "data_cache_path")
+MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, "seed")
+PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir")
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -177,12 +178,12 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     if model_defaults:
         fill_model_defaults(args, model_defaults)
     schedule = LRSchedule.from_args(args)
-    if saved is not None and args.tokenizer_model:  # before any data is tokenised with it
-        check_vocabulary(load_tokenizer(args.tokenizer_model), config_from_dict(saved["model_config"]), args.load)
+    given_tokenizer = tokenizer_from_args(args)  # the tokenizer flags' (restored ones included), or None
+    if saved is not None and given_tokenizer:  # before any data is tokenised with it
+        check_vocabulary(given_tokenizer, config_from_dict(saved["model_config"]), args.load)
     plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
-    tokenizer, prefix = resolve_data(args.model, args.data_path, args.dataset, args.tokenizer_model,
-                                     cache_path=args.data_cache_path)
+    tokenizer, prefix, split_prefixes = run_data(args, args.model, given_tokenizer)
     config = resolve_model_config(args, tokenizer, saved)
     engine_cfg = engine_config(args)
     g = engine_cfg.global_batch_size
@@ -190,7 +191,8 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     train_iters_left = max(0, args.train_iters - (saved["iteration"] if saved else 0))
     needed = samples_needed(args.train_iters, g, args.eval_interval, args.eval_iters)
     needed = (max(needed[0], consumed + train_iters_left * g), needed[1], 0)  # pretraining never reads the test split
-    train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split)
+    train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split,
+                                     split_prefixes)
     engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
                     engine_cfg, plan)
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)

@@ -1,0 +1,130 @@
+"""The data flags of ``pretrain.py`` and ``python -m tpzoo.data`` (Megatron-LM's names and meanings)
+and what a run reads from them:
+
+    --data-path PREFIX            one indexed dataset, split into train/valid/test by --split
+                                  (Megatron-LM's weighted "W1 P1 W2 P2" list is refused: no blending)
+    --train-data-path PREFIX      one prefix per split instead of --data-path + --split
+    --valid-data-path PREFIX      (each split reads every document of its prefix)
+    --test-data-path PREFIX
+    --mock-data                   random tokens of the tokenizer's vocabulary (``tpzoo.data.mock``)
+    --dataset FILES               raw files tokenized once into --data-cache-path
+    tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
+
+    tokenizer, prefix, split_prefixes = run_data(args, "gpt")
+    build_datasets("gpt", tokenizer, prefix, ..., args.split, split_prefixes)
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from tpzoo.data.build import add_cache_arg, data_kind, resolve_data
+from tpzoo.data.sources import DATASET_PARTS, add_dataset_source_args, dataset_source
+from tpzoo.data.tokenizer import Tokenizer
+from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, add_tokenizer_args, tokenizer_from_args, tokenizer_type
+
+SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
+# flags naming where the data is: at most one source
+SOURCES = ("data_path", "dataset", "mock_data", "train_data_path")
+
+
+class _Prefix(argparse.Action):
+    """Megatron-LM's path list: ``PREFIX`` or ``WEIGHT PREFIX`` (one dataset); several are refused."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Sequence[str],
+                 option_string: str | None = None) -> None:
+        if len(values) == 2 and _is_number(values[0]):
+            values = values[1:]
+        if len(values) != 1:
+            parser.error(f"{option_string} {' '.join(values)}: tpzoo reads one dataset per flag and does not blend "
+                         "weighted prefixes; preprocess the corpora into one prefix")
+        setattr(namespace, self.dest, values[0])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the data and tokenizer flags (module docstring, ``--split``, ``--data-cache-path``) to ``parser``."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--data-path", metavar="PREFIX", nargs="+", action=_Prefix,
+                       help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split")
+    for split in ("train", "valid", "test"):
+        group.add_argument(f"--{split}-data-path", metavar="PREFIX", nargs="+", action=_Prefix,
+                           help=f"the {split} split's indexed dataset (instead of --data-path and --split)")
+    group.add_argument("--mock-data", action="store_true",
+                       help="random tokens of the tokenizer's vocabulary, fixed by --seed (needs tokenizer flags)")
+    group.add_argument(
+        "--dataset",
+        metavar="SPEC",
+        nargs="+",
+        help="json/jsonl/txt/parquet/csv files, globs or folders; a folder saved by datasets' save_to_disk; or a "
+        "dataset name in datasets' local cache (docs/data.md); tokenized once into --data-cache-path",
+    )
+    add_dataset_source_args(group)
+    add_tokenizer_args(group)
+    group.add_argument(
+        "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
+    )
+    add_cache_arg(group)
+    return parser
+
+
+def check_data_flags(args: argparse.Namespace) -> None:
+    """What the data flags alone can be checked for (no file is read): one data source, the
+    tokenizer flags complete (``tokenizer_type``). ValueError naming the flags."""
+    given = [s for s in SOURCES if getattr(args, s, None)]
+    if len(given) > 1:
+        names = " and ".join("--" + s.replace("_", "-") for s in given)
+        raise ValueError(f"pass one data source, not {names}")
+    splits = [s for s in SPLIT_PATHS if getattr(args, s, None)]
+    if splits and "train_data_path" not in splits:
+        raise ValueError(f"--{splits[0].replace('_', '-')} needs --train-data-path beside it")
+    tokenizer_type(args)
+    if args.mock_data and tokenizer_type(args) is None and not args.tokenizer_model:
+        raise ValueError("--mock-data draws tokens from a tokenizer's vocabulary: pass its flags, e.g. "
+                         "--tokenizer-type NullTokenizer --vocab-size 1024, or --vocab-file + --merge-file")
+
+
+def run_data(args: argparse.Namespace, model: str, tokenizer: Tokenizer | None = None
+             ) -> tuple[Tokenizer, str, tuple[Any, Any, Any] | None]:
+    """(tokenizer, prefix, split prefixes) a run reads: ``prefix`` is the training data (what a
+    checkpoint records); split prefixes are (train, valid, test) with ``--train-data-path`` (None
+    entries for splits not given), else None (``prefix`` split by ``--split``). ``tokenizer``: the
+    flags' (``tokenizer_from_args``), read here when not given."""
+    check_data_flags(args)
+    tokenizer = tokenizer or tokenizer_from_args(args)
+    if args.mock_data:
+        from tpzoo.data.mock import mock_prefix
+
+        assert tokenizer is not None  # check_data_flags
+        return tokenizer, mock_prefix(data_kind(model), tokenizer, args.seed, args.data_cache_path), None
+    if not args.train_data_path:
+        tok, prefix = resolve_data(model, args.data_path, dataset_source(args), tokenizer, args.data_cache_path)
+        return tok, prefix, None
+    tok, train = resolve_data(model, args.train_data_path, None, tokenizer, args.data_cache_path)
+    others = [resolve_data(model, getattr(args, s), None, tok)[1] if getattr(args, s) else None
+              for s in SPLIT_PATHS[1:]]
+    return tok, train, (train, *others)
+
+
+def _given_together() -> dict[str, set[str]]:
+    """A resume's flags (``tpzoo.training.setup.GIVEN_TOGETHER``): a data source given keeps every other
+    source and the tokenizer flags from being restored (it brings its own tokenizer); a tokenizer
+    flag given keeps the other tokenizer flags."""
+    sources = {"data_path", "dataset", "mock_data", *SPLIT_PATHS}
+    out = {s: (sources - {s}) | set(TOKENIZER_FLAGS) | set(DATASET_PARTS) for s in sources}
+    out.update({t: set(TOKENIZER_FLAGS) - {t} for t in TOKENIZER_FLAGS})
+    return out
+
+
+DATA_GIVEN_TOGETHER = _given_together()
+# flags that change what a run trains on, and flags naming files (made absolute in a checkpoint)
+DATA_MEANING_FLAGS = ("data_path", "dataset", *DATASET_PARTS, "mock_data", *SPLIT_PATHS, *TOKENIZER_FLAGS, "split")
+DATA_PATH_FLAGS = ("data_path", *SPLIT_PATHS, "tokenizer_model", "vocab_file", "merge_file", "data_cache_path")
