@@ -213,11 +213,11 @@ class DatasetSource:
             if self.split is not None:
                 raise ValueError(f"--dataset-split picks a split of a dataset name or a save_to_disk DatasetDict "
                                  f"folder; {self.specs[0]!r} is files: drop --dataset-split")
+            from tpzoo.data.preprocess import describe_files
+
             files = resolve_files(self.specs)
             stamp = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
-            size = sum(os.path.getsize(f) for f in files)
-            what = f"{len(files):,} file{'s' * (len(files) != 1)} ({size / 1e6:,.1f} MB)"
-            return (lambda: iter_documents(files, self.key)), [stamp, self.key], what
+            return (lambda: iter_documents(files, self.key)), [stamp, self.key], describe_files(files)
         spec = self.specs[0]
         if kind == "saved":
             data, what = _load_saved(spec, self.split), f"save_to_disk folder {spec!r}"
