@@ -8,6 +8,7 @@ global ranks is read from torchrun's own log), and a single process resumes from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -48,30 +49,31 @@ def launcher(port: int, job: str, save: Path) -> list[str]:
 
 
 def launch_nodes(root: Path) -> list[subprocess.CompletedProcess]:
-    """Both launchers at once, each in root/node<k>; torchrun's INFO log (LOGLEVEL) names each node's ranks."""
+    """Both launchers at once, each in root/node<k>; torchrun's INFO log (LOGLEVEL) names each node's ranks.
+    A launcher that fails ends the other (it would wait for its peer until the rendezvous timed out)."""
     port, job = free_port(), root.name
     env = {**clean_env(1), "LOGLEVEL": "INFO"}
-    procs = []
-    for k in range(NODES):
-        (root / f"node{k}").mkdir()
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        procs.append((subprocess.Popen(background.niced(launcher(port, job, root / "shared")), cwd=root / f"node{k}",
-                                       env=env, stdout=out, stderr=err, start_new_session=True), out, err))
-    try:
+    with contextlib.ExitStack() as files:
+        procs = []
+        for k in range(NODES):
+            (root / f"node{k}").mkdir()
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            procs.append((subprocess.Popen(background.niced(launcher(port, job, root / "shared")),
+                                           cwd=root / f"node{k}", env=env, stdout=out, stderr=err,
+                                           start_new_session=True), out, err))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and any(p.poll() is None for p, _, _ in procs):
             if any(p.poll() for p, _, _ in procs):
-                break  # a failed node: the other would wait for it until the rendezvous times out
+                break
             time.sleep(0.2)
-    finally:
         for proc, _, _ in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    done = []
-    for proc, out, err in procs:
-        out.seek(0), err.seek(0)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
+        done = []
+        for proc, out, err in procs:
+            out.seek(0), err.seek(0)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
     for d in done:
         assert d.returncode == 0, f"a launcher failed:\n{d.stdout[-2000:]}\n{d.stderr[-4000:]}"
     return done
@@ -79,13 +81,18 @@ def launch_nodes(root: Path) -> list[subprocess.CompletedProcess]:
 
 @background.fixture
 def nodes(tmp_path_factory) -> tuple[Path, list[subprocess.CompletedProcess], subprocess.CompletedProcess]:
+    """The two launchers beside the reference run (one process), then a single-process resume from their
+    checkpoint at iteration SAVED."""
     root = tmp_path_factory.mktemp("multinode")
-    with tempfile.TemporaryFile("w+") as err:  # the reference run, beside the launchers
+    with tempfile.TemporaryFile("w+") as err:
         single = subprocess.Popen(background.niced(command(FLAGS + ["--save", "single"])), cwd=root,
                                   env=clean_env(1), stdout=subprocess.DEVNULL, stderr=err)
-        launched = launch_nodes(root)
+        try:
+            launched = launch_nodes(root)
+        finally:
+            code = single.wait(timeout=300)
         err.seek(0)
-        assert single.wait(timeout=300) == 0, err.read()[-3000:]
+        assert code == 0, err.read()[-3000:]
     resumed = pretrain(FLAGS + ["--load", str(root / "shared" / f"iter_{SAVED:07d}"), "--save", "resumed"], root)
     return root, launched, resumed
 
