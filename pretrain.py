@@ -16,12 +16,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.data_args import add_data_args, check_data_flags  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
-from tpzoo.training.args import (CommandParser, add_model_args, add_optimizer_args, add_parallel_args,  # noqa: E402
-                                 add_precision_args, add_run_args, check_fsdp_flags, check_output_folder,
-                                 command_parser, engine_config, exit_on_misuse, exit_on_write_error,
-                                 fill_model_defaults, set_model_defaults)
+from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
+                                              resolve_architecture, resolve_speed)
+from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
+                                 add_run_args, check_fsdp_flags, check_output_folder, command_parser, engine_config,
+                                 exit_on_misuse, exit_on_write_error, set_model_defaults)
+from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
+from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
+from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
+from tpzoo.training.optimizer_args import add_optimizer_args, fill_schedule_defaults  # noqa: E402
 
 PROG = "pretrain.py"
 # Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)
@@ -34,12 +39,16 @@ def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
     p = command_parser(prog, f"Pretrain a model ({', '.join(FAMILIES)}) on the pp x dp x tp mesh "
                        "(docs/training.md).")
     add_model_args(p, default_model=model)
+    add_architecture_args(p)
     add_parallel_args(p)
     add_optimizer_args(p, micro_batch_size=8, global_batch_size=32)
     set_model_defaults(p, MODEL_DEFAULTS)
     add_precision_args(p)
+    add_speed_args(p)
     add_data_args(p)
     add_run_args(p)
+    add_checkpoint_args(p)
+    add_logging_args(p)
     add_refused_args(p)  # last: a flag defined above is never refused
     return p
 
@@ -48,12 +57,16 @@ def check_flags(args: argparse.Namespace) -> None:
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored)."""
     check_fsdp_flags(args)
+    resolve_speed(args)
+    check_checkpoint_flags(args)
     check_data_flags(args)
-    for flag in ("save", "log_dir", "data_cache_path"):
+    check_logging_flags(args)
+    for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:
-        filled = fill_model_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
-        LRSchedule.from_args(filled)
+        resolve_architecture(args)  # --model, when not given: the family the architecture flags describe
+        filled = fill_schedule_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
+        LRSchedule.from_args(filled, BatchSchedule.from_args(filled))  # and the batch ramp-up
         engine_config(filled)  # batch sizes, the loss-scale flags against the precision ...
 
 

@@ -2,7 +2,8 @@
 
     plan = ParallelPlan(mesh, sequence_parallel=True)           # or a bare mesh: default run options
     engine = Engine(functools.partial(GPTModel, config), config, EngineConfig(...), plan)
-    result = engine.train_step(batch)      # batch: the whole global batch, [G, s] tensors
+    result = engine.train_step(batch)      # batch: the whole global batch, [G, s] tensors (G: any multiple of
+                                           # micro batch x dp, e.g. a ramp-up's; the loss: the mean over it)
     result.loss, result.losses, result.grad_norm, result.skipped
     engine.bad_steps, engine.loss_scale    # skipped steps in a row that count toward a stop; the fp16 scale
 
@@ -55,13 +56,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.engine.config import EngineConfig, check_fits
+from tpzoo.engine.config import EngineConfig, check_fits, micro_batches
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
-from tpzoo.engine.grads import clip_grad_norm
+from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
 from tpzoo.engine.loss_scale import loss_scaler
 from tpzoo.engine.mixed_precision import MainParams
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
+from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import ModelConfig
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
@@ -99,6 +101,8 @@ class StepResult:
     grad_norm: float     # global gradient norm before clipping (inf/nan on a skipped step)
     skipped: bool        # no update this step: a non-finite loss or gradient norm, or an fp16 overflow
     losses: dict[str, float]  # the part of ``loss`` of each label key (BERT: labels = MLM, next_sentence_label)
+    params_norm: float | None = None  # the weights' norm after the step (``Engine.measure_params_norm``)
+    num_zeros: int | None = None      # zero entries of the reduced gradients (``Engine.measure_num_zeros``)
 
 
 class Engine:
@@ -119,11 +123,11 @@ class Engine:
             raise TypeError("Engine needs a ParallelPlan or a ParallelMesh, got None")
         self.plan, self.config = as_plan(plan), config
         mesh = self.mesh = self.plan.mesh
-        self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)
+        self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)  # at G
         if self.plan.fsdp:
             check_fsdp(config, mesh)
         self.vocab_size = model_config.vocab_size
-        self.runner = PipelineRunner(build, self.plan, layers, config, self.m)
+        self.runner = PipelineRunner(build, self.plan, layers, config)
         self.chunks: list[StageModule] = self.runner.chunks
         self.label_keys = self.runner.label_keys
         if not any(list(c.parameters()) for c in self.chunks):
@@ -147,6 +151,10 @@ class Engine:
         self.scaler = loss_scaler(config)
         self.skipped_steps = 0  # all skipped steps of this engine
         self.bad_steps = 0      # skipped steps in a row that count toward a stop (see the module's docstring)
+        # asked for by the caller (--log-params-norm, --log-num-zeros-in-grad, --timing-log-level): each costs
+        # a collective or a device sync per step, so none is done unless asked
+        self.measure_params_norm = self.measure_num_zeros = False
+        self.timers = Timers()
 
     @property
     def loss_scale(self) -> float:
@@ -168,19 +176,19 @@ class Engine:
 
     def micro_batches(self, batch: dict[str, Tensor], *, labels: bool = True
                       ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
-        """This dp rank's ``m`` micro-batches of the global ``batch``: token ids [mbs, s] each, and the
+        """This dp rank's m micro-batches of the global ``batch`` (G sequences, any multiple of micro batch
+        x dp: m = G / (mbs x dp), ``config.micro_batches``): token ids [mbs, s] each, and the
         extras every stage reads (mask, token types; the label keys and ``counts``, their non-ignored
         entries in the global batch). ``labels=False``: the label keys are withheld (the model returns
         its logits) and there are no counts."""
-        g, mbs = self.config.global_batch_size, self.config.micro_batch_size
-        if batch["input_ids"].shape[0] != g:
-            raise ValueError(f"the batch holds {batch['input_ids'].shape[0]} sequences, the global batch size is {g}")
+        g, mbs = batch["input_ids"].shape[0], self.config.micro_batch_size
+        m = micro_batches(self.config, self.mesh.dp_size, self.mesh.pp_size, g)
         if batch["input_ids"].device.type == "cpu":  # once per batch, on the host: the model itself never syncs
             self.check_batch(batch)
         counts = label_counts(batch, self.loss_keys(batch)) if labels else None
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
-        for k in range(self.m):
+        for k in range(m):
             rows = slice(start + k * mbs, start + (k + 1) * mbs)
             mb = {name: t[rows].to(self.mesh.device) for name, t in batch.items()
                   if labels or name not in self.label_keys}
@@ -208,32 +216,45 @@ class Engine:
         main, mesh = self.main, self.mesh
         main.zero_grad()
         if self.reducer is not None:
-            self.reducer.start(self.m)
+            self.reducer.start(len(ids))
         with peers_named("train_step", mesh, self.config.timeout_s):
+            self.timers.start("forward-backward")
             try:
                 total, parts = self.runner.run(ids, extras, backward=True, scale=self.loss_scale)
             except BaseException:
                 main.abandon_step()
                 raise
             main.flush()
+            self.timers.stop("forward-backward")
+            self.timers.start("grads-sync")
             if self.reducer is not None:
                 self.reducer.sync()
             self.tied.sync()
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
+            self.timers.stop("grads-sync")
             sums = reduce_losses(total / self.loss_scale, parts, [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
-            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums,
-                                 dp_sharded=self.plan.fsdp or self.reducer.sharded)
-            *read, norm, overflow = torch.cat([sums, norm.reshape(1), overflow.reshape(1)]).tolist()
+            sharded = self.plan.fsdp or self.reducer.sharded
+            norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums, dp_sharded=sharded)
+            zeros = [count_zero_grads(main.params, mesh, sharded)] if self.measure_num_zeros else []
+            numbers = torch.cat([t.reshape(-1).double() for t in (sums, norm, overflow, *zeros)]).tolist()
+            *read, norm, overflow = numbers[:len(sums) + 2]
+            zeros = numbers[len(sums) + 2:]  # [count] when measured
             loss, losses = named_losses(read, self.loss_keys(batch))
-            if overflow or not math.isfinite(norm):
+            skipped = bool(overflow) or not math.isfinite(norm)
+            if skipped:
                 self._skip(loss, norm, overflow=bool(overflow))
-                return StepResult(loss, norm, True, losses)
-            if self.scaler is not None:
-                self.scaler.update(finite=True)
-            self.bad_steps = 0
-            self.optimizer.step()
-            main.publish()
-        return StepResult(loss, norm, False, losses)
+            else:
+                if self.scaler is not None:
+                    self.scaler.update(finite=True)
+                self.bad_steps = 0
+                self.timers.start("optimizer")
+                self.optimizer.step()
+                main.publish()
+                self.timers.stop("optimizer")
+        params_norm = None
+        if self.measure_params_norm:  # main weights after the step; ZeRO's and FSDP's are dp shards
+            params_norm = global_params_norm(main.owned, mesh, self.plan.fsdp or main.zero).item()
+        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None)

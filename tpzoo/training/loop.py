@@ -1,6 +1,8 @@
 """The pretraining loop over a built ``Run``: lr, step, evaluate, log, save; then the summary.
 
-Iteration i (1-based) sets the lr to ``schedule.lr_at(i)``, trains on the next global batch,
+Iteration i (1-based) takes the global batch size B = ``run.batches.batch_at(c)`` and sets the lr to
+``schedule.lr_at`` of the samples before it (c consumed samples; Megatron-LM's schedules, ``tpzoo.training.
+lr_schedule``, ``tpzoo.training.batch_schedule``), trains on the next B samples (logged as ``global_batch_size``),
 evaluates when i is a multiple of ``--eval-interval`` (and at the end), logs, and saves when i is a
 multiple of ``--save-interval`` (and at the end). Evaluation e = i // eval_interval reads global
 batches [e n, (e + 1) n) of the valid split (n = ``--eval-iters``), so a run resumed at i sees the
@@ -22,6 +24,7 @@ the token-level part (the ``labels`` key's: GPT's loss, BERT's MLM loss) with th
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -32,7 +35,10 @@ from tpzoo.checkpoint import save_checkpoint, wait_for_save
 from tpzoo.data.demo import unigram_entropy
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.engine.evaluate import eval_losses
+from tpzoo.engine.timers import Timers
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
+from tpzoo.training.monitor import monitor_options, step_stats
+from tpzoo.training.checkpoint_args import save_options
 from tpzoo.training.setup import Run
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 
@@ -78,7 +84,7 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
         metrics.print(skipped_save(run.iteration, run.engine.bad_steps, summary.checkpoint))
         return
     summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta(),
-                                             background=True))
+                                             background=True, **save_options(run.args)))
 
 
 def data_entropy(run: Run) -> float | None:
@@ -118,40 +124,59 @@ def report(summary: Summary, entropy: float | None, names: dict[str, str]) -> st
 
 
 def train(run: Run) -> Summary:
-    """Train ``run`` from ``run.iteration`` to ``--train-iters``; evaluate, log and save on the way."""
+    """Train ``run`` from ``run.iteration`` to ``run.train_iters``; evaluate, log and save on the way."""
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
-    g, tokens = engine.config.global_batch_size, engine.config.global_batch_size * args.seq_length
-    metrics = Metrics(run.log_dir, args.train_iters, args.log_interval, start=run.iteration,
+    metrics = Metrics(run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
                       flops_per_token=flops_per_token(run.config, args.seq_length),
                       peak_flops=peak_flops(run.mesh.device, engine.config.precision),
-                      world_size=dist.get_world_size(), enabled=rank0)
+                      world_size=dist.get_world_size(), enabled=rank0,
+                      **monitor_options(args, run.log_dir, run.save_dir.name, rank0))
+    # the logging flags' measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
+    timers = engine.timers = Timers(args.timing_log_level, run.mesh.device)
+    engine.measure_params_norm, engine.measure_num_zeros = args.log_params_norm, args.log_num_zeros_in_grad
+    logged_at = run.iteration
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
     names, evaluating = loss_names(run), args.eval_interval > 0
     with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
-            metrics.print(f"resumed from {run.loaded_from} at iteration {run.iteration} (consumed samples "
+            metrics.print(f"{'finetuning' if run.args.finetune else 'resumed'} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
                           f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
             if run.lr_schedule_changes:
                 metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}"
                               f"); the flags' schedule applies from iteration {run.iteration + 1} on")
             if run.run_changes:
                 metrics.print(f"the flags change what the resumed run trains on: {', '.join(run.run_changes)}")
-        while run.iteration < args.train_iters and summary.stopped is None:
+        while run.iteration < run.train_iters and summary.stopped is None:
+            timers.start("iteration")
             run.iteration += 1
-            lr = run.schedule.apply(engine.optimizer, run.iteration)
+            g = run.batches.batch_at(run.consumed_samples)  # this iteration's global batch size
+            lr = run.schedule.apply(engine.optimizer, run.lr_steps)
+            timers.start("batch")
+            batch = run.batch(run.train, run.consumed_samples, g)
+            timers.stop("batch")
             start = time.perf_counter()
-            result = engine.train_step(run.batch(run.train, run.consumed_samples))
+            result = engine.train_step(batch)
             run.consumed_samples += g
-            metrics.step(tokens, time.perf_counter() - start)
-            last = run.iteration == args.train_iters
+            run.lr_steps += 0 if result.skipped else g  # Megatron's scheduler steps on an update only
+            metrics.step(g * args.seq_length, time.perf_counter() - start)
+            last = run.iteration == run.train_iters
             val, val_losses = None, {}
             if evaluating and (run.iteration % args.eval_interval == 0 or last):
+                timers.start("evaluate")
                 val, val_losses = evaluate(run, summary, names)
+                timers.stop("evaluate")
+                if args.log_validation_ppl_to_tensorboard:
+                    val_losses = {**val_losses, "ppl": math.exp(min(val, 700.0))}
             summary.iteration, summary.loss, summary.losses = run.iteration, result.loss, named(result.losses, names)
+            timers.stop("iteration")
+            stats = step_stats(args, result, run.mesh.device, dist.get_world_size())
+            if metrics.line_due(run.iteration, evaluated=val is not None, last=last):  # every rank: a collective
+                stats.update(timers.collect(run.iteration - logged_at, args.timing_log_option))
+                logged_at = run.iteration
             metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
-                        loss_scale=engine.loss_scale)
+                        loss_scale=engine.loss_scale, stats={**stats, "global_batch_size": g})
             try:
                 check_divergence(engine, args.max_skipped_steps, run.iteration, summary.checkpoint)
             except Diverged:
@@ -159,14 +184,16 @@ def train(run: Run) -> Summary:
                 raise
             summary.stopped = None if last else rules.reason(run.iteration)
             if last or summary.stopped or (args.save_interval and run.iteration % args.save_interval == 0):
+                timers.start("save")
                 save(run, summary, metrics)
-        if run.iteration == args.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
+                timers.stop("save")
+        if run.iteration == run.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
             if evaluating and run.loaded_from is None:
                 evaluate(run, summary, names)
             save(run, summary, metrics)
         wait_for_save()
         if summary.stopped is not None:
-            metrics.print(f"stopped at iteration {run.iteration} of {args.train_iters}: {summary.stopped}; "
+            metrics.print(f"stopped at iteration {run.iteration} of {run.train_iters}: {summary.stopped}; "
                           f"checkpoint: {summary.checkpoint} (resume with --load {run.save_dir})")
         elif rank0:
             metrics.print(report(summary, data_entropy(run), names)

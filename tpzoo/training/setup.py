@@ -5,8 +5,10 @@ family (``tpzoo.models.families``) gives the data kind, the model class and the 
     run = build_run(args)        # raises ValueError/FileNotFoundError on misuse, before any training
     run.engine, run.train, run.valid, run.schedule, run.iteration, run.consumed_samples
 
-Global batch k of the train split is samples [c, c + G) where c = consumed samples (k G when the
-batch size never changed), the same on every mesh and after a resume.
+Iteration i trains on samples [c, c + B(c)) of the train split, where c = consumed samples before
+it and B the batch schedule (``tpzoo.training.batch_schedule``: G, or a ramp-up), the same on every
+mesh and after a resume; its lr is the schedule at the samples of the steps taken before it
+(``lr_steps``: c less the batches of skipped steps, as Megatron-LM's scheduler counts).
 
 A resume (``--load``) continues the run as it was configured: every flag the checkpoint recorded
 (model, tokenizer, data and split, sequence length, batch sizes, schedule, seed, precision, intervals)
@@ -28,20 +30,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tpzoo.checkpoint import load_checkpoint, read_meta, resolve_checkpoint
+from tpzoo.checkpoint import load_checkpoint, read_meta
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
+from tpzoo.data.sources import absolute_specs
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import tokenizer_from_args
 from tpzoo.engine import Engine
+from tpzoo.engine.config import micro_batches
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import config_from_dict, family
 from tpzoo.models.pretrained import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
-from tpzoo.training.args import (LOSS_SCALE_FLAGS, engine_config, fill_model_defaults, model_config, plan_from_args,
-                                 process_timeout)
-from tpzoo.training.lr_schedule import LRSchedule
+from tpzoo.training.architecture_args import SPEED_FLAGS, resolve_architecture, resolve_speed
+from tpzoo.training.args import LOSS_SCALE_FLAGS, engine_config, model_config, plan_from_args, process_timeout
+from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.checkpoint_args import FLAGS as CHECKPOINT_FLAGS
+from tpzoo.training.checkpoint_args import checkpoint_to_load, load_options
+from tpzoo.training.lr_schedule import LRSchedule, earlier_format
+from tpzoo.training.optimizer_args import SCHEDULE_GIVEN_TOGETHER, fill_schedule_defaults, train_iterations
 
 
 @dataclass
@@ -53,39 +61,46 @@ class Run:
     config: ModelConfig
     engine: Engine
     schedule: LRSchedule
+    batches: BatchSchedule          # the global batch size of each iteration
+    train_iters: int                # the iteration the run ends at (--train-iters, or from --train-samples)
     train: Any                      # map-style dataset of dicts of [s] tensors
     valid: Any                      # likewise, or None without evaluation
     save_dir: Path
     log_dir: Path
     iteration: int = 0              # optimizer steps done
     consumed_samples: int = 0       # train samples read so far: the data position
+    lr_steps: int = 0               # samples of the steps taken (not skipped): where the lr schedule is
     loaded_from: Path | None = None
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
     run_changes: list[str] = field(default_factory=list)          # MEANING_FLAGS given that differ from it
 
-    def batch(self, dataset: Any, start: int) -> dict[str, torch.Tensor]:
-        """The global batch of ``dataset`` from sample ``start`` on (BERT's sentence-order label included)."""
-        g = self.engine.config.global_batch_size
+    def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
+        """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
+        (BERT's sentence-order label included)."""
+        g = self.engine.config.global_batch_size if size is None else size
         return next(global_batches(dataset, g, torch.arange(start, start + g)))
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
         return dict(model=self.args.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
                     data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
-                    lr_schedule=self.schedule.state_dict(), args=absolute_paths(vars(self.args)))
+                    lr_schedule=dict(self.schedule.state_dict(), num_steps=self.lr_steps),
+                    args=absolute_paths(vars(self.args)))
 
 
 # flags of one launch, not of the run: a resume never takes them from the checkpoint
 LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
                           "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile",
                           "load", "save", "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
-                          "exit_duration_in_mins", "max_skipped_steps"})
+                          "exit_duration_in_mins", "max_skipped_steps", "timing_log_level", "timing_log_option",
+                          "tensorboard_queue_size", "default_model", *SPEED_FLAGS, *CHECKPOINT_FLAGS})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 # (--bf16 on an fp16 run: its loss-scale flags stay behind)
-GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER}
+GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER,
+                  **SCHEDULE_GIVEN_TOGETHER}
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, "seed")
-PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir")
+PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir", "tensorboard_dir", "wandb_save_dir")
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +111,7 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
         if out.get(name) is not None:
             out[name] = os.path.abspath(out[name])
     if out.get("dataset"):
-        out["dataset"] = [os.path.abspath(spec) for spec in out["dataset"]]
+        out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
     return out
 
 
@@ -135,15 +150,17 @@ def check_vocabulary(tokenizer: Tokenizer, stored: ModelConfig, load: str) -> No
 
 def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: dict[str, Any] | None
                          ) -> ModelConfig:
-    """The flags' model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta)
-    the checkpoint's config is the base, and any shape the flags change is a ValueError."""
+    """The flags' model config (vocabulary from the tokenizer; Megatron-LM's architecture flags:
+    ``args.architecture_changes``); with ``saved`` (a checkpoint's meta) the checkpoint's config is the
+    base, and any shape the flags change is a ValueError."""
+    changes = dict(args.architecture_changes, vocab_size=tokenizer.vocab_size)
     if saved is None:
-        return model_config(args, vocab_size=tokenizer.vocab_size)
+        return model_config(args, **changes)
     if saved["model"] != args.model:
         raise ValueError(f"--load {args.load} holds a {saved['model']} model but --model is {args.model}; "
                          f"pass --model {saved['model']}")
     stored = config_from_dict(saved["model_config"])
-    config = model_config(args, None if args.preset else stored, vocab_size=tokenizer.vocab_size)
+    config = model_config(args, None if args.preset else stored, **changes)
     check_vocabulary(tokenizer, stored, args.load)
     differ = differing_fields(stored, config)
     if differ:
@@ -168,16 +185,25 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     others from the checkpoint. ``model_defaults``: per ``--model``, values for the flags still None."""
     mesh = init_mesh(args.tp, args.pp, args.dp, timeout=process_timeout(args))
     # every rank checks its share of the checkpoint's files (the mesh flags are the launch's, never restored)
-    checkpoint = resolve_checkpoint(args.load, collective=True) if args.load else None
+    checkpoint = checkpoint_to_load(args)  # None also for --save DIR --load DIR before DIR holds one
     saved = read_meta(checkpoint) if checkpoint else None
     changes = []
     if saved is not None:
         changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
-        if args.save is None:
+        if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
+    resolve_architecture(args)
+    resolve_speed(args)
     if model_defaults:
-        fill_model_defaults(args, model_defaults)
-    schedule = LRSchedule.from_args(args)
+        fill_schedule_defaults(args, model_defaults)
+    batches = BatchSchedule.from_args(args)
+    schedule = LRSchedule.from_args(args, batches)
+    train_iters = train_iterations(args, batches)
+    engine_cfg = engine_config(args)
+    micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size)  # G, then every size of a ramp-up
+    batches.check(engine_cfg.micro_batch_size, mesh.dp_size)
+    for size in batches.sizes():  # enough micro-batches for the pipeline schedule
+        micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
     given_tokenizer = tokenizer_from_args(args)  # the tokenizer flags' (restored ones included), or None
     if saved is not None and given_tokenizer:  # before any data is tokenised with it
         check_vocabulary(given_tokenizer, config_from_dict(saved["model_config"]), args.load)
@@ -185,22 +211,26 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     manual_seed(args.seed, mesh)
     tokenizer, prefix, split_prefixes = run_data(args, args.model, given_tokenizer)
     config = resolve_model_config(args, tokenizer, saved)
-    engine_cfg = engine_config(args)
-    g = engine_cfg.global_batch_size
-    consumed = saved["consumed_samples"] if saved else 0
-    train_iters_left = max(0, args.train_iters - (saved["iteration"] if saved else 0))
-    needed = samples_needed(args.train_iters, g, args.eval_interval, args.eval_iters)
-    needed = (max(needed[0], consumed + train_iters_left * g), needed[1], 0)  # pretraining never reads the test split
+    resumed = saved if saved is not None and not args.finetune else None  # --finetune: from iteration 0
+    consumed = resumed["consumed_samples"] if resumed else 0
+    train_iters_left = max(0, train_iters - (resumed["iteration"] if resumed else 0))
+    needed = samples_needed(train_iters, engine_cfg.global_batch_size, args.eval_interval, args.eval_iters)
+    needed = (max(batches.consumed_after(train_iters), batches.consumed_after(train_iters_left, consumed)),
+              needed[1], 0)  # pretraining never reads the test split
     train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split,
                                      split_prefixes)
     engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
                     engine_cfg, plan)
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)
-    run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, train, valid, save_dir,
+    run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(args.log_dir) if args.log_dir else save_dir)
     if checkpoint is not None:
-        loaded = load_checkpoint(checkpoint, engine)
-        run.iteration, run.consumed_samples, run.loaded_from = loaded["iteration"], loaded["consumed_samples"], checkpoint
-        run.lr_schedule_changes = schedule.changes_from(loaded["lr_schedule"])
-        run.run_changes = changes
+        loaded = load_checkpoint(checkpoint, engine, **load_options(args))
+        run.loaded_from = checkpoint
+        if resumed:
+            run.iteration, run.consumed_samples = loaded["iteration"], loaded["consumed_samples"]
+            state, g = loaded["lr_schedule"], engine_cfg.global_batch_size
+            run.lr_steps = run.consumed_samples + g if earlier_format(state) else state["num_steps"]
+            run.lr_schedule_changes = schedule.changes_from(state, g)
+            run.run_changes = changes
     return run
