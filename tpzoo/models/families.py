@@ -4,6 +4,7 @@ generation, checkpoints and data learn what a family is (torchtitan's ``TrainSpe
     family("gpt").spec.models["GPTModel"]             # the model classes, config class, HF adapter ...
     family("gpt").data                                 # "causal-lm": what pretraining reads
     PRESETS["bert-base"]                               # every family's presets, by name
+    family("llama").architecture                       # the model Megatron-LM's architecture flags describe
 
 An entry (``Family``) is plain data, importable without torch, so the command lines can list the
 families and presets before torch loads. The rest lives in the family's module (``Family.module``),

@@ -76,7 +76,11 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speed_args(parser: argparse.ArgumentParser) -> None:
-    """Megatron-LM's speed flags (docs/training.md)."""
+    """Megatron-LM's speed flags (docs/training.md), and its values of ``--attention-backend`` (defined by
+    ``tpzoo.training.args.add_precision_args``, which must come first) besides tpzoo's."""
+    backend = parser._option_string_actions["--attention-backend"]
+    backend.choices = (*backend.choices, *MEGATRON_ATTENTION_BACKENDS)
+    backend.help = "Megatron-LM's flash = sdpa, local and unfused = fused-softmax"
     g = parser.add_argument_group("speed (Megatron-LM's flags; docs/training.md)")
     g.add_argument("--use-flash-attn", action="store_true", help="= --attention-backend sdpa (torch's fused attention)")
     g.add_argument("--overlap-grad-reduce", action="store_true",
