@@ -10,10 +10,11 @@ import argparse
 
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
-from tpzoo.training.args import (CommandParser, add_optimizer_args, add_parallel_args, add_precision_args,
-                                 add_stopping_args, check_fsdp_flags, check_output_folder, command_parser,
-                                 exit_on_misuse, exit_on_write_error, positive_int, probability)
+from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
+                                 check_fsdp_flags, check_output_folder, command_parser, exit_on_misuse,
+                                 exit_on_write_error, positive_int, probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
+from tpzoo.training.optimizer_args import add_optimizer_args
 
 PROG = "finetune.py"
 

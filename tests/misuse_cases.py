@@ -45,6 +45,17 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-missing-data-path": ("pretrain", T + " --data-path nowhere/corpus", "nowhere/corpus.bin"),
     "pretrain-data-path-folder": ("pretrain", T + " --data-path {empty_dir}", "is a folder; pass the PREFIX"),
     "pretrain-masked-lm-data-for-gpt": ("pretrain", T + " --data-path {bert_data}", "without --append-eod"),
+    "pretrain-data-path-blend": ("pretrain", T + " --data-path 0.5 {data} 0.5 {data}",
+                                 "does not blend weighted prefixes; preprocess the corpora into one prefix"),
+    "pretrain-valid-without-train": ("pretrain", T + " --valid-data-path {data}", "needs --train-data-path beside it"),
+    "pretrain-two-data-sources": ("pretrain", T + " --mock-data --data-path {data}", "pass one data source, not"),
+    "pretrain-mock-no-tokenizer": ("pretrain", T + " --mock-data", "--mock-data draws tokens from a tokenizer's"),
+    "pretrain-tokenizer-type-refused": ("pretrain", T + " --tokenizer-type TikTokenizer",
+                                        "--tokenizer-type TikTokenizer is a Megatron-LM tokenizer tpzoo does not"),
+    "pretrain-gpt2-bpe-no-merges": ("pretrain", T + " --tokenizer-type GPT2BPETokenizer --vocab-file {tok}",
+                                    "GPT2BPETokenizer lacks --merge-file: it takes --vocab-file and --merge-file"),
+    "pretrain-null-vocab-below-data": ("pretrain", T + " --data-path {data} --tokenizer-type NullTokenizer "
+                                       "--vocab-size 8", "holds token ids up to"),
     "pretrain-missing-tokenizer": ("pretrain", T + " --data-path {data} --tokenizer-model nowhere.model",
                                    "'nowhere.model' does not exist"),
     "pretrain-tokenizer-not-sentencepiece": ("pretrain", T + " --data-path {data} --tokenizer-model {corpus}",
@@ -57,6 +68,10 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-split-negative": ("pretrain", T + " --split=-1,1,1", "must be up to three non-negative"),
     "pretrain-split-all-zero": ("pretrain", T + " --split 0,0,0", "must be up to three non-negative"),
     # pretrain.py: flags
+    "pretrain-megatron-refused-flag": ("pretrain", T + " --num-experts 8",
+                                       "--num-experts is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
+    "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny", "but W&B is off; add --wandb-project"),
+    "pretrain-timing-log-level-3": ("pretrain", T + " --timing-log-level 3", "argument --timing-log-level: invalid choice"),
     "pretrain-lr-nan": ("pretrain", T + " --lr nan", "argument --lr: expected a number > 0"),
     "pretrain-lr-zero": ("pretrain", T + " --lr 0", "argument --lr: expected a number > 0, got 0"),
     "pretrain-min-lr-over-lr": ("pretrain", T + " --lr 0.001 --min-lr 0.01",
@@ -65,6 +80,18 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-dp-over-world": ("pretrain", T + " --dp 2", "does not equal the world size 1"),
     "pretrain-batch-not-divisible": ("pretrain", T + " --global-batch-size 10 --micro-batch-size 4",
                                      "global batch size 10 is not divisible"),
+    "pretrain-train-iters-and-samples": ("pretrain", T + " --train-samples 16",
+                                         "--train-iters and --train-samples both set the run's length"),
+    "pretrain-decay-samples-in-iteration-run": ("pretrain", T + " --lr-decay-samples 16",
+                                                "--lr-decay-samples counts samples, but the run's length is "
+                                                "--train-iters; give --lr-decay-iters"),
+    "pretrain-warmup-fraction-and-iters": ("pretrain", T + " --lr-warmup-fraction 0.1",
+                                           "--lr-warmup-fraction and --lr-warmup-iters both set the warmup"),
+    "pretrain-rampup-increment": ("pretrain", T + " --rampup-batch-size 2 4 16", "global batch size 8 - start 2 = 6 "
+                                  "must be >= 0 and divisible by the increment 4"),
+    "pretrain-rampup-batch-vs-micro": ("pretrain", T + " --micro-batch-size 2 --rampup-batch-size 2 1 16",
+                                       "global batch sizes [3, 5, 7] of the batch schedule are not multiples of micro "
+                                       "batch size x dp = 2 x 1 = 2"),
     "pretrain-micro-over-global": ("pretrain", T + " --global-batch-size 4 --micro-batch-size 8",
                                    "global batch size 4 is not divisible"),
     "pretrain-heads-not-dividing": ("pretrain", T + " --hidden-size 30",
@@ -119,6 +146,37 @@ CASES: dict[str, tuple[str, str, str]] = {
                                       "holds a model of"),
     "pretrain-load-hf-folder": ("pretrain", T + " --load {hf}", "is a model folder (config.json), not a training"),
     "pretrain-load-bad-latest": ("pretrain", T + " --load {bad_latest}", "iter_0000009"),
+    # pretrain.py: Megatron-LM's architecture, speed and checkpoint flags (tpzoo.training.architecture_args,
+    # checkpoint_args)
+    "pretrain-architecture-disagrees-with-model": ("pretrain", T + " --model gpt --swiglu",
+                                                   "--model gpt disagrees with the architecture flags: --swiglu"),
+    "pretrain-architecture-of-no-family": ("pretrain", T + " --position-embedding-type rope",
+                                           "no model family has the architecture these flags describe; the nearest"),
+    "pretrain-position-embedding-none": ("pretrain", T + " --position-embedding-type none",
+                                         "--position-embedding-type none (gpt: --position-embedding-type learned_"),
+    "pretrain-rotary-percent": ("pretrain", T + " --rotary-percent 0.5", "tpzoo rotates every feature of a head"),
+    "pretrain-rotary-base-without-rope": ("pretrain", T + " --rotary-base 500000",
+                                          "--rotary-base applies to rotary positions"),
+    "pretrain-kv-channels": ("pretrain", T + " --kv-channels 16", "hidden size / heads = 32 / 4 features each"),
+    "pretrain-vocab-multiple-zero": ("pretrain", T + " --make-vocab-size-divisible-by 0",
+                                     "argument --make-vocab-size-divisible-by: expected an integer >= 1"),
+    "pretrain-attention-backend-fused": ("pretrain", T + " --attention-backend fused",
+                                         "Transformer Engine's cuDNN attention"),
+    "pretrain-flash-attn-and-local": ("pretrain", T + " --use-flash-attn --attention-backend local",
+                                      "--use-flash-attn means --attention-backend sdpa"),
+    "pretrain-no-fusion-with-triton": ("pretrain", T + " --kernels triton --no-masked-softmax-fusion",
+                                       "mean --kernels torch, but --kernels is triton"),
+    "pretrain-overlap-param-gather": ("pretrain", T + " --overlap-param-gather", "under --use-torch-fsdp2 only"),
+    "pretrain-recompute-full-alone": ("pretrain", T + " --recompute-granularity full",
+                                      "--recompute-granularity full needs --recompute-method"),
+    "pretrain-recompute-two-ways": ("pretrain", T + " --recompute-activations --recompute-granularity selective",
+                                    "both given; keep one"),
+    "pretrain-recompute-method-selective": ("pretrain", T + " --recompute-granularity selective --recompute-method "
+                                            "block", "for --recompute-granularity full only"),
+    "pretrain-finetune-without-load": ("pretrain", T + " --finetune", "--finetune reads the checkpoint of --load"),
+    "pretrain-exit-on-missing-checkpoint": ("pretrain", T + " --save {empty_dir} --load {empty_dir} "
+                                            "--exit-on-missing-checkpoint", "holds no checkpoint and "
+                                            "--exit-on-missing-checkpoint is given"),
     # finetune.py
     "finetune-no-load": ("finetune", "--task demo", "--load is required"),
     "finetune-load-missing": ("finetune", "--load nowhere --task demo", "nowhere does not exist"),
@@ -187,6 +245,10 @@ CASES: dict[str, tuple[str, str, str]] = {
                                       " {tok}", "'nowhere.jsonl' does not exist"),
     "data-preprocess-garbage-tokenizer": ("data", "preprocess --input {corpus} --output-prefix o --tokenizer-model"
                                           " {corpus}", "is not a sentencepiece model"),
+    "data-preprocess-partitions": ("data", "preprocess --input {corpus} --output-prefix o --tokenizer-model {tok}"
+                                   " --partitions 2", "--partitions 2: tpzoo reads its input in one pass"),
+    "data-preprocess-no-tokenizer": ("data", "preprocess --input {corpus} --output-prefix o",
+                                     "preprocess needs a tokenizer"),
     "data-preprocess-zero-workers": ("data", "preprocess --input {corpus} --output-prefix o --tokenizer-model {tok}"
                                      " --workers 0", "argument --workers: expected an integer >= 1"),
     "data-preprocess-missing-key": ("data", "preprocess --input {corpus} --output-prefix o --tokenizer-model {tok}"

@@ -28,9 +28,9 @@ from tpzoo.engine.loss_scale import DynamicLossScaler
 from tpzoo.engine.train_step import Engine
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
-from tpzoo.training.args import add_optimizer_args, add_parallel_args, add_precision_args, command_parser, \
-    engine_config
+from tpzoo.training.args import add_parallel_args, add_precision_args, command_parser, engine_config
 from tpzoo.training.metrics import Metrics
+from tpzoo.training.optimizer_args import add_optimizer_args
 
 NAME, G, S, VOCAB = MAIN[0], 4, 8, 64
 TINY = dict(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32, vocab_size=VOCAB,

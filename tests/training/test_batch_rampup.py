@@ -6,21 +6,23 @@ numbers are written out below, not computed by the code under test):
   --train-samples (Megatron's update_train_iters), --step-batch-size-schedule, and their misuse;
 - the engine at pp=2 taking a global batch whose size changes between steps (2, 4, 2, 6 sequences:
   m micro-batches 2, 4, 2, 6) logs the losses of one process;
-- pretrain.py (one process) with a ramp-up, --train-samples, a sample-counted linear decay and SGD:
-  each iteration's lr and global_batch_size in metrics.jsonl, and a resume from the checkpoint of
-  iteration 4 (mid-ramp) that logs the uninterrupted run's losses.
+- pretrain.py (one process; the two lines docs/training.md shows) with a ramp-up, --train-samples, a
+  sample-counted linear decay and SGD: each iteration's lr and global_batch_size in metrics.jsonl, and a
+  resume from the checkpoint of iteration 4 (mid-ramp) that logs the uninterrupted run's losses.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 
 import background
 import pytest
 import torch
+from doc_helpers import blocks
 from families import CASES, batch
-from pretrain_helpers import TINY, metrics, pretrain, rel
+from pretrain_helpers import metrics, pretrain, rel
 
 from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
 
@@ -111,10 +113,10 @@ def test_pipeline_takes_a_changing_batch_size(pipeline_losses):
 
 
 # ------------------------------------------------------------------ pretrain.py: ramp-up, samples, resume
-BASE = " ".join(TINY).replace("--lr-warmup-iters 2", "").split()  # the warmup in samples instead
-RUN = [*BASE, "--train-samples", "48", "--rampup-batch-size", "2", "2", "16", "--lr-warmup-samples", "4",
-       "--lr-decay-samples", "40", "--lr-decay-style", "linear", "--lr", "0.1", "--min-lr", "0.01", "--optimizer",
-       "sgd", "--sgd-momentum", "0.5", "--eval-interval", "0"]
+# the two lines docs/training.md shows: the run (ramp-up, --train-samples, sample-counted linear decay, SGD) and
+# its resume from the checkpoint of iteration 4 (consumed samples 10, mid-ramp)
+RUN, RESUME = [shlex.split(line)[2:] for block in blocks("training.md", "text") for line in block.splitlines()
+               if "--rampup-batch-size" in line or "iter_0000004" in line]
 # the lr of iteration i at the samples consumed before it, c = 0, 2, 4, 6, 10, 14, 20, 28, 36 (RAMP_SIZES);
 # W = 4, D = 40: c <= 4 warmup 0.1 c / 4, else 0.01 + 0.09 (1 - (c - 4) / 36)
 RUN_LRS = [0.0, 0.1 * 2 / 4, 0.1, 0.01 + 0.09 * (1 - 2 / 36), 0.01 + 0.09 * (1 - 6 / 36), 0.01 + 0.09 * (1 - 10 / 36),
@@ -123,16 +125,15 @@ RUN_LRS = [0.0, 0.1 * 2 / 4, 0.1, 0.01 + 0.09 * (1 - 2 / 36), 0.01 + 0.09 * (1 -
 
 @background.fixture
 def ramp_runs(tmp_path_factory):
-    """The run to the end (checkpoints every 4 iterations), then a run resumed from its iteration 4."""
+    """The run to the end (checkpoints every 4 iterations), then the run resumed from its iteration 4."""
     root = tmp_path_factory.mktemp("rampup")
-    full = pretrain([*RUN, "--save", "full", "--save-interval", "4"], root)
-    resumed = pretrain(["--load", "full/iter_0000004", "--save", "resumed"], root)
-    return root, full, resumed
+    return root, pretrain(RUN, root), pretrain(RESUME, root)
 
 
 def test_pretrain_logs_megatron_lr_and_batch_size_per_iteration(ramp_runs):
     root, full, _ = ramp_runs
-    log = metrics(root / "full")
+    assert RUN[RUN.index("--rampup-batch-size"):][:4] == ["--rampup-batch-size", "2", "2", "16"]  # RAMP's
+    log = metrics(root / "runs/ramp")
     assert sorted(log) == list(range(1, RAMP_ITERS + 1)), full.stdout[-2000:]
     assert [log[i]["global_batch_size"] for i in log] == RAMP_SIZES
     assert [log[i]["lr"] for i in log] == pytest.approx(RUN_LRS, rel=1e-12, abs=1e-15)
@@ -140,7 +141,7 @@ def test_pretrain_logs_megatron_lr_and_batch_size_per_iteration(ramp_runs):
 
 def test_resume_mid_ramp_continues_the_run(ramp_runs):
     root, _, resumed = ramp_runs
-    full, again = metrics(root / "full"), metrics(root / "resumed")
+    full, again = metrics(root / "runs/ramp"), metrics(root / "runs/ramp-resumed")
     assert re.search(r"resumed from \S+iter_0000004 at iteration 4 \(consumed samples 10\)", resumed.stdout)
     assert sorted(again) == list(range(5, RAMP_ITERS + 1)), resumed.stdout[-2000:]
     for i in again:

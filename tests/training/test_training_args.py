@@ -86,7 +86,8 @@ def test_pretrain_help_gives_the_defaults_of_each_model():
 
 
 def test_given_tells_written_flags_from_defaults():
-    from tpzoo.training.args import add_optimizer_args, add_parallel_args, add_precision_args, command_parser
+    from tpzoo.training.args import add_parallel_args, add_precision_args, command_parser
+    from tpzoo.training.optimizer_args import add_optimizer_args
 
     p = command_parser("x", "x")
     add_parallel_args(p)

@@ -3,7 +3,8 @@ section 1), and what they turn into: the model config (what the model is), the `
 runs: mesh, sequence parallelism, recompute, kernels, compile, seed) and the ``EngineConfig``.
 
     parser = command_parser("pretrain.py", "Pretrain a model on the pp x dp x tp mesh.")
-    add_model_args(parser); add_parallel_args(parser); add_optimizer_args(parser); add_precision_args(parser)
+    add_model_args(parser); add_parallel_args(parser); add_precision_args(parser)
+    add_optimizer_args(parser)                        # tpzoo.training.optimizer_args: batch, schedule, optimizer
     args = parser.parse_args()
     config = model_config(args)                       # the preset, overridden by the model flags given
     plan = plan_from_args(args, init_mesh(args.tp, args.pp, args.dp))
@@ -37,13 +38,15 @@ if TYPE_CHECKING:
 # flag -> model config field, for the model flags that override a preset (a family's config may lack
 # one: num_query_groups is Llama's; giving it for another family is refused)
 MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-               "max_position_embeddings", "hidden_dropout", "attention_dropout")
+               "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std")
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 # the dynamic fp16 loss scale's flags when not given: Megatron's, but for the initial scale, 2^16
 # (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
 # only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
 LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
 LOSS_SCALE_FLAGS = ("loss_scale", *LOSS_SCALE_DEFAULTS)
+# Megatron-LM's recompute flags (tpzoo.training.architecture_args), the plan's options of their names
+RECOMPUTE_FLAGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -175,9 +178,13 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
-    """``--model --preset`` and the shape flags that override the preset (None = the preset's)."""
+    """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
+    stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
+    the architecture flags describe, ``default_model`` first when several do)."""
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(FAMILIES), default=default_model, help="the model family")
+    g.add_argument("--model", choices=tuple(FAMILIES), help=f"the model family (default: the one Megatron-LM's "
+                   f"architecture flags describe, {default_model} without them)")
+    parser.set_defaults(default_model=default_model)
     defaults = ", ".join(f.default_preset for f in FAMILIES.values())
     g.add_argument("--preset", choices=tuple(PRESETS), help=f"model shape, of the --model family (default: the "
                    f"family's {defaults})")
@@ -211,26 +218,6 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
                    help="a collective waiting this long on a peer fails; every rank then exits naming the stuck "
                    "or dead ones")
-
-
-def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Batch sizes, AdamW and the learning-rate schedule; ``defaults`` override the values below
-    (``train_iters=None`` leaves ``--train-iters`` out: finetune.py counts epochs)."""
-    d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
-                lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
-    g = parser.add_argument_group("batch and optimizer")
-    g.add_argument("--micro-batch-size", type=positive_int, default=d["micro_batch_size"])
-    g.add_argument("--global-batch-size", type=positive_int, default=d["global_batch_size"])
-    if d["train_iters"] is not None:
-        g.add_argument("--train-iters", type=non_negative_int, default=d["train_iters"],
-                       help="0 with --save: save the untrained model (a control run)")
-    g.add_argument("--lr", type=positive_float, default=d["lr"])
-    g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
-    g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"])
-    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default=d["lr_decay_style"])
-    g.add_argument("--weight-decay", type=non_negative_float, default=d["weight_decay"])
-    g.add_argument("--clip-grad", type=non_negative_float, default=d["clip_grad"], help="global gradient norm; 0 = off")
-    g.add_argument("--seed", type=non_negative_int, default=d["seed"])
 
 
 def set_model_defaults(parser: argparse.ArgumentParser, defaults: dict[str, dict[str, Any]]) -> None:
@@ -300,8 +287,8 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
 
 def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan:
     """The ``ParallelPlan`` of ``mesh`` and the run option flags: --sequence-parallel,
-    --recompute-activations, --kernels, --attention-backend, --compile, --use-torch-fsdp2 (``fsdp``) and
-    --seed (the weights' seed).
+    --recompute-activations, --kernels, --attention-backend, --compile, --use-torch-fsdp2 (``fsdp``),
+    --seed (the weights' seed) and Megatron-LM's --recompute-granularity/-method/-num-layers when present.
     --compile where torch.compile cannot run here (``tpzoo.models.compile.compile_problem``) is a ValueError."""
     from tpzoo.parallel import ParallelPlan
 
@@ -314,7 +301,7 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
     return ParallelPlan(mesh, sequence_parallel=args.sequence_parallel,
                         recompute_activations=args.recompute_activations, kernels=args.kernels,
                         attention_backend=args.attention_backend, seed=args.seed, compile=args.compile,
-                        fsdp=args.use_torch_fsdp2)
+                        fsdp=args.use_torch_fsdp2, **{name: getattr(args, name, None) for name in RECOMPUTE_FLAGS})
 
 
 def check_fsdp_flags(args: argparse.Namespace) -> None:
@@ -352,6 +339,8 @@ def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
                schedule=args.pipeline_schedule, virtual_stages=args.vpp,
                use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
                weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision,
+               optimizer=args.optimizer, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
+               adam_eps=args.adam_eps, sgd_momentum=args.sgd_momentum,
                timeout_s=60.0 * args.distributed_timeout_minutes),
         **(dict(LOSS_SCALE_DEFAULTS, **scaling) if precision == "fp16" else {}),
         **changes})

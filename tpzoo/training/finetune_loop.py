@@ -62,7 +62,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
     g, n = engine.config.global_batch_size, len(run.train)
     schedule, steps = run.schedule, num_batches(n, g)
-    metrics = Metrics(run.log_dir, schedule.decay_iters, args.log_interval, enabled=rank0)
+    metrics = Metrics(run.log_dir, schedule.decay_steps, args.log_interval, enabled=rank0)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
     summary, iteration, latest = FinetuneSummary(), 0, None
