@@ -13,7 +13,8 @@ _EXPORTS = {
     "gpt_dataset": ("GPTDataset",),
     "bert_dataset": ("BertDataset",),
     "tasks": ("Example", "TaskDataset", "load_task", "read_examples"),
-    "build": ("add_data_args", "build_datasets", "resolve_data", "samples_needed", "split_documents"),
+    "build": ("build_datasets", "resolve_data", "samples_needed", "split_documents"),
+    "data_args": ("add_data_args",),
     "demo": ("demo_data", "demo_task", "unigram_entropy"),
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,134 @@
+"""``python -m tpzoo.data preprocess`` with Megatron-LM's tools/preprocess_data.py flags and output
+names, data made by Megatron-LM (no tpzoo metadata), --train/valid/test-data-path and --mock-data."""
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from megatron_vocab import megatron_files
+
+from tpzoo.data.__main__ import main
+from tpzoo.data.build import build_datasets
+from tpzoo.data.data_args import add_data_args, run_data
+from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.mock import mock_documents
+from tpzoo.data.tokenizer_types import BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer
+from tpzoo.training.args import command_parser
+
+
+def texts(key: str) -> list[str]:
+    return [json.loads(line)[key] for line in Path(megatron_files()["corpus"]).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """GPT-2 data of two json keys with 2 workers and 1, BERT sentences, as Megatron-LM's README makes them."""
+    root = tmp_path_factory.mktemp("megatron-data")
+    f = megatron_files()
+    common = ["preprocess", "--input", f["corpus"], "--log-interval", "20"]
+    gpt = ["--vocab-file", f["vocab_json"], "--merge-file", f["merges"], "--tokenizer-type", "GPT2BPETokenizer",
+           "--append-eod"]
+    assert main([*common, "--output-prefix", str(root / "w2"), *gpt, "--json-keys", "text", "title",
+                 "--workers", "2"]) == 0
+    assert main([*common, "--output-prefix", str(root / "w1"), *gpt, "--workers", "1"]) == 0  # --json-keys text
+    assert main([*common, "--output-prefix", str(root / "bert"), "--vocab-file", f["vocab_txt"],
+                 "--split-sentences"]) == 0  # BertWordPieceLowerCase, as Megatron's examples
+    return root
+
+
+def test_megatron_names_and_documents_decode(made):
+    assert sorted(p.name for p in made.iterdir()) == sorted(
+        f"{p}.{s}" for p in ("w2_text_document", "w2_title_document", "w1_text_document", "bert_text_sentence")
+        for s in ("bin", "idx"))
+    f = megatron_files()
+    tok = GPT2BPETokenizer(f["vocab_json"], f["merges"])
+    for key in ("text", "title"):
+        data = IndexedDataset(str(made / f"w2_{key}_document"))
+        assert data.metadata["tokenizer"] == tok.reference()
+        assert [tok.decode(data.document(d)) for d in range(data.num_documents)] == [
+            t + "<|endoftext|>" for t in texts(key)]
+    for suffix in ("bin", "idx"):  # the same bytes for 1 and 2 workers
+        assert (made / f"w2_text_document.{suffix}").read_bytes() == (made / f"w1_text_document.{suffix}").read_bytes()
+
+
+def test_split_sentences_for_bert(made):
+    tok = BertWordPieceLowerCase(megatron_files()["vocab_txt"])
+    data = IndexedDataset(str(made / "bert_text_sentence"))
+    assert data.num_sequences > 2 * data.num_documents and data.metadata["split_sentences"]
+    assert tok.sep not in data.tokens  # no --append-eod
+    first = " ".join(tok.decode(data.sequence(k)) for k in range(data.document_indices[1]))
+    assert first == tok.decode(tok.encode(texts("text")[0]))
+
+
+def parse(*argv: str):
+    parser = command_parser("test", "")
+    add_data_args(parser)
+    args = parser.parse_args(argv)
+    args.seed = 7
+    return args
+
+
+def strip_metadata(prefix: str, to: Path) -> str:
+    """A copy of ``prefix`` as Megatron-LM writes it: its .idx without tpzoo's metadata block."""
+    idx = Path(prefix + ".idx").read_bytes()
+    size = struct.unpack("<Q", idx[-16:-8])[0]
+    (to / "m.idx").write_bytes(idx[:-16 - size])
+    shutil.copy(prefix + ".bin", to / "m.bin")
+    return str(to / "m")
+
+
+def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
+    f = megatron_files()
+    prefix = strip_metadata(str(made / "w1_text_document"), tmp_path)
+    with pytest.raises(ValueError, match="names no tokenizer .*--vocab-file vocab.json --merge-file merges.txt"):
+        run_data(parse("--data-path", prefix), "gpt")
+    tok, found, splits = run_data(parse("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
+                                        "--merge-file", f["merges"]), "gpt")
+    assert (type(tok), found, splits) == (GPT2BPETokenizer, prefix, None)
+    train, valid, _ = build_datasets("gpt", tok, prefix, 32, 7, (8, 4, 0), "949,50,1")
+    assert train[0]["input_ids"].shape == (32,) and len(valid) == 4
+    null, _, _ = run_data(parse("--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                str(tok.vocab_size)), "gpt")  # the ids as they are
+    assert null.vocab_size == tok.vocab_size and null.eod == tok.vocab_size - 1
+
+
+def test_one_prefix_per_split(made):
+    gpt = str(made / "w1_text_document")
+    args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w2_title_document"))
+    tok, prefix, splits = run_data(args, "gpt")
+    assert prefix == gpt and splits == (gpt, str(made / "w2_title_document"), None)
+    train, valid, test = build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 0), args.split, splits)
+    titles = IndexedDataset(splits[1])
+    assert set(np.concatenate([valid[i]["input_ids"].numpy() for i in range(4)])) <= set(titles.tokens)
+    assert test is None
+    with pytest.raises(ValueError, match="4 samples are asked of a split without data: pass --test-data-path"):
+        build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 4), args.split, splits)
+
+
+@pytest.mark.parametrize("kind", ["causal-lm", "masked-lm"])
+def test_mock_data(kind, tmp_path):
+    tok = BertWordPieceLowerCase(megatron_files()["vocab_txt"]) if kind == "masked-lm" else NullTokenizer(64)
+    docs = mock_documents(kind, tok, seed=3, num_documents=50)
+    again = mock_documents(kind, tok, seed=3, num_documents=50)
+    assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(docs, again))
+    assert not np.array_equal(docs[0][0], mock_documents(kind, tok, seed=4, num_documents=1)[0][0])
+    tokens = np.concatenate([d[0] for d in docs])
+    if kind == "causal-lm":
+        assert all(d[0][-1] == tok.eod and tok.eod not in d[0][:-1] for d in docs)
+        assert tokens.min() >= 0 and tokens.max() == tok.eod
+    else:
+        assert not set(tokens) & set(tok.special_ids) and all(sum(d[1]) == len(d[0]) for d in docs)
+    model = "gpt" if kind == "causal-lm" else "bert"
+    extra = ("--tokenizer-type", "NullTokenizer", "--vocab-size", "64") if kind == "causal-lm" else (
+        "--vocab-file", megatron_files()["vocab_txt"])
+    args = parse("--mock-data", "--data-cache-path", str(tmp_path), *extra)
+    tok, prefix, _ = run_data(args, model)
+    assert run_data(args, model)[1] == prefix  # built once, then found
+    train, valid, _ = build_datasets(model, tok, prefix, 32, 7, (8, 4, 0), args.split)
+    sample = train[5]
+    assert sample["input_ids"].shape == (32,) and int(sample["input_ids"].max()) < tok.vocab_size
+    with pytest.raises(ValueError, match="needs \\[CLS\\], \\[SEP\\] and \\[MASK\\] ids"):
+        mock_documents("masked-lm", NullTokenizer(64), seed=0)
