@@ -17,6 +17,7 @@ from torch import nn
 
 import background
 from pretrain_helpers import PRETRAIN, TINY, env, metrics
+from test_plot import Blocked
 from tpzoo.engine import grads
 from tpzoo.engine.timers import LEVELS, Timers
 from tpzoo.parallel import mark
@@ -190,6 +191,7 @@ def test_params_norm_and_zeros_count_each_element_once(monkeypatch, sharded):
     assert zeros == (full > 4).sum().item()
 
 
+# a sitecustomize.py that makes importing {blocked} fail in a subprocess, as if it were not installed
 BLOCK = '''import sys
 class Blocked:
     def find_spec(self, name, path=None, target=None):
@@ -197,6 +199,17 @@ class Blocked:
             raise ModuleNotFoundError(f"No module named {{name!r}}")
 sys.meta_path.insert(0, Blocked())
 '''
+
+
+def test_without_tensorboard_the_log_dir_gets_no_events_and_nothing_is_said(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "meta_path", [Blocked("tensorboard"), *sys.meta_path])
+    for name in [m for m in sys.modules if m.split(".")[0] == "tensorboard"]:  # imported by another test
+        monkeypatch.delitem(sys.modules, name)
+    m = Metrics(tmp_path, train_iters=1, log_interval=1, interactive=False)
+    m.log(1, loss=1.0, lr=1e-3, grad_norm=1.0)
+    m.close()
+    assert m.writers == [] and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("flag,module", [("--wandb-project", "wandb"), ("--tensorboard-dir", "tensorboard")])
