@@ -55,7 +55,8 @@ def test_plot_draws_every_run_into_a_png(tmp_path, capsys):
 def test_plot_errors_are_one_line(tmp_path, capsys, monkeypatch, case):
     run = fake_run(tmp_path / "run", 1.0)
     (tmp_path / "empty").mkdir()
-    argv, fragment = {"no-metrics": ([str(tmp_path / "empty"), "-o", str(tmp_path / "c.png")], "holds no metrics.jsonl"),
+    argv, fragment = {"no-metrics": ([str(tmp_path / "empty"), "-o", str(tmp_path / "c.png")],
+                                     "holds no metrics.jsonl"),
                       "missing-folder": ([str(tmp_path / "nowhere"), "-o", str(tmp_path / "c.png")], "does not exist"),
                       "unwritable-output": ([str(run), "-o", str(tmp_path / "no" / "c.png")], "cannot be written"),
                       "not-png": ([str(run), "-o", str(tmp_path / "c.jpg")], "PNG"),

@@ -118,7 +118,8 @@ class Metrics:
                  board_interval: int | None = None) -> None:
         self.train_iters, self.log_interval, self.enabled = train_iters, log_interval, enabled
         self.flops_per_token, self.peak = flops_per_token, (peak_flops * world_size if peak_flops else None)
-        self.world_size, self.throughput, self.shown, self.board_interval = world_size, throughput, shown, board_interval
+        self.world_size, self.throughput = world_size, throughput
+        self.shown, self.board_interval = shown, board_interval
         self.tokens, self.seconds = 0, 0.0
         self.file = self.bar = None
         self.writers: list[Any] = []
