@@ -70,8 +70,10 @@ CASES: dict[str, tuple[str, str, str]] = {
     # pretrain.py: flags
     "pretrain-megatron-refused-flag": ("pretrain", T + " --num-experts 8",
                                        "--num-experts is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
-    "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny", "but W&B is off; add --wandb-project"),
-    "pretrain-timing-log-level-3": ("pretrain", T + " --timing-log-level 3", "argument --timing-log-level: invalid choice"),
+    "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",
+                                            "but W&B is off; add --wandb-project"),
+    "pretrain-timing-log-level-3": ("pretrain", T + " --timing-log-level 3",
+                                    "argument --timing-log-level: invalid choice"),
     "pretrain-lr-nan": ("pretrain", T + " --lr nan", "argument --lr: expected a number > 0"),
     "pretrain-lr-zero": ("pretrain", T + " --lr 0", "argument --lr: expected a number > 0, got 0"),
     "pretrain-min-lr-over-lr": ("pretrain", T + " --lr 0.001 --min-lr 0.01",
