@@ -179,12 +179,13 @@ class Metrics:
         record.update(extra)
         if self.peak:
             record["mfu"] = speed * self.flops_per_token / self.peak
+        if line:
+            self.tokens, self.seconds = 0, 0.0
         if not self.enabled:
             return record
         self._write_scalars(record, valid, extra)
         if not line:
             return record
-        self.tokens, self.seconds = 0, 0.0
         self.file.write(json_line(record) + "\n")
         self.file.flush()
         if self.bar is not None:
