@@ -11,13 +11,16 @@ tpzoo.data preprocess`` with Megatron-LM's tools/preprocess_data.py flags.
 Each journey launches twice with ``--save`` and ``--load`` on the same folder: first as a job stopped by
 its scheduler would be (the same line plus ``--exit-interval 4``: ``--load`` names a folder without a
 checkpoint yet, so it starts from scratch), then the identical line, which resumes at iteration 4 and
-runs to ``--train-iters 8``. Checked, each its own case: it trains (finite losses, fp16 loss scaling),
+runs to ``--train-iters 8``. Checked, each its own case: it trains (finite losses, the val loss of the same
+batches falls; fp16 loss scaling),
 evaluates, saves, writes TensorBoard events into ``--tensorboard-dir`` (read back with tensorboard's
-EventAccumulator), resumes, and for GPT the batch ramp-up (consumed samples 4 x 4 + 4 x 8).
+EventAccumulator), resumes, and for GPT the batch ramp-up (batch 4 for 4 iterations, then 8).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -116,6 +119,11 @@ torchrun ${{DISTRIBUTED_ARGS[@]}} pretrain_gpt.py \\
     ${{DATA_ARGS[@]}} \\
     ${{EVAL_AND_LOGGING_ARGS[@]}}"""
 
+# the current examples/gpt3/train_gpt3_175b_distributed.sh: the step schedule instead of the ramp-up (Megatron-LM's
+# 532ad926b4), thresholds in tokens: 512 / --seq-length 32 = 16 samples, the batch sizes of the ramp-up above. The
+# script's unquoted ${TRAINING_ARGS[@]} hands the schedule over as one word per step.
+GPT3_175B_CURRENT = GPT3_175B.replace("    --rampup-batch-size 4 4 16\n", '    --step-batch-size-schedule "0:4 512:8"\n')
+
 # examples/bert/train_bert_340m_distributed.sh from its first variable on; numbers scaled down
 BERT_340M = """
 GPUS_PER_NODE=4
@@ -154,7 +162,7 @@ TRAINING_ARGS=(
     --weight-decay 1e-2
     --clip-grad 1.0
     --fp16
-    --lr 0.001
+    --lr 0.005
     --lr-decay-iters 8
     --lr-decay-style linear
     --min-lr 1.0e-4
@@ -194,8 +202,9 @@ torchrun ${{DISTRIBUTED_ARGS[@]}} pretrain_bert.py \\
 
 @dataclass
 class Journey:
-    """The two launches of one example and the folders they wrote."""
+    """The two launches of one example (its positional arguments after the two folders) and what they wrote."""
     root: Path
+    positional: list[str]
     launches: list[subprocess.CompletedProcess] = field(default_factory=list)
 
     @property
@@ -232,7 +241,7 @@ def preprocess(root: Path, flags: list[str]) -> None:
 
 def launch_twice(root: Path, script: str, positional: list[str]) -> Journey:
     """The script stopped by ``--exit-interval`` at STOPPED_AT, then the identical script (a resume)."""
-    journey = Journey(root)
+    journey = Journey(root, positional)
     for extra in (f" --exit-interval {STOPPED_AT}", ""):
         text = PRELUDE + script.format(port=free_port()) + extra
         args = ["bash", "-c", text, "example", str(journey.checkpoints), str(journey.tensorboard), *positional]
@@ -280,9 +289,10 @@ def check_launches(journey: Journey) -> None:
 
 def check_trains(journey: Journey) -> None:
     check_launches(journey)
-    losses = [journey.metrics()[i]["loss"] for i in range(1, ITERS + 1)]
+    metrics = journey.metrics()
+    losses = [metrics[i]["loss"] for i in range(1, ITERS + 1)]
     assert all(map(math.isfinite, losses)), losses
-    assert sum(losses[-2:]) < sum(losses[:2]), f"the loss did not fall: {losses}"
+    assert metrics[ITERS]["val_loss"] < metrics[2]["val_loss"], "the val loss (the same batches) did not fall"
 
 
 def check_fp16(journey: Journey) -> None:
@@ -323,21 +333,62 @@ def check_resumes(journey: Journey) -> None:
     assert f"iteration {ITERS}/{ITERS}" in second and f"iteration {STOPPED_AT}/" not in second, second
 
 
-def check_rampup(journey: Journey) -> None:
-    """--rampup-batch-size 4 4 16 to 8: batch 4 until 16 samples are consumed (iterations 1-4), then 8."""
-    from tpzoo.checkpoint import read_meta
+def launch_line(script: str, journey: Journey, positional: list[str]) -> list[str]:
+    """The arguments the script's torchrun line gives pretrain_gpt.py (bash expands the arrays; nothing runs)."""
+    show = 'torchrun() { shift 9; printf "%s\\0" "$@"; }\n'  # past DISTRIBUTED_ARGS and the script
+    args = ["bash", "-c", show + script.format(port=0), "example", str(journey.checkpoints), str(journey.tensorboard),
+            *positional]
+    return subprocess.run(args, capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+
+
+def check_current_line(journey: Journey) -> None:
+    """The current script's line (--step-batch-size-schedule) parses, passes pretrain.py's checks and gives the
+    batch sizes the ramp-up line trained with."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import pretrain
+    finally:
+        sys.path.remove(str(ROOT))
+    from tpzoo.training.batch_schedule import BatchSchedule
     check_launches(journey)
-    assert read_meta(journey.checkpoints / f"iter_{STOPPED_AT:07d}")["consumed_samples"] == 4 * STOPPED_AT
-    assert read_meta(journey.checkpoints)["consumed_samples"] == 4 * STOPPED_AT + 8 * (ITERS - STOPPED_AT)
+    argv = launch_line(GPT3_175B_CURRENT, journey, journey.positional)
+    at = argv.index("--step-batch-size-schedule")
+    assert argv[at + 1:at + 3] == ["0:4", "512:8"], "bash splits the unquoted schedule into words: " + str(argv)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = pretrain.parser("pretrain_gpt.py", "gpt").parse_args(argv)
+        except SystemExit:
+            raise AssertionError(f"the current script's line is refused: {err.getvalue()}") from None
+    pretrain.check_flags(args)
+    schedule, consumed, sizes = BatchSchedule.from_args(args), 0, []
+    for _ in range(ITERS):
+        sizes.append(schedule.batch_at(consumed))
+        consumed += sizes[-1]
+    assert sizes == [journey.metrics()[i]["global_batch_size"] for i in range(1, ITERS + 1)], sizes
+
+
+def check_rampup(journey: Journey) -> None:
+    """--rampup-batch-size 4 4 16 to 8: batch 4 until 16 samples are consumed (iterations 1-4), then 8, also
+    across the resume (the checkpoints' consumed samples)."""
+    check_launches(journey)
+    sizes = [journey.metrics()[i]["global_batch_size"] for i in range(1, ITERS + 1)]
+    assert sizes == [4] * STOPPED_AT + [8] * (ITERS - STOPPED_AT), sizes
+    for iteration, consumed in ((STOPPED_AT, 4 * STOPPED_AT), (ITERS, 4 * STOPPED_AT + 8 * (ITERS - STOPPED_AT))):
+        meta = json.loads((journey.checkpoints / f"iter_{iteration:07d}" / "meta.json").read_text())
+        assert meta["consumed_samples"] == consumed, (iteration, meta["consumed_samples"])
 
 
 CHECKS = {f.__name__.removeprefix("check_"): f for f in (check_trains, check_fp16, check_evaluates, check_saves,
                                                          check_tensorboard, check_resumes)}
 
 
-@pytest.mark.parametrize("check", [*CHECKS, "rampup"])
+GPT3_CHECKS = {**CHECKS, "rampup": check_rampup, "current-line": check_current_line}
+
+
+@pytest.mark.parametrize("check", GPT3_CHECKS)
 def test_gpt3_175b_example(gpt3, check):
-    (check_rampup if check == "rampup" else CHECKS[check])(gpt3)
+    GPT3_CHECKS[check](gpt3)
 
 
 @pytest.mark.parametrize("check", CHECKS)
