@@ -29,7 +29,9 @@ FLAGS = [*TINY, "--train-iters", "4", "--log-interval", "2", "--eval-interval", 
          "--wandb-exp-name", "tiny-run", "--log-params-norm", "--log-num-zeros-in-grad", "--log-throughput",
          "--timing-log-level", "2", "--timing-log-option", "all", "--log-timers-to-tensorboard",
          "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-world-size-to-tensorboard",
-         "--no-log-loss-scale-to-tensorboard"]
+         "--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard",
+         "--tensorboard-queue-size", "5",
+         "--log-batch-size-to-tensorboard", "--wandb-save-dir", "wb", "--wandb-entity", "tpzoo-team"]
 
 
 def wandb_env(root: Path) -> dict[str, str]:
@@ -90,7 +92,7 @@ def test_tensorboard_events_in_tensorboard_dir(logged):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/params_norm", "train/num_zeros", "train/throughput", "time/optimizer", "time/batch/min",
-            "valid/loss", "valid/ppl", "train/world_size"} <= tags
+            "valid/loss", "valid/ppl", "train/world_size", "train/global_batch_size"} <= tags
     assert "train/loss_scale" not in tags, "--no-log-loss-scale-to-tensorboard"
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4], "--tensorboard-log-interval 1"
     assert [e.value for e in events.Scalars("train/params_norm")][-1] == pytest.approx(
@@ -99,9 +101,10 @@ def test_tensorboard_events_in_tensorboard_dir(logged):
 
 
 def test_wandb_offline_run_folder(logged):
-    (run,) = (logged / "ck" / "wandb").glob("offline-run-*/run-*.wandb")
+    (run,) = (logged / "wb" / "wandb").glob("offline-run-*/run-*.wandb")  # --wandb-save-dir wb
     data = run.read_bytes()
-    for text in (b"tiny-run", b"tpzoo-test", b"train/params_norm", b"time/forward-backward", b"valid/ppl"):
+    for text in (b"tiny-run", b"tpzoo-test", b"tpzoo-team", b"train/params_norm", b"time/forward-backward",
+                 b"valid/ppl"):
         assert text in data, text
 
 
