@@ -89,6 +89,8 @@ CASES: dict[str, tuple[str, str, str]] = {
                                                 "--train-iters; give --lr-decay-iters"),
     "pretrain-warmup-fraction-and-iters": ("pretrain", T + " --lr-warmup-fraction 0.1",
                                            "--lr-warmup-fraction and --lr-warmup-iters both set the warmup"),
+    "pretrain-optimizer-switch-on-resume": ("pretrain", T + " --load {gpt} --optimizer sgd",
+                                            "--optimizer sgd cannot take over the adam state of --load"),
     "pretrain-rampup-increment": ("pretrain", T + " --rampup-batch-size 2 4 16", "global batch size 8 - start 2 = 6 "
                                   "must be >= 0 and divisible by the increment 4"),
     "pretrain-rampup-batch-vs-micro": ("pretrain", T + " --micro-batch-size 2 --rampup-batch-size 2 1 16",

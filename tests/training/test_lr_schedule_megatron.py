@@ -76,6 +76,11 @@ def test_inverse_square_root_wsd_and_weight_decay_increment():
     got, _ = lrs("--global-batch-size 2 --train-iters 8 --lr 1.0 --min-lr 0.0 --lr-decay-style WSD "
                  "--lr-wsd-decay-style linear --lr-wsd-decay-iters 4")
     assert got == pytest.approx([1.0] * 5 + [1 - 2 / 8, 1 - 4 / 8, 1 - 6 / 8], rel=1e-12)
+    # the same in samples, exponential anneal 2 * 0.5^q - 1: --train-samples 16 at G 2, A = 8 samples
+    got, _ = lrs("--global-batch-size 2 --train-samples 16 --lr 1.0 --min-lr 0.0 --lr-decay-style WSD "
+                 "--lr-wsd-decay-samples 8")
+    assert got == pytest.approx([1.0] * 5 + [2 * 0.5 ** (2 / 8) - 1, 2 * 0.5 ** (4 / 8) - 1, 2 * 0.5 ** (6 / 8) - 1],
+                                rel=1e-12)
     args = flags("--global-batch-size 2 --train-iters 8 --weight-decay-incr-style linear --start-weight-decay 0.0 "
                  "--end-weight-decay 0.1")
     schedule = LRSchedule.from_args(args, BatchSchedule.from_args(args))
@@ -105,13 +110,18 @@ def test_optimizer_flags_reach_the_optimizer():
     import torch
 
     from tpzoo.engine.config import EngineConfig
-    from tpzoo.engine.data_parallel import build_optimizer
+    from tpzoo.engine.data_parallel import build_optimizer, set_hyperparameters
     args = flags("--optimizer sgd --sgd-momentum 0.5 --weight-decay 0.1 --lr 0.2")
     params = [torch.nn.Parameter(torch.ones(2))]
     sgd = build_optimizer(params, engine_config(args), torch.device("cpu"))
     assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["momentum"], sgd.defaults["weight_decay"]) == (0.5, 0.1)
-    adam = build_optimizer(params, EngineConfig(adam_beta1=0.8, adam_beta2=0.95, adam_eps=1e-6), torch.device("cpu"))
+    args = flags("--adam-beta1 0.8 --adam-beta2 0.95 --adam-eps 1e-6")
+    adam = build_optimizer(params, engine_config(args), torch.device("cpu"))
     assert isinstance(adam, torch.optim.AdamW) and (adam.defaults["betas"], adam.defaults["eps"]) == ((0.8, 0.95), 1e-6)
+    adam.param_groups[0].update(betas=(0.5, 0.5), eps=1.0, weight_decay=0.5)  # a checkpoint's groups, restored
+    set_hyperparameters(adam, engine_config(args))  # after loading: the resumed run's flags win
+    assert {k: adam.param_groups[0][k] for k in ("betas", "eps", "weight_decay")} == dict(betas=(0.8, 0.95), eps=1e-6,
+                                                                                        weight_decay=0.01)
     for bad, match in ((dict(optimizer="lion"), "optimizer"), (dict(adam_beta2=1.0), "adam_beta2 must be < 1")):
         with pytest.raises(ValueError, match=match):
             EngineConfig(**bad)

@@ -133,11 +133,25 @@ def build_optimizer(params: list[nn.Parameter], config: EngineConfig, device: to
     update); elsewhere the multi-tensor (``foreach``) one, the same update as the per-parameter loop to the last
     bit on CPU (checked against plain AdamW by tests/engine/test_engine.py)."""
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.sgd_momentum, weight_decay=config.weight_decay,
-                               foreach=True)
+        return torch.optim.SGD(params, **hyperparameters(config), foreach=True)
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                             weight_decay=config.weight_decay, eps=config.adam_eps, **fast)
+    return torch.optim.AdamW(params, **hyperparameters(config), **fast)
+
+
+def hyperparameters(config: EngineConfig) -> dict[str, float | tuple[float, float]]:
+    """The param-group settings of the config's optimizer (lr, weight decay; AdamW's betas and eps, SGD's
+    momentum)."""
+    if config.optimizer == "sgd":
+        return dict(lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum)
+    return dict(lr=config.lr, weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2),
+                eps=config.adam_eps)
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, config: EngineConfig) -> None:
+    """Set every param group's ``hyperparameters`` to the config's (after loading a checkpoint, whose groups
+    hold the saving run's: the flags of the resumed run win)."""
+    for group in optimizer.param_groups:
+        group.update(hyperparameters(config))
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:

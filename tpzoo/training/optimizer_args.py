@@ -100,6 +100,15 @@ def fill_schedule_defaults(args: argparse.Namespace, defaults: dict[str, dict[st
                                       for model, values in defaults.items()})
 
 
+def check_optimizer_resume(args: argparse.Namespace, saved_args: dict[str, Any]) -> None:
+    """ValueError when the resumed run's --optimizer differs from the checkpoint's (``saved_args``; before the
+    flag: adam) and its optimizer state would be loaded: AdamW's moments are no SGD momentum."""
+    before = saved_args.get("optimizer", "adam")
+    if before != args.optimizer and not (getattr(args, "finetune", False) or getattr(args, "no_load_optim", False)):
+        raise ValueError(f"--optimizer {args.optimizer} cannot take over the {before} state of --load {args.load}; "
+                         f"add --no-load-optim (the optimizer state starts afresh) or resume with --optimizer {before}")
+
+
 def train_iterations(args: argparse.Namespace, batches: BatchSchedule) -> int:
     """The iterations the run makes: --train-iters, or those --train-samples takes (``BatchSchedule.iterations``)."""
     return args.train_iters if args.train_iters is not None else batches.iterations(args.train_samples)
