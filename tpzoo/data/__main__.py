@@ -61,12 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=positive_int, help="a progress line every this many documents")
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
-    add_data_args(p)
+    add_data_args(p, loader=False)
     p.add_argument("--seed", type=non_negative_int, default=1234, help="--mock-data's (default: %(default)s)")
     p.add_argument("--documents", type=non_negative_int, default=1, help="how many documents to decode")
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
-    add_data_args(p)
+    add_data_args(p, loader=False)
     p.add_argument("--model", choices=tuple(FAMILIES), default="gpt", help="the family; its data kind decides the "
                    "samples (default: %(default)s)")
     p.add_argument("--seq-length", type=positive_int, default=64)

@@ -7,6 +7,7 @@ and what a run reads from them:
     --valid-data-path PREFIX      (each split reads every document of its prefix)
     --test-data-path PREFIX
     --mock-data                   random tokens of the tokenizer's vocabulary (``tpzoo.data.mock``)
+    --num-workers N               the next training batches read ahead by N processes (``tpzoo.data.loader``)
     --dataset FILES               raw files tokenized once into --data-cache-path
     tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
 
@@ -23,6 +24,7 @@ from tpzoo.data.build import add_cache_arg, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, add_dataset_source_args, dataset_source
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, add_tokenizer_args, tokenizer_from_args, tokenizer_type
+from tpzoo.training.args import non_negative_int
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
 # flags naming where the data is: at most one source
@@ -50,8 +52,9 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the data and tokenizer flags (module docstring, ``--split``, ``--data-cache-path``) to ``parser``."""
+def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argparse.ArgumentParser:
+    """Add the data and tokenizer flags (module docstring, ``--split``, ``--data-cache-path``) to
+    ``parser``; ``loader``: also ``--num-workers`` (a training script's)."""
     group = parser.add_argument_group("data")
     group.add_argument("--data-path", metavar="PREFIX", nargs="+", action=_Prefix,
                        help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split")
@@ -69,6 +72,10 @@ def add_data_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add_dataset_source_args(group)
     add_tokenizer_args(group)
+    if loader:
+        group.add_argument("--num-workers", type=non_negative_int, default=0, metavar="N",
+                           help="DataLoader worker processes reading the next training batches ahead (Megatron-LM's "
+                           "default is 2; default: %(default)s, read in the training process)")
     group.add_argument(
         "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
     )

@@ -34,6 +34,7 @@ from tpzoo.checkpoint import load_checkpoint, read_meta
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
+from tpzoo.data.loader import BatchReader
 from tpzoo.data.sources import absolute_specs
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import tokenizer_from_args
@@ -73,11 +74,14 @@ class Run:
     loaded_from: Path | None = None
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
     run_changes: list[str] = field(default_factory=list)          # MEANING_FLAGS given that differ from it
+    reader: BatchReader | None = None  # --num-workers: the train batches read ahead by DataLoader workers
 
     def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
         """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
         (BERT's sentence-order label included)."""
         g = self.engine.config.global_batch_size if size is None else size
+        if dataset is self.train and self.reader is not None:
+            return self.reader.read(start, g)
         return next(global_batches(dataset, g, torch.arange(start, start + g)))
 
     def meta(self) -> dict[str, Any]:
@@ -93,7 +97,7 @@ LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequenc
                           "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile",
                           "load", "save", "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
                           "exit_duration_in_mins", "max_skipped_steps", "timing_log_level", "timing_log_option",
-                          "tensorboard_queue_size", "default_model", *SPEED_FLAGS, *CHECKPOINT_FLAGS})
+                          "tensorboard_queue_size", "default_model", "num_workers", *SPEED_FLAGS, *CHECKPOINT_FLAGS})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 # (--bf16 on an fp16 run: its loss-scale flags stay behind)
 GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER,
@@ -224,6 +228,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)
     run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(args.log_dir) if args.log_dir else save_dir)
+    run.reader = BatchReader(train, args.num_workers, batches.batch_at) if args.num_workers else None
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint, engine, **load_options(args))
         run.loaded_from = checkpoint
