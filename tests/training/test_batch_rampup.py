@@ -76,6 +76,20 @@ def test_step_batch_size_schedule_in_tokens():
         BatchSchedule.from_args(args)
 
 
+def test_engine_micro_batches_of_each_batch_size():
+    """m = B / (micro x dp) for each step's B; at pp > 1 the schedules' limits, one line naming the numbers."""
+    from tpzoo.engine.config import EngineConfig, micro_batches
+
+    one_f_one_b = EngineConfig(micro_batch_size=1, global_batch_size=8)
+    assert [micro_batches(one_f_one_b, 2, 1, b) for b in RAMP.sizes()] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="needs at least pp=2 micro-batches per step, got 1 .global batch 2"):
+        micro_batches(one_f_one_b, 2, 2, 2)
+    interleaved = EngineConfig(micro_batch_size=1, global_batch_size=8, schedule="interleaved-1f1b")
+    assert [micro_batches(interleaved, 1, 2, b) for b in (2, 3, 4, 6, 8)] == [2, 3, 4, 6, 8]  # rounds of m // 2
+    with pytest.raises(ValueError, match="m // pp = 2 rounds, which must divide m = 5"):
+        micro_batches(interleaved, 1, 2, 5)
+
+
 # ------------------------------------------------------------------ the engine at pp=2, batch sizes changing
 STEP_SIZES = (2, 4, 2, 6)
 

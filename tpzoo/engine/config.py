@@ -114,7 +114,8 @@ class EngineConfig:
 
 def micro_batches(config: EngineConfig, dp: int, pp: int = 1, batch_size: int | None = None) -> int:
     """m = batch_size (default: global_batch_size) / (micro_batch_size x dp), or a ValueError naming the
-    numbers: not divisible, or at pp > 1 fewer than pp micro-batches for the 1f1b and interleaved schedules.
+    numbers: not divisible; at pp > 1 fewer than pp micro-batches for the 1f1b and interleaved schedules, or
+    for the interleaved ones an m that torch's rounds of m // pp do not divide (m = 5 at pp 2).
     A step may take any batch size that passes (a batch size ramp-up)."""
     g = config.global_batch_size if batch_size is None else batch_size
     per_step = config.micro_batch_size * dp
@@ -126,6 +127,10 @@ def micro_batches(config: EngineConfig, dp: int, pp: int = 1, batch_size: int | 
         raise ValueError(f"the {config.schedule} schedule needs at least pp={pp} micro-batches per step, got "
                          f"{m} (global batch {g} / (micro batch {config.micro_batch_size} x dp {dp})); raise the "
                          f"global batch size or lower the micro batch size")
+    if pp > 1 and config.schedule in INTERLEAVED and m % (m // pp):
+        raise ValueError(f"the {config.schedule} schedule runs the micro-batches in m // pp = {m // pp} rounds, which "
+                         f"must divide m = {m} (global batch {g} / (micro batch {config.micro_batch_size} x dp {dp})); "
+                         f"use a global batch giving a multiple of pp={pp} micro-batches")
     return m
 
 
