@@ -2,12 +2,16 @@
 names, data made by Megatron-LM (no tpzoo metadata), --train/valid/test-data-path and --mock-data."""
 
 import json
+import os
+import re
+import shlex
 import shutil
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from doc_helpers import ROOT, blocks
 from megatron_vocab import megatron_files
 
 from tpzoo.data.__main__ import main
@@ -25,38 +29,66 @@ def texts(key: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> Path:
-    """GPT-2 data of two json keys with 2 workers and 1, BERT sentences, as Megatron-LM's README makes them."""
+    """docs/data.md's Megatron-LM commands (GPT-2 data with 2 workers, BERT sentences), run in a folder
+    holding its inputs, and the GPT-2 one again for two json keys with 1 worker (prefix ``w1``)."""
     root = tmp_path_factory.mktemp("megatron-data")
     f = megatron_files()
-    common = ["preprocess", "--input", f["corpus"], "--log-interval", "20"]
-    gpt = ["--vocab-file", f["vocab_json"], "--merge-file", f["merges"], "--tokenizer-type", "GPT2BPETokenizer",
-           "--append-eod"]
-    assert main([*common, "--output-prefix", str(root / "w2"), *gpt, "--json-keys", "text", "title",
-                 "--workers", "2"]) == 0
-    assert main([*common, "--output-prefix", str(root / "w1"), *gpt, "--workers", "1"]) == 0  # --json-keys text
-    assert main([*common, "--output-prefix", str(root / "bert"), "--vocab-file", f["vocab_txt"],
-                 "--split-sentences"]) == 0  # BertWordPieceLowerCase, as Megatron's examples
+    for key, name in (("corpus", "corpus.jsonl"), ("vocab_json", "gpt2-vocab.json"), ("merges", "gpt2-merges.txt"),
+                      ("vocab_txt", "vocab.txt")):
+        shutil.copy(f[key], root / name)
+    lines = [line for block in blocks("data.md", "sh") for line in block.splitlines() if line.strip()]
+    assert len(lines) == 2 and all(line.startswith("python -m tpzoo.data preprocess ") for line in lines)
+    cwd = os.getcwd()
+    try:
+        os.chdir(root)
+        for line in lines:
+            assert main(shlex.split(line)[3:]) == 0, line
+        gpt = shlex.split(lines[0])[3:]
+        assert main([*gpt, "--output-prefix", "w1", "--json-keys", "text", "title", "--workers", "1",
+                     "--log-interval", "20"]) == 0
+    finally:
+        os.chdir(cwd)
     return root
 
 
+def run_flags(row: str) -> list[str]:
+    """The flags of docs/data.md's table row of runs named ``row``."""
+    [flags] = re.findall(rf"^\| {row} [^|]*\| `([^`]*)` \|$", (ROOT / "docs" / "data.md").read_text(), re.M)
+    return shlex.split(flags)
+
+
+def test_docs_run_flags_read_the_data(made):
+    for row, model, cls in (("GPT", "gpt", GPT2BPETokenizer), ("BERT", "bert", BertWordPieceLowerCase)):
+        flags = [a for a in run_flags(row) if a not in ("--model", "bert")]
+        cwd = os.getcwd()
+        try:
+            os.chdir(made)
+            tok, prefix, _ = run_data(parse(*flags), model)
+            train, _, _ = build_datasets(model, tok, prefix, 32, 7, (4, 0, 0), "949,50,1")
+        finally:
+            os.chdir(cwd)
+        assert type(tok) is cls and train[3]["input_ids"].shape == (32,)
+
+
 def test_megatron_names_and_documents_decode(made):
-    assert sorted(p.name for p in made.iterdir()) == sorted(
-        f"{p}.{s}" for p in ("w2_text_document", "w2_title_document", "w1_text_document", "bert_text_sentence")
-        for s in ("bin", "idx"))
-    f = megatron_files()
-    tok = GPT2BPETokenizer(f["vocab_json"], f["merges"])
+    outputs = [f"{p}.{s}" for p in ("my-gpt2_text_document", "w1_title_document", "w1_text_document",
+                                    "my-bert_text_sentence") for s in ("bin", "idx")]
+    inputs = ["corpus.jsonl", "gpt2-merges.txt", "gpt2-vocab.json", "vocab.txt"]
+    assert sorted(p.name for p in made.iterdir()) == sorted(outputs + inputs)
+    tok = GPT2BPETokenizer(str(made / "gpt2-vocab.json"), str(made / "gpt2-merges.txt"))
     for key in ("text", "title"):
-        data = IndexedDataset(str(made / f"w2_{key}_document"))
+        data = IndexedDataset(str(made / f"w1_{key}_document"))
         assert data.metadata["tokenizer"] == tok.reference()
         assert [tok.decode(data.document(d)) for d in range(data.num_documents)] == [
             t + "<|endoftext|>" for t in texts(key)]
     for suffix in ("bin", "idx"):  # the same bytes for 1 and 2 workers
-        assert (made / f"w2_text_document.{suffix}").read_bytes() == (made / f"w1_text_document.{suffix}").read_bytes()
+        assert (made / f"my-gpt2_text_document.{suffix}").read_bytes() == (
+            made / f"w1_text_document.{suffix}").read_bytes()
 
 
 def test_split_sentences_for_bert(made):
-    tok = BertWordPieceLowerCase(megatron_files()["vocab_txt"])
-    data = IndexedDataset(str(made / "bert_text_sentence"))
+    tok = BertWordPieceLowerCase(str(made / "vocab.txt"))
+    data = IndexedDataset(str(made / "my-bert_text_sentence"))
     assert data.num_sequences > 2 * data.num_documents and data.metadata["split_sentences"]
     assert tok.sep not in data.tokens  # no --append-eod
     first = " ".join(tok.decode(data.sequence(k)) for k in range(data.document_indices[1]))
@@ -97,9 +129,9 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
 
 def test_one_prefix_per_split(made):
     gpt = str(made / "w1_text_document")
-    args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w2_title_document"))
+    args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w1_title_document"))
     tok, prefix, splits = run_data(args, "gpt")
-    assert prefix == gpt and splits == (gpt, str(made / "w2_title_document"), None)
+    assert prefix == gpt and splits == (gpt, str(made / "w1_title_document"), None)
     train, valid, test = build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 0), args.split, splits)
     titles = IndexedDataset(splits[1])
     assert set(np.concatenate([valid[i]["input_ids"].numpy() for i in range(4)])) <= set(titles.tokens)
