@@ -122,7 +122,8 @@ torchrun ${{DISTRIBUTED_ARGS[@]}} pretrain_gpt.py \\
 # the current examples/gpt3/train_gpt3_175b_distributed.sh: the step schedule instead of the ramp-up (Megatron-LM's
 # 532ad926b4), thresholds in tokens: 512 / --seq-length 32 = 16 samples, the batch sizes of the ramp-up above. The
 # script's unquoted ${TRAINING_ARGS[@]} hands the schedule over as one word per step.
-GPT3_175B_CURRENT = GPT3_175B.replace("    --rampup-batch-size 4 4 16\n", '    --step-batch-size-schedule "0:4 512:8"\n')
+GPT3_175B_CURRENT = GPT3_175B.replace("    --rampup-batch-size 4 4 16\n",
+                                      '    --step-batch-size-schedule "0:4 512:8"\n')
 
 # examples/bert/train_bert_340m_distributed.sh from its first variable on; numbers scaled down
 BERT_340M = """

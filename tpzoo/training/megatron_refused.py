@@ -59,11 +59,9 @@ _BY_REASON: dict[str, str] = {
         "--use-te-activation-func --transformer-impl --tp-comm-overlap-cfg --te-rng-tracker --fp4-param-gather "
         "--fp8-param-gather --te-precision-config-file",
     "tpzoo's vocab-parallel cross entropy has no fused variant": "--cross-entropy-loss-fusion",
-    "tpzoo's pipeline sends use torch.distributed point-to-point operations": "--use-ring-exchange-p2p",
-    "tpzoo's pipeline sends are not overlapped with compute":
-        "--overlap-p2p-communication-warmup-flush --no-overlap-p2p-communication",
-    "tpzoo's interleaved schedule runs pp micro-batches per virtual stage":
-        "--microbatch-group-size-per-virtual-pipeline-stage",
+    "tpzoo's pipeline communication and schedules are torch.distributed.pipelining's (--pipeline-schedule)":
+        "--use-ring-exchange-p2p --overlap-p2p-communication-warmup-flush "
+        "--microbatch-group-size-per-virtual-pipeline-stage --no-overlap-p2p-communication",
     "tpzoo has no multi-token prediction":
         "--mtp-standalone --mtp-num-layers --mtp-loss-scaling-factor --mtp-use-repeated-layer --mtp-detach-heads "
         "--mtp-hsm --mtp-hybrid-override-pattern",
@@ -98,7 +96,7 @@ _BY_REASON: dict[str, str] = {
         "--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int "
         "--rotary-seq-len-interpolation-factor --use-rope-scaling --rope-scaling-factor --no-rope-freq --rope-type",
     "tpzoo has no query/key normalization": "--qk-layernorm --qk-l2-norm --apply-wd-to-qk-layernorm",
-    "tpzoo averages the loss over each micro-batch's tokens": "--calculate-per-token-loss",
+    "tpzoo has no per-token loss normalization option": "--calculate-per-token-loss",
     "tpzoo has no multi-latent attention":
         "--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim "
         "--rotary-scaling-factor --mscale --mscale-all-dim --cache-mla-latents --mla-down-proj-fusion",
@@ -177,8 +175,7 @@ _BY_REASON: dict[str, str] = {
     "tpzoo does not hash weights across dp replicas": "--check-weight-hash-across-dp-replicas-interval",
     "tpzoo runs no GPU performance sniff tests": "--gpu-sniff-test-interval",
     "tpzoo synchronizes with the device once per logged iteration": "--train-sync-interval",
-    "tpzoo's --exit-signal-handler handles SIGTERM and SIGINT": "--exit-signal",
-    "tpzoo's data is read in the training process (no loader workers)": "--exit-signal-handler-for-dataloader",
+    "tpzoo's --exit-signal-handler handles SIGTERM and SIGINT": "--exit-signal --exit-signal-handler-for-dataloader",
     "tpzoo's --exit-signal-handler already saves and exits on SIGTERM and SIGINT":
         "--exit-signal-handler-for-training",
     "tpzoo leaves Python's garbage collector as it is":
@@ -331,8 +328,9 @@ _BY_REASON: dict[str, str] = {
     "tpzoo's layers are all alike (no per-layer configurations)":
         "--heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json",
     "tpzoo does not log this (its metrics: docs/training.md)":
-        "--log-progress --log-memory-interval --log-device-memory-used --log-max-attention-logit "
-        "--no-barrier-with-level-1-timing --logging-level --log-energy",
+        "--log-progress --log-memory-interval --log-device-memory-used --log-max-attention-logit --logging-level "
+        "--log-energy",
+    "tpzoo's timers use no barriers to turn off": "--no-barrier-with-level-1-timing",
     "tpzoo logs to the console, metrics.jsonl, TensorBoard and W&B only":
         "--otel-enabled --otel-service-name --otel-span-groups --no-one-logger --one-logger-project "
         "--one-logger-run-name --one-logger-async --app-tag-run-name --app-tag-run-version",
