@@ -32,8 +32,8 @@ def recompute_problem(recompute_activations: bool, granularity: str | None, meth
         return (f"--recompute-granularity full needs --recompute-method (uniform or block) and "
                 f"--recompute-num-layers; got {method}, {num_layers}")
     if granularity != "full" and (method is not None or num_layers is not None):
-        flags = " ".join(f"--recompute-{name} {value}" for name, value in (("method", method), ("num-layers", num_layers))
-                         if value is not None)
+        given = (("method", method), ("num-layers", num_layers))
+        flags = " ".join(f"--recompute-{name} {value}" for name, value in given if value is not None)
         return (f"{flags}: for --recompute-granularity full only (selective recomputes the core attention of every "
                 f"layer); drop it or add --recompute-granularity full")
     return None

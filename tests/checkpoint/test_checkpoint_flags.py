@@ -74,12 +74,14 @@ def rank_checks(root: str) -> CaseLog:
 @background.fixture
 def outcomes(tmp_path_factory) -> tuple[list[CaseLog], dict]:
     """The ranks' logs, and the two pretrain.py runs: a first run with --save DIR --load DIR and the
-    --no-save flags, then --finetune from it into another folder."""
+    --no-save flags, then --finetune from it into another folder (--use-checkpoint-args: accepted, what
+    --load does)."""
     root = tmp_path_factory.mktemp("checkpoint_flags")
     logs = background.spawn(rank_checks, 2, str(root))
     first = run(command([*TINY, "--train-iters", "2", "--save", "run", "--load", "run", "--no-save-optim",
                          "--no-save-rng"]), root)
-    tuned = run(command([*TINY, "--train-iters", "2", "--load", "run", "--finetune", "--save", "tuned"]), root)
+    tuned = run(command([*TINY, "--train-iters", "2", "--load", "run", "--finetune", "--use-checkpoint-args",
+                         "--save", "tuned"]), root)
     return logs, dict(root=root, first=first, tuned=tuned)
 
 

@@ -80,8 +80,10 @@ def test_make_vocab_size_divisible_by_pads_the_vocabulary():
 @pytest.mark.parametrize("line, backend, kernels", [
     ("--use-flash-attn", "sdpa", "auto"), ("--attention-backend flash", "sdpa", "auto"),
     ("--attention-backend local", "fused-softmax", "auto"), ("--attention-backend unfused", "fused-softmax", "auto"),
-    ("--attention-backend auto --no-masked-softmax-fusion", "auto", "torch"), ("--no-bias-gelu-fusion", "auto", "torch"),
-    ("--no-bias-dropout-fusion --no-rope-fusion --no-persist-layer-norm --overlap-grad-reduce", "auto", "auto")])
+    ("--attention-backend auto --no-masked-softmax-fusion", "auto", "torch"),
+    ("--no-bias-gelu-fusion", "auto", "torch"),
+    ("--no-bias-dropout-fusion --no-rope-fusion --no-persist-layer-norm --overlap-grad-reduce "
+     "--no-bias-swiglu-fusion --no-gradient-accumulation-fusion", "auto", "auto")])
 def test_megatron_speed_flags_choose_tpzoo_backends(line, backend, kernels):
     args = resolved(line)
     assert (args.attention_backend, args.kernels) == (backend, kernels)

@@ -55,7 +55,8 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model architecture (Megatron-LM's flags; docs/models.md)")
     g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES,
                    help="learned_absolute (gpt, bert) or rope (llama); the others: no family has them")
-    g.add_argument("--rotary-base", type=positive_float, help="rotary base theta (rope families; default: the preset's)")
+    g.add_argument("--rotary-base", type=positive_float, help="rotary base theta (rope families; default: the "
+                   "preset's)")
     g.add_argument("--rotary-percent", type=float, help="only 1.0: every feature of a head is rotated")
     g.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (gpt, bert) or RMSNorm (llama)")
     g.add_argument("--norm-epsilon", type=positive_float, help="epsilon of the norms (default: the preset's)")

@@ -140,7 +140,8 @@ def train(run: Run) -> Summary:
     with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
-            metrics.print(f"{'finetuning' if run.args.finetune else 'resumed'} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
+            how = "finetuning" if run.args.finetune else "resumed"  # --finetune: the weights only, from iteration 0
+            metrics.print(f"{how} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
                           f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
             if run.lr_schedule_changes:
                 metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}"
