@@ -40,6 +40,7 @@ from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import tokenizer_from_args
 from tpzoo.engine import Engine
 from tpzoo.engine.config import micro_batches
+from tpzoo.engine.data_parallel import set_hyperparameters
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import config_from_dict, family
 from tpzoo.models.pretrained import build_model
@@ -50,7 +51,8 @@ from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.checkpoint_args import FLAGS as CHECKPOINT_FLAGS
 from tpzoo.training.checkpoint_args import checkpoint_to_load, load_options
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
-from tpzoo.training.optimizer_args import SCHEDULE_GIVEN_TOGETHER, fill_schedule_defaults, train_iterations
+from tpzoo.training.optimizer_args import (SCHEDULE_GIVEN_TOGETHER, check_optimizer_resume, fill_schedule_defaults,
+                                           train_iterations)
 
 
 @dataclass
@@ -194,6 +196,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     changes = []
     if saved is not None:
         changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
+        check_optimizer_resume(args, saved.get("args", {}))
         if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
     resolve_architecture(args)
@@ -231,6 +234,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     run.reader = BatchReader(train, args.num_workers, batches.batch_at) if args.num_workers else None
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint, engine, **load_options(args))
+        set_hyperparameters(engine.optimizer, engine_cfg)  # the flags' betas, eps, momentum, not the saved groups'
         run.loaded_from = checkpoint
         if resumed:
             run.iteration, run.consumed_samples = loaded["iteration"], loaded["consumed_samples"]
