@@ -64,10 +64,13 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--lr", type=positive_float, default=d["lr"])
     g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
     g.add_argument("--lr-warmup-init", type=non_negative_float, default=0.0, help="the lr warmup starts from")
-    g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"])
-    g.add_argument("--lr-decay-style", choices=STYLES, default=d["lr_decay_style"])
+    g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"],
+                   help="the warmup in iterations")
+    g.add_argument("--lr-decay-style", choices=STYLES if iterations else STYLES[:-1], default=d["lr_decay_style"],
+                   help="WSD: with --lr-wsd-decay-iters/-samples" if iterations else None)
     if iterations:
-        g.add_argument("--lr-warmup-samples", type=non_negative_int, default=0)
+        g.add_argument("--lr-warmup-samples", type=non_negative_int, default=0,
+                       help="the warmup in samples, with --train-samples (default: 0)")
         g.add_argument("--lr-warmup-fraction", type=probability, help="warmup = this fraction of the decay")
         g.add_argument("--lr-decay-iters", type=positive_int, help="default: --train-iters")
         g.add_argument("--lr-decay-samples", type=positive_int, help="default: --train-samples")
