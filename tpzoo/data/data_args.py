@@ -74,8 +74,8 @@ def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argpa
     add_tokenizer_args(group)
     if loader:
         group.add_argument("--num-workers", type=non_negative_int, default=0, metavar="N",
-                           help="DataLoader worker processes reading the next training batches ahead (Megatron-LM's "
-                           "default is 2; default: %(default)s, read in the training process)")
+                           help="DataLoader worker processes reading the next training batches ahead (tpzoo's 0: "
+                           "read in the training process; Megatron-LM's 2)")
     group.add_argument(
         "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
     )

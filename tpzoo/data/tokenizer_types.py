@@ -160,20 +160,20 @@ class _TokenizerType(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
-def add_tokenizer_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                       tokenizer_model: bool = True) -> None:
-    """Megatron-LM's tokenizer flags (``tokenizer_model``: also ``--tokenizer-model``)."""
+def add_tokenizer_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's tokenizer flags, and ``--tokenizer-model`` (a file or folder alone: tpzoo's)."""
     parser.add_argument("--tokenizer-type", action=_TokenizerType, metavar="NAME",
-                        help=f"Megatron-LM's tokenizer name: {', '.join(TYPES)} (default: from the files given)")
+                        help=f"Megatron-LM's tokenizer name: {', '.join(TYPES)} (without it: the one the files "
+                        "given mean)")
     parser.add_argument("--vocab-file", metavar="FILE", help="GPT-2 vocab.json (with --merge-file) or BERT vocab.txt")
     parser.add_argument("--merge-file", metavar="FILE", help="GPT-2 merges.txt")
-    if tokenizer_model:
-        parser.add_argument("--tokenizer-model", metavar="PATH", help="sentencepiece .model, or a Hugging Face "
-                            "tokenizer.json or folder (default: the one the data was made with)")
+    parser.add_argument("--tokenizer-model", metavar="PATH", help="sentencepiece .model, or a Hugging Face "
+                        "tokenizer.json or folder (default: the one the data was made with)")
     parser.add_argument("--vocab-size", type=int, metavar="N", help="NullTokenizer's vocabulary (eod = N - 1)")
-    parser.add_argument("--null-tokenizer-eod-id", type=int, metavar="ID", help="NullTokenizer's eod (default N - 1)")
+    parser.add_argument("--null-tokenizer-eod-id", type=int, metavar="ID",
+                        help="NullTokenizer's eod (N - 1 when not given)")
     parser.add_argument("--null-tokenizer-pad-id", type=int, default=-1, metavar="ID",
-                        help="NullTokenizer's pad (default: %(default)s, none)")
+                        help="NullTokenizer's pad (-1: none, as when not given)")
 
 
 def tokenizer_type(args: argparse.Namespace) -> str | None:
