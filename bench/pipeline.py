@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.timeline:
         try:
             require("matplotlib", "--timeline")
-            check_output(args.timeline)
+            check_output(args.timeline, "--timeline")
         except ValueError as err:
             parser.exit(2, f"pipeline.py: error: {err}\n")
     results = spawn(run_all, p, m, args.fwd_ms, timeout=600)

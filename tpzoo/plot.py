@@ -59,13 +59,13 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     return [i for i, _ in points], [v for _, v in points]
 
 
-def check_output(output: str) -> None:
-    """ValueError unless ``output`` can be written: a .png in an existing, writable folder."""
+def check_output(output: str, flag: str = "-o") -> None:
+    """ValueError naming ``flag`` unless ``output`` can be written: a .png in an existing, writable folder."""
     folder = Path(output).parent
     if not output.lower().endswith(".png"):
-        raise ValueError(f"-o {output}: the picture is a PNG; name it ...png")
+        raise ValueError(f"{flag} {output}: the picture is a PNG; name it ...png")
     if not folder.is_dir() or not os.access(folder, os.W_OK) or Path(output).is_dir():
-        raise ValueError(f"-o {output} cannot be written (folder {folder} missing or not writable); "
+        raise ValueError(f"{flag} {output} cannot be written (folder {folder} missing or not writable); "
                          f"pass a path in a writable folder")
 
 
