@@ -172,14 +172,15 @@ def test_num_workers_read_the_same_batches(tmp_path):
     from tpzoo.data.batches import global_batches
     from tpzoo.data.loader import BatchReader
 
-    args = parse("--mock-data", "--data-cache-path", str(tmp_path), "--vocab-file", megatron_files()["vocab_txt"])
+    args = parse("--mock-data", "--data-cache-path", str(tmp_path), "--vocab-file", megatron_files()["vocab_txt"],
+                 "--num-workers", "2")
     tok, prefix, _ = run_data(args, "bert")
     train, _, _ = build_datasets("bert", tok, prefix, 32, 7, (64, 0, 0), args.split)
 
     def ramp(consumed: int) -> int:  # 2, 2, 4, 4, ... as a batch ramp-up
         return 2 if consumed < 4 else 4
 
-    reader, state = BatchReader(train, 2, ramp), torch.get_rng_state()
+    reader, state = BatchReader(train, args.num_workers, ramp), torch.get_rng_state()
     for start, size in [(0, 2), (2, 2), (4, 4), (8, 4), (20, 4), (24, 4)]:  # (20, 4): off the sequence, restarted
         got, want = reader.read(start, size), next(global_batches(train, size, torch.arange(start, start + size)))
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (start, size)
