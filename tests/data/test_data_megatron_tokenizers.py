@@ -137,7 +137,9 @@ def test_flags_pick_megatrons_tokenizer(tmp_path):
         ("--tokenizer-type", "BertWordPieceCase", "--vocab-file", "v", "--merge-file", "m"):
             "BertWordPieceCase does not read --merge-file",
         ("--merge-file", "m.txt"): "--merge-file needs --vocab-file",
-        ("--vocab-size", "9"): "add --tokenizer-type NullTokenizer",
+        ("--vocab-size", "9"): "--vocab-size is NullTokenizer's; add --tokenizer-type NullTokenizer",
+        ("--vocab-file", "v.json", "--merge-file", "m", "--null-tokenizer-eod-id", "0"):
+            "GPT2BPETokenizer does not read --null-tokenizer-eod-id",
         ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "gpt2"): "tpzoo downloads nothing",
     }
     for argv, fragment in errors.items():

@@ -139,8 +139,8 @@ REFUSED_TYPES = {
     "NullMultimodalTokenizer": "tpzoo trains text models only",
     "SFTTokenizer": "tpzoo has no chat prompt formats (fine-tuning: finetune.py)",
 }
-TOKENIZER_FLAGS = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size",
-                   "null_tokenizer_eod_id", "null_tokenizer_pad_id")
+NULL_OPTIONS = ("null_tokenizer_eod_id", "null_tokenizer_pad_id")  # NullTokenizer's only
+TOKENIZER_FLAGS = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size", *NULL_OPTIONS)
 
 
 def _flag(dest: str) -> str:
@@ -180,18 +180,19 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     """``--tokenizer-type``, else the one the files given mean (see the module docstring); None for
     ``--tokenizer-model`` alone or no tokenizer flag. ValueError naming the flags missing or unused."""
     name = getattr(args, "tokenizer_type", None)
-    given = [d for d in TOKENIZER_FLAGS[1:5] if getattr(args, d, None) is not None]
+    unset = {"null_tokenizer_pad_id": -1}
+    given = [d for d in TOKENIZER_FLAGS[1:] if getattr(args, d, None) not in (None, unset.get(d))]
     if name is None:
         if args.vocab_file is not None:
             name = "GPT2BPETokenizer" if args.merge_file is not None else "BertWordPieceLowerCase"
         elif args.merge_file is not None:
             raise ValueError("--merge-file needs --vocab-file (GPT-2's vocab.json) beside it")
-        elif args.vocab_size is not None:
-            raise ValueError("--vocab-size names NullTokenizer's vocabulary; add --tokenizer-type NullTokenizer")
+        elif null := [d for d in given if d in ("vocab_size", *NULL_OPTIONS)]:
+            raise ValueError(f"{_flag(null[0])} is NullTokenizer's; add --tokenizer-type NullTokenizer")
         else:
             return None
     missing = [_flag(d) for d in TYPES[name] if getattr(args, d, None) is None]
-    unused = [_flag(d) for d in given if d not in TYPES[name]]
+    unused = [_flag(d) for d in given if d not in TYPES[name] + (NULL_OPTIONS if name == "NullTokenizer" else ())]
     if missing or unused:
         needs = " and ".join(_flag(d) for d in TYPES[name])
         problem = f"lacks {' and '.join(missing)}" if missing else f"does not read {' and '.join(unused)}"
