@@ -93,8 +93,7 @@ def check_data_flags(args: argparse.Namespace) -> None:
     splits = [s for s in SPLIT_PATHS if getattr(args, s, None)]
     if splits and "train_data_path" not in splits:
         raise ValueError(f"--{splits[0].replace('_', '-')} needs --train-data-path beside it")
-    tokenizer_type(args)
-    if args.mock_data and tokenizer_type(args) is None and not args.tokenizer_model:
+    if tokenizer_type(args) is None and args.mock_data and not args.tokenizer_model:
         raise ValueError("--mock-data draws tokens from a tokenizer's vocabulary: pass its flags, e.g. "
                          "--tokenizer-type NullTokenizer --vocab-size 1024, or --vocab-file + --merge-file")
 
