@@ -4,8 +4,8 @@ numbers are written out below, not computed by the code under test):
 - ``BatchSchedule``: --rampup-batch-size START INCR SAMPLES (the classic calculator: B(c) = START +
   INCR floor(c / (SAMPLES / ((G - START) / INCR))) while c <= SAMPLES, then G), the iterations of
   --train-samples (Megatron's update_train_iters), --step-batch-size-schedule, and their misuse;
-- the engine at pp=2 taking a global batch whose size changes between steps (2, 4, 2, 6 sequences:
-  m micro-batches 2, 4, 2, 6) logs the losses of one process;
+- the engine at pp=2 taking a global batch whose size changes between steps (m = 2, 4, 2, 6, 8, 10, 2
+  micro-batches) logs the losses of one process;
 - pretrain.py (one process; the two lines docs/training.md shows) with a ramp-up, --train-samples, a
   sample-counted linear decay and SGD: each iteration's lr and global_batch_size in metrics.jsonl, and a
   resume from the checkpoint of iteration 4 (mid-ramp) that logs the uninterrupted run's losses.
@@ -91,7 +91,7 @@ def test_engine_micro_batches_of_each_batch_size():
 
 
 # ------------------------------------------------------------------ the engine at pp=2, batch sizes changing
-STEP_SIZES = (2, 4, 2, 6)
+STEP_SIZES = (2, 4, 2, 6, 8, 10, 2)  # m = the size; 5 sizes: the runner keeps 4 schedules, rebuilds m = 2
 
 
 def engine_losses(pp: int) -> list[float]:
@@ -105,7 +105,7 @@ def engine_losses(pp: int) -> list[float]:
     config = CASES["gpt"].config(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
                                  max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
     engine = Engine(lambda plan, **stage: CASES["gpt"].build(config, plan, **stage), config,
-                    EngineConfig(micro_batch_size=1, global_batch_size=6, lr=1e-2, adam_beta1=0.8,
+                    EngineConfig(micro_batch_size=1, global_batch_size=10, lr=1e-2, adam_beta1=0.8,
                                  adam_beta2=0.95), plan)
     losses = []
     for step, size in enumerate(STEP_SIZES):

@@ -48,6 +48,7 @@ from tpzoo.parallel import ParallelMesh, ParallelPlan
 from tpzoo.parallel.fsdp import local, sync_gradients_this_backward
 from tpzoo.parallel.param_facts import facts
 
+KEPT_SCHEDULES = 4  # schedules a runner keeps (their stages hold buffers): a ramp-up's many sizes are not all kept
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -164,7 +165,8 @@ def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineCon
 class PipelineRunner:
     """This rank's chunks of the model (``build_chunks``) and the schedules over them, one per sequence
     length and number of micro-batches m (each schedule is built for its m: a batch ramp-up builds one per
-    batch size): runs a step's micro-batches forward and, when training, backward (see module docstring), in
+    batch size; the ``KEPT_SCHEDULES`` used last are kept, the ramp's current one and evaluation's among them):
+    runs a step's micro-batches forward and, when training, backward (see module docstring), in
     the dtype of the model's weights (``dtype``, the config's precision: the engine casts them,
     ``mixed_precision``)."""
 
@@ -174,7 +176,7 @@ class PipelineRunner:
         self.num_stages = len(layers)
         self.chunks = build_chunks(build, layers, plan)
         self.label_keys: tuple[str, ...] = self.chunks[0].model.label_keys
-        self.schedules: dict[tuple[int, int], object] = {}  # (sequence length, m) -> pipeline schedule (pp > 1)
+        self.schedules: dict[tuple[int, int], object] = {}  # (sequence length, m) -> schedule (pp > 1), KEPT_SCHEDULES
         self.scale = 1.0
         self.dtype = DTYPES[config.precision]
 
@@ -212,10 +214,14 @@ class PipelineRunner:
         first, last = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.pp_size - 1
         local = torch.cat(ids)
         key = (local.shape[1], len(ids))  # a batch ramp-up changes m between steps
-        if key not in self.schedules:
-            self.schedules[key] = build_schedule(self.chunks, self.num_stages, self.config, key[1], self.mesh, key[0],
-                                                 self._loss_fn, self.dtype)
-        schedule = self.schedules[key]
+        if key in self.schedules:
+            schedule = self.schedules.pop(key)
+        else:
+            schedule = build_schedule(self.chunks, self.num_stages, self.config, key[1], self.mesh, key[0],
+                                      self._loss_fn, self.dtype)
+        self.schedules[key] = schedule  # the most recently used last
+        if len(self.schedules) > KEPT_SCHEDULES:
+            del self.schedules[next(iter(self.schedules))]
         losses: list[Tensor] = []
         (schedule.step if backward else schedule.eval)(*((local,) if first else ()), target=local if last else None,
                                                        losses=losses if last else None)
