@@ -164,8 +164,6 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-kv-channels": ("pretrain", T + " --kv-channels 16", "hidden size / heads = 32 / 4 features each"),
     "pretrain-vocab-multiple-zero": ("pretrain", T + " --make-vocab-size-divisible-by 0",
                                      "argument --make-vocab-size-divisible-by: expected an integer >= 1"),
-    "pretrain-attention-backend-fused": ("pretrain", T + " --attention-backend fused",
-                                         "Transformer Engine's cuDNN attention"),
     "pretrain-flash-attn-and-local": ("pretrain", T + " --use-flash-attn --attention-backend local",
                                       "--use-flash-attn means --attention-backend sdpa"),
     "pretrain-no-fusion-with-triton": ("pretrain", T + " --kernels triton --no-masked-softmax-fusion",
