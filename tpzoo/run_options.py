@@ -10,9 +10,10 @@ PLAN_OPTIONS = ("sequence_parallel", "recompute_activations", "kernels", "attent
 # Megatron-LM's activation recompute (--recompute-granularity, --recompute-method)
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
-# Megatron-LM's --attention-backend values -> tpzoo's (None: no counterpart, refused): flash = torch's sdpa
-# (its flash kernel where it applies), unfused and local = the explicit softmax(q k^T) v of fused-softmax
-MEGATRON_ATTENTION_BACKENDS = {"flash": "sdpa", "unfused": "fused-softmax", "local": "fused-softmax", "fused": None}
+# Megatron-LM's --attention-backend values -> tpzoo's: its fused-kernel attentions (flash: FlashAttention, fused:
+# cuDNN's) = torch's sdpa (flash, memory-efficient or cuDNN kernels, whichever applies); its unfused and local ones
+# = the explicit softmax(q k^T) v of fused-softmax
+MEGATRON_ATTENTION_BACKENDS = {"flash": "sdpa", "fused": "sdpa", "unfused": "fused-softmax", "local": "fused-softmax"}
 
 
 def recompute_problem(recompute_activations: bool, granularity: str | None, method: str | None,

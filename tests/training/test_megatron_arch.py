@@ -79,6 +79,7 @@ def test_make_vocab_size_divisible_by_pads_the_vocabulary():
 
 @pytest.mark.parametrize("line, backend, kernels", [
     ("--use-flash-attn", "sdpa", "auto"), ("--attention-backend flash", "sdpa", "auto"),
+    ("--attention-backend fused", "sdpa", "auto"),
     ("--attention-backend local", "fused-softmax", "auto"), ("--attention-backend unfused", "fused-softmax", "auto"),
     ("--attention-backend auto --no-masked-softmax-fusion", "auto", "torch"),
     ("--no-bias-gelu-fusion", "auto", "torch"),

@@ -81,7 +81,7 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
     ``tpzoo.training.args.add_precision_args``, which must come first) besides tpzoo's."""
     backend = parser._option_string_actions["--attention-backend"]
     backend.choices = (*backend.choices, *MEGATRON_ATTENTION_BACKENDS)
-    backend.help = "Megatron-LM's flash = sdpa, local and unfused = fused-softmax"
+    backend.help = "Megatron-LM's flash and fused = sdpa, local and unfused = fused-softmax"
     g = parser.add_argument_group("speed (Megatron-LM's flags; docs/training.md)")
     g.add_argument("--use-flash-attn", action="store_true", help="= --attention-backend sdpa (torch's fused attention)")
     g.add_argument("--overlap-grad-reduce", action="store_true",
@@ -192,12 +192,9 @@ def _check_kv_channels(args: argparse.Namespace) -> None:
 
 def resolve_speed(args: argparse.Namespace) -> None:
     """Megatron-LM's speed flags onto tpzoo's: ``args.attention_backend`` and ``args.kernels`` set to
-    tpzoo's values; ValueError naming the flags for a value without a counterpart or flags that
-    disagree. Calling it again changes nothing."""
+    tpzoo's values; ValueError naming the flags that disagree, or --overlap-param-gather without FSDP.
+    Calling it again changes nothing."""
     backend = MEGATRON_ATTENTION_BACKENDS.get(args.attention_backend, args.attention_backend)
-    if backend is None:
-        raise ValueError(f"--attention-backend {args.attention_backend} is Transformer Engine's cuDNN attention, "
-                         f"which tpzoo does not have; use flash or sdpa (torch's fused attention) instead")
     if args.use_flash_attn:
         if backend not in ("auto", "sdpa"):
             raise ValueError(f"--use-flash-attn means --attention-backend sdpa, but --attention-backend is "
