@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from doc_helpers import ROOT, blocks
 from megatron_vocab import megatron_files
 
@@ -117,9 +118,9 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
     prefix = strip_metadata(str(made / "w1_text_document"), tmp_path)
     with pytest.raises(ValueError, match="names no tokenizer .*--vocab-file vocab.json --merge-file merges.txt"):
         run_data(parse("--data-path", prefix), "gpt")
-    tok, found, splits = run_data(parse("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
-                                        "--merge-file", f["merges"]), "gpt")
-    assert (type(tok), found, splits) == (GPT2BPETokenizer, prefix, None)
+    tok, found, sources = run_data(parse("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
+                                         "--merge-file", f["merges"]), "gpt")
+    assert (type(tok), found, sources) == (GPT2BPETokenizer, prefix, None)
     train, valid, _ = build_datasets("gpt", tok, prefix, 32, 7, (8, 4, 0), "949,50,1")
     assert train[0]["input_ids"].shape == (32,) and len(valid) == 4
     null, _, _ = run_data(parse("--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
@@ -130,14 +131,14 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
 def test_one_prefix_per_split(made):
     gpt = str(made / "w1_text_document")
     args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w1_title_document"))
-    tok, prefix, splits = run_data(args, "gpt")
-    assert prefix == gpt and splits == (gpt, str(made / "w1_title_document"), None)
-    train, valid, test = build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 0), args.split, splits)
-    titles = IndexedDataset(splits[1])
+    tok, prefix, sources = run_data(args, "gpt")
+    assert prefix == gpt and sources.per_split == (gpt, str(made / "w1_title_document"), None)
+    train, valid, test = build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 0), args.split, sources)
+    titles = IndexedDataset(sources.per_split[1])
     assert set(np.concatenate([valid[i]["input_ids"].numpy() for i in range(4)])) <= set(titles.tokens)
     assert test is None
     with pytest.raises(ValueError, match="4 samples are asked of a split without data: pass --test-data-path"):
-        build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 4), args.split, splits)
+        build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 4), args.split, sources)
 
 
 @pytest.mark.parametrize("kind", ["causal-lm", "masked-lm"])
@@ -167,8 +168,6 @@ def test_mock_data(kind, tmp_path):
 
 
 def test_num_workers_read_the_same_batches(tmp_path):
-    import torch
-
     from tpzoo.data.batches import global_batches
     from tpzoo.data.loader import BatchReader
 
@@ -188,3 +187,36 @@ def test_num_workers_read_the_same_batches(tmp_path):
     with pytest.raises(ValueError, match="read\\(28, 2\\) but the batch schedule gives 4 samples at 28"):
         reader.read(28, 2)
     reader.close()
+
+
+def test_blending_follows_megatrons_greedy_order():
+    from tpzoo.data.blended import blend_sizes, blending_indices
+
+    dataset_index, sample_index = blending_indices([0.25, 0.75], 8)  # by hand: the dataset furthest behind
+    assert dataset_index.tolist() == [1, 0, 1, 1, 0, 1, 1, 1] and sample_index.tolist() == [0, 0, 1, 2, 1, 3, 4, 5]
+    weights = [0.2, 0.3, 0.5]
+    dataset_index, sample_index = blending_indices(weights, 1000)
+    for n in (10, 99, 1000):  # every prefix of the order within one sample of its share
+        counts = np.bincount(dataset_index[:n], minlength=3)
+        assert np.all(np.abs(counts - np.array(weights) * n) <= 1), (n, counts)
+    assert all(np.bincount(dataset_index, minlength=3) <= blend_sizes(weights, 1000))
+    assert blend_sizes(weights, 1000) == [201, 302, 503]  # ceil(ceil(1000 w) * 1.005)
+
+
+def test_data_path_blend(made):
+    gpt, titles = str(made / "w1_text_document"), str(made / "w1_title_document")
+    args = parse("--data-path", "0.3", gpt, "0.7", titles, "--vocab-file", str(made / "gpt2-vocab.json"),
+                 "--merge-file", str(made / "gpt2-merges.txt"))
+    tok, prefix, sources = run_data(args, "gpt")
+    assert prefix == gpt and sources.blend == ((0.3, gpt), (0.7, titles))
+    train, valid, _ = build_datasets("gpt", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)
+    assert len(train) == 20 and len(valid) == 10 and train.dataset_index.tolist().count(0) == 6
+    title_tokens = set(IndexedDataset(titles).tokens)
+    for i in range(20):  # each sample is a window of the prefix the blend names
+        from_titles = set(train[i]["input_ids"].tolist()) <= title_tokens
+        assert from_titles or train.dataset_index[i] == 0
+    again = build_datasets("gpt", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)[0]
+    assert all(torch.equal(again[i]["input_ids"], train[i]["input_ids"]) for i in range(20))
+    for bad in (["0.5", gpt, "0.5"], ["0.5", gpt, "-1", titles]):
+        with pytest.raises(SystemExit):
+            parse("--data-path", *bad)

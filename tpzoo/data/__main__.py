@@ -109,7 +109,7 @@ def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets
     from tpzoo.data.data_args import run_data
 
-    tok, prefix, split_prefixes = run_data(args, args.model)
+    tok, prefix, sources = run_data(args, args.model)
     causal = data_kind(args.model) == "causal-lm"
     options = (
         {}
@@ -121,7 +121,7 @@ def _samples(args: argparse.Namespace) -> None:
     )
     train, *_ = build_datasets(
         args.model, tok, prefix, args.seq_length, args.seed, (max(args.indices) + 1, 0, 0), args.split,
-        split_prefixes, **options
+        sources, **options
     )
     pieces = tok.pieces()
     for i in args.indices:

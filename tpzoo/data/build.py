@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,16 @@ def check_data_tokenizer(indexed: IndexedDataset, tokenizer: Tokenizer) -> None:
                          f"has a vocabulary of {tokenizer.vocab_size}; pass the tokenizer the data was made with")
 
 
+@dataclass(frozen=True)
+class DataSources:
+    """Where a run's splits come from besides one prefix: ``blend``, (weight, prefix) pairs each cut
+    by ``--split`` and blended (Megatron-LM's ``--data-path W1 P1 W2 P2``), or ``per_split`` prefixes
+    (train, valid, test; None where not given) read whole (``--train-data-path`` ...)."""
+
+    blend: tuple[tuple[float, str], ...] = ()
+    per_split: tuple[str | None, str | None, str | None] | None = None
+
+
 def build_datasets(
     model: str,
     tokenizer: Tokenizer,
@@ -184,37 +195,53 @@ def build_datasets(
     seed: int,
     num_samples: tuple[int, int, int],
     split: str = "98,1,1",
-    split_prefixes: tuple[str | None, str | None, str | None] | None = None,
+    sources: DataSources | None = None,
     **bert_options: Any,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
     (None where 0 are asked). Causal-LM samples are ``GPTDataset`` windows, masked-LM ones ``BertDataset``
     samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob).
-    ``split_prefixes``: split k reads every document of ``split_prefixes[k]`` (ValueError if samples
-    are asked of a split without one) instead of its ``split`` share of ``prefix``."""
+    ``sources``: a blend (each prefix's ``split`` share, ``tpzoo.data.blended``) or one prefix per
+    split, whole (ValueError if samples are asked of a split without one), instead of ``prefix``."""
     from tpzoo.data.bert_dataset import BertDataset
+    from tpzoo.data.blended import BlendedDataset, blend_sizes, normalized
     from tpzoo.data.gpt_dataset import GPTDataset
 
     causal = data_kind(model) == "causal-lm"
-    if split_prefixes is None:
-        indexed = _checked(prefix, tokenizer, causal, model)
-        parts = [(indexed, docs) for docs in split_documents(indexed.num_documents, split)]
-    else:
-        parts = []
-        for name, p, n in zip(("--train-data-path", "--valid-data-path", "--test-data-path"), split_prefixes,
+    if sources is not None and sources.per_split is not None:
+        parts = []  # per split: [(weight, indexed, documents)]
+        for name, p, n in zip(("--train-data-path", "--valid-data-path", "--test-data-path"), sources.per_split,
                               num_samples):
             if p is None and n:
                 raise ValueError(f"{n} samples are asked of a split without data: pass {name}")
             indexed = _checked(p, tokenizer, causal, model) if p else None
-            parts.append((indexed, np.arange(indexed.num_documents if indexed else 0, dtype=np.int64)))
+            parts.append([(1.0, indexed, np.arange(indexed.num_documents if indexed else 0, dtype=np.int64))])
+    else:
+        blend = sources.blend if sources is not None and sources.blend else ((1.0, prefix),)
+        weights = normalized([w for w, _ in blend])
+        per_prefix = []
+        for w, (_, p) in zip(weights, blend):
+            indexed = _checked(p, tokenizer, causal, model)
+            per_prefix.append([(w, indexed, docs) for docs in split_documents(indexed.num_documents, split)])
+        parts = [list(split_parts) for split_parts in zip(*per_prefix)]
+
+    def dataset(k: int, indexed: IndexedDataset, docs: np.ndarray, n: int) -> Any:
+        if causal:
+            return GPTDataset(indexed, docs, seq_length, n, seed, k)
+        return BertDataset(indexed, docs, tokenizer, seq_length, n, seed, k, **bert_options)
+
     out = []
-    for k, (indexed, docs) in enumerate(parts):
-        if not num_samples[k]:
+    for k, split_parts in enumerate(parts):
+        n = num_samples[k]
+        if not n:
             out.append(None)
-        elif causal:
-            out.append(GPTDataset(indexed, docs, seq_length, num_samples[k], seed, k))
+        elif len(split_parts) == 1:
+            out.append(dataset(k, *split_parts[0][1:], n))
         else:
-            out.append(BertDataset(indexed, docs, tokenizer, seq_length, num_samples[k], seed, k, **bert_options))
+            weights = [w for w, _, _ in split_parts]
+            subsets = [dataset(k, indexed, docs, size)
+                       for (_, indexed, docs), size in zip(split_parts, blend_sizes(weights, n))]
+            out.append(BlendedDataset(subsets, weights, n))
     return tuple(out)  # type: ignore[return-value]
 
 

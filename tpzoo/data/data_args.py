@@ -2,7 +2,8 @@
 and what a run reads from them:
 
     --data-path PREFIX            one indexed dataset, split into train/valid/test by --split
-                                  (Megatron-LM's weighted "W1 P1 W2 P2" list is refused: no blending)
+    --data-path W1 P1 W2 P2 ...   Megatron-LM's blend: each prefix split, samples drawn by weight
+                                  (``tpzoo.data.blended``)
     --train-data-path PREFIX      one prefix per split instead of --data-path + --split
     --valid-data-path PREFIX      (each split reads every document of its prefix)
     --test-data-path PREFIX
@@ -11,16 +12,17 @@ and what a run reads from them:
     --dataset FILES               raw files tokenized once into --data-cache-path
     tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
 
-    tokenizer, prefix, split_prefixes = run_data(args, "gpt")
-    build_datasets("gpt", tokenizer, prefix, ..., args.split, split_prefixes)
+    tokenizer, prefix, sources = run_data(args, "gpt")
+    build_datasets("gpt", tokenizer, prefix, ..., args.split, sources)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Sequence
 
-from tpzoo.data.build import add_cache_arg, data_kind, resolve_data
+from tpzoo.data.build import DataSources, add_cache_arg, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, add_dataset_source_args, dataset_source
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, add_tokenizer_args, tokenizer_from_args, tokenizer_type
@@ -32,16 +34,31 @@ SOURCES = ("data_path", "dataset", "mock_data", "train_data_path")
 
 
 class _Prefix(argparse.Action):
-    """Megatron-LM's path list: ``PREFIX`` or ``WEIGHT PREFIX`` (one dataset); several are refused."""
+    """Megatron-LM's path list: ``PREFIX`` or ``WEIGHT PREFIX`` (one dataset: the prefix as given);
+    with ``blend``, also ``W1 P1 W2 P2 ...`` (a list of those strings, the prefixes absolute)."""
+
+    def __init__(self, *args: Any, blend: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.blend = blend
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Sequence[str],
                  option_string: str | None = None) -> None:
         if len(values) == 2 and _is_number(values[0]):
             values = values[1:]
-        if len(values) != 1:
-            parser.error(f"{option_string} {' '.join(values)}: tpzoo reads one dataset per flag and does not blend "
-                         "weighted prefixes; preprocess the corpora into one prefix")
-        setattr(namespace, self.dest, values[0])
+        if len(values) == 1:
+            setattr(namespace, self.dest, values[0])
+            return
+        pairs = len(values) % 2 == 0 and all(_is_number(w) and float(w) > 0 for w in values[::2])
+        if not self.blend or not pairs:
+            parser.error(f"{option_string} {' '.join(values)}: pass "
+                         + ("PREFIX or WEIGHT PREFIX pairs with weights > 0" if self.blend else
+                            "one PREFIX (a blend of weighted prefixes is --data-path's)"))
+        setattr(namespace, self.dest, [v if k % 2 == 0 else os.path.abspath(v) for k, v in enumerate(values)])
+
+
+def blend_of(data_path: list[str]) -> tuple[tuple[float, str], ...]:
+    """The (weight, prefix) pairs of a blended ``--data-path`` (``_Prefix``'s list)."""
+    return tuple((float(w), p) for w, p in zip(data_path[::2], data_path[1::2]))
 
 
 def _is_number(text: str) -> bool:
@@ -56,8 +73,9 @@ def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argpa
     """Add the data and tokenizer flags (module docstring, ``--split``, ``--data-cache-path``) to
     ``parser``; ``loader``: also ``--num-workers`` (a training script's)."""
     group = parser.add_argument_group("data")
-    group.add_argument("--data-path", metavar="PREFIX", nargs="+", action=_Prefix,
-                       help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split")
+    group.add_argument("--data-path", metavar="PREFIX", nargs="+", action=_Prefix, blend=True,
+                       help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split; or Megatron-LM's "
+                       "blend W1 PREFIX1 W2 PREFIX2 ... (each prefix split, samples drawn by weight)")
     for split in ("train", "valid", "test"):
         group.add_argument(f"--{split}-data-path", metavar="PREFIX", nargs="+", action=_Prefix,
                            help=f"the {split} split's indexed dataset (instead of --data-path and --split)")
@@ -99,11 +117,11 @@ def check_data_flags(args: argparse.Namespace) -> None:
 
 
 def run_data(args: argparse.Namespace, model: str, tokenizer: Tokenizer | None = None
-             ) -> tuple[Tokenizer, str, tuple[Any, Any, Any] | None]:
-    """(tokenizer, prefix, split prefixes) a run reads: ``prefix`` is the training data (what a
-    checkpoint records); split prefixes are (train, valid, test) with ``--train-data-path`` (None
-    entries for splits not given), else None (``prefix`` split by ``--split``). ``tokenizer``: the
-    flags' (``tokenizer_from_args``), read here when not given."""
+             ) -> tuple[Tokenizer, str, DataSources | None]:
+    """(tokenizer, prefix, sources) a run reads: ``prefix`` is the training data (what a checkpoint
+    records; a blend's first prefix); ``sources`` (for ``build_datasets``) the blend of ``--data-path
+    W1 P1 ...`` or the prefixes of ``--train-data-path`` ..., else None (``prefix`` split by
+    ``--split``). ``tokenizer``: the flags' (``tokenizer_from_args``), read here when not given."""
     check_data_flags(args)
     tokenizer = tokenizer or tokenizer_from_args(args)
     if args.mock_data:
@@ -111,13 +129,19 @@ def run_data(args: argparse.Namespace, model: str, tokenizer: Tokenizer | None =
 
         assert tokenizer is not None  # check_data_flags
         return tokenizer, mock_prefix(data_kind(model), tokenizer, args.seed, args.data_cache_path), None
+    if isinstance(args.data_path, list):  # a blend: every prefix read by the first one's tokenizer
+        blend = blend_of(args.data_path)
+        tok, first = resolve_data(model, blend[0][1], None, tokenizer, args.data_cache_path)
+        for _, prefix in blend[1:]:
+            resolve_data(model, prefix, None, tok)
+        return tok, first, DataSources(blend=blend)
     if not args.train_data_path:
         tok, prefix = resolve_data(model, args.data_path, dataset_source(args), tokenizer, args.data_cache_path)
         return tok, prefix, None
     tok, train = resolve_data(model, args.train_data_path, None, tokenizer, args.data_cache_path)
     others = [resolve_data(model, getattr(args, s), None, tok)[1] if getattr(args, s) else None
               for s in SPLIT_PATHS[1:]]
-    return tok, train, (train, *others)
+    return tok, train, DataSources(per_split=(train, *others))
 
 
 def _given_together() -> dict[str, set[str]]:

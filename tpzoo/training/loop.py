@@ -89,8 +89,8 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
 
 def data_entropy(run: Run) -> float | None:
     """Unigram entropy of the training data (nats/token: the loss of a model that ignores context),
-    or None for data too large to count quickly."""
-    if len(IndexedDataset(run.data_prefix).tokens) > MAX_ENTROPY_TOKENS:
+    or None for data too large to count quickly or blended from several prefixes."""
+    if isinstance(run.args.data_path, list) or len(IndexedDataset(run.data_prefix).tokens) > MAX_ENTROPY_TOKENS:
         return None
     return unigram_entropy(run.data_prefix, run.tokenizer.vocab_size)
 

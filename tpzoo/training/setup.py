@@ -114,7 +114,7 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     checkpoint's flags name the same files from any working directory."""
     out = dict(args)
     for name in PATH_FLAGS:
-        if out.get(name) is not None:
+        if isinstance(out.get(name), str):  # a --data-path blend's prefixes are absolute already
             out[name] = os.path.abspath(out[name])
     if out.get("dataset"):
         out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
@@ -216,7 +216,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
         check_vocabulary(given_tokenizer, config_from_dict(saved["model_config"]), args.load)
     plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
-    tokenizer, prefix, split_prefixes = run_data(args, args.model, given_tokenizer)
+    tokenizer, prefix, sources = run_data(args, args.model, given_tokenizer)
     config = resolve_model_config(args, tokenizer, saved)
     resumed = saved if saved is not None and not args.finetune else None  # --finetune: from iteration 0
     consumed = resumed["consumed_samples"] if resumed else 0
@@ -225,7 +225,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     needed = (max(batches.consumed_after(train_iters), batches.consumed_after(train_iters_left, consumed)),
               needed[1], 0)  # pretraining never reads the test split
     train, valid, _ = build_datasets(args.model, tokenizer, prefix, args.seq_length, args.seed, needed, args.split,
-                                     split_prefixes)
+                                     sources)
     engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
                     engine_cfg, plan)
     save_dir = Path(args.save) if args.save else default_run_dir(args.model)
