@@ -7,7 +7,8 @@ of K datasets with weights w (normalized to sum 1) is sample ``sample_index[i]``
 
 so every prefix of the blend follows the weights as closely as whole samples can, the same on every
 rank and run. A blend of N samples asks dataset k for ``ceil(ceil(N * w_k) * 1.005)`` samples
-(Megatron-LM's default surplus), more than the greedy order ever takes.
+(Megatron-LM's default surplus), more than the greedy order ever takes. The order is computed in
+Python when the datasets are built: about 1.3 s per million samples (Megatron-LM's is C++).
 """
 
 from __future__ import annotations
