@@ -68,6 +68,7 @@ def test_step_batch_size_schedule_in_tokens():
     # c = 0 -> 2, 2 -> 2, 4 -> 4, 8 -> 4, 12 -> 8; --train-samples 20: iterations while c < 20 -> 5
     assert sizes(schedule, 5) == [2, 2, 4, 4, 8] and schedule.iterations(20) == 5
     assert parse_step_schedule("0:16 2.4B:320", 2048) == ((0, 16), (2_400_000_000 // 2048, 320))
+    assert parse_step_schedule(["0:2", "64:4", "0.16K:8"], 16) == steps  # the words of an unquoted ${ARGS[@]}
     with pytest.raises(ValueError, match="must be >= 1 and end at --global-batch-size 16"):
         BatchSchedule(16, steps=steps)
     args = argparse.Namespace(global_batch_size=8, seq_length=16, rampup_batch_size=[2, 2, 16],

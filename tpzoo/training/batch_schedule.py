@@ -22,16 +22,16 @@ from dataclasses import dataclass
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
-def parse_step_schedule(text: str, seq_length: int) -> tuple[tuple[int, int], ...]:
-    """``"0:16 2.4B:320"`` -> ((0, 16), (2.4e9 // seq_length, 320)): (threshold in samples, batch size),
-    thresholds in tokens; ValueError naming the entry that is not THRESHOLD:BATCH."""
+def parse_step_schedule(text: str | list[str], seq_length: int) -> tuple[tuple[int, int], ...]:
+    """``"0:16 2.4B:320"`` (or its words) -> ((0, 16), (2.4e9 // seq_length, 320)): (threshold in samples,
+    batch size), thresholds in tokens; ValueError naming the entry that is not THRESHOLD:BATCH."""
     def number(word: str) -> int:
         word = word.strip().upper()
         scale = SUFFIXES.get(word[-1:], 1)
         return int(float(word[:-1] if scale > 1 else word) * scale)
 
     steps = []
-    for entry in text.replace(",", " ").split():
+    for entry in " ".join([text] if isinstance(text, str) else text).replace(",", " ").split():
         threshold, _, batch = entry.partition(":")
         try:
             steps.append((number(threshold) // seq_length, number(batch)))

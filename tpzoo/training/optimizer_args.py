@@ -58,9 +58,10 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
                        "--train-iters: the iterations it takes, the batch ramp-up counted")
         g.add_argument("--rampup-batch-size", type=non_negative_int, nargs=3, metavar=("START", "INCR", "SAMPLES"),
                        help="grow the global batch from START by INCR over SAMPLES samples to --global-batch-size")
-        g.add_argument("--step-batch-size-schedule", metavar="'0:B0 T1:B1 ...'",
-                       help="global batch B_k from T_k tokens consumed on (suffixes K M B T), ending at "
-                       "--global-batch-size")
+        g.add_argument("--step-batch-size-schedule", nargs="+", metavar="T:B",
+                       help="global batch B from T tokens consumed on (suffixes K M B T), ending at "
+                       "--global-batch-size; one word or several (Megatron-LM's GPT-3 script passes its quoted "
+                       "schedule through an unquoted ${ARGS[@]}: several)")
     g.add_argument("--lr", type=positive_float, default=d["lr"])
     g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
     g.add_argument("--lr-warmup-init", type=non_negative_float, default=0.0, help="the lr warmup starts from")
