@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpzoo.checkpoint.paths import read_meta
-from tpzoo.data.tokenizer import Tokenizer, load_tokenizer
+from tpzoo.data.tokenizer import Tokenizer, load_tokenizer, recorded_tokenizer
 from tpzoo.models.pretrained import CONFIG_FILE
 
 
@@ -25,10 +25,10 @@ def model_tokenizer(path: str | Path, tokenizer_model: str | None = None, *, voc
         tokenizer = load_tokenizer(tokenizer_model)
     elif not (Path(path) / CONFIG_FILE).is_file() and "tokenizer" in (meta := read_meta(path)):
         recorded = meta["tokenizer"]
-        if not Path(recorded["path"]).exists():
-            raise ValueError(f"{path} was trained with the tokenizer {recorded['path']}, which is not on this "
+        tokenizer = recorded_tokenizer(recorded)  # a NullTokenizer has no files: always on this machine
+        if tokenizer is None:
+            raise ValueError(f"{path} was trained with the tokenizer {recorded.get('path')}, which is not on this "
                              f"machine; pass --tokenizer-model FILE (a copy of it)")
-        tokenizer = load_tokenizer(**recorded)
     else:
         try:
             tokenizer = load_tokenizer(path)

@@ -173,7 +173,7 @@ def add_tokenizer_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     parser.add_argument("--null-tokenizer-eod-id", type=int, metavar="ID",
                         help="NullTokenizer's eod (N - 1 when not given)")
     parser.add_argument("--null-tokenizer-pad-id", type=int, default=-1, metavar="ID",
-                        help="NullTokenizer's pad (-1: none, as when not given)")
+                        help="NullTokenizer's pad (default: -1, none)")
 
 
 def tokenizer_type(args: argparse.Namespace) -> str | None:
