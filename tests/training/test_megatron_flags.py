@@ -38,6 +38,9 @@ ISSUE = """--lr-decay-iters --lr-decay-samples --lr-warmup-fraction --lr-warmup-
 --lr-decay-style --weight-decay --clip-grad --fp16 --seq-length --max-position-embeddings --num-layers
 --hidden-size --num-attention-heads --tensor-model-parallel-size --pipeline-model-parallel-size --save --load
 --save-interval --eval-interval --eval-iters --log-interval --attention-backend""".split()
+# supported flags no other test passes on a command line: the test here that does
+WITNESSED = {"--ffn-hidden-size": "test_ffn_hidden_size_sets_the_mlp_width",
+             "--exit-signal-handler": "test_exit_signal_handler_installs_the_handler"}
 # values tried in turn for a flag that takes values: one of them parses
 CANDIDATES = ("2", "0.5", "98,1,1", "0:16", "GPT2BPETokenizer", "x")
 
@@ -76,7 +79,9 @@ def uses(flag: str, note: str) -> str:
     """The test file a supported row's note names, checked to use ``flag``."""
     path = re.search(r"\(`(tests/[\w/]+\.py)`\)$", note)
     assert path, f"the note of {flag} names no test file: {note}"
-    assert path[1] != "tests/training/test_megatron_flags.py"
+    if path[1] == "tests/training/test_megatron_flags.py":  # the parse test below is no use of a flag
+        assert flag in WITNESSED, f"{flag}: name a test that uses it, not the table's"
+        return path[1]
     assert re.search(re.escape(flag) + r"(?![\w-])", (ROOT / path[1]).read_text()), f"{path[1]} does not use {flag}"
     return path[1]
 
@@ -118,3 +123,20 @@ def test_every_refused_entry_is_a_refused_row_and_no_real_flag(parser):
 
 def test_every_flag_of_the_issue_has_a_row():
     assert not [flag for flag in ISSUE if flag not in ROWS]
+
+
+def test_ffn_hidden_size_sets_the_mlp_width(parser):
+    from tpzoo.training.args import model_config
+    config = model_config(parser.parse_args("--model gpt --num-layers 2 --hidden-size 32 --num-attention-heads 4 "
+                                            "--ffn-hidden-size 48".split()))
+    assert config.ffn_hidden_size == 48, config
+
+
+def test_exit_signal_handler_installs_the_handler(parser):
+    """Megatron-LM's --exit-signal-handler turns on what tpzoo does by default (--no-exit-signal-handler: off)."""
+    import torch
+
+    from tpzoo.training.stopping import StopRules
+    for argv, on in ((["--exit-signal-handler"], True), ([], True), (["--no-exit-signal-handler"], False)):
+        rules = StopRules.from_args(parser.parse_args(argv), torch.device("cpu"))
+        assert (rules.flag is not None) == on, argv
