@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.args import (command_parser, exit_on_misuse, non_negative_float, non_negative_int,
-                                     positive_float, positive_int, process_timeout)
+    from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
+    from tpzoo.training.args import command_parser, exit_on_misuse, process_timeout
 
     parser = command_parser(PROG, "text from a tpzoo causal LM")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "

@@ -24,7 +24,8 @@ from tpzoo.data.build import add_cache_arg, data_kind
 from tpzoo.data.data_args import add_data_args
 from tpzoo.data.tokenizer_types import add_tokenizer_args
 from tpzoo.models.families import FAMILIES
-from tpzoo.training.args import check_output_folder, command_parser, non_negative_int, positive_int
+from tpzoo.flag_types import non_negative_int, positive_int
+from tpzoo.training.args import check_output_folder, command_parser
 
 
 def _parser() -> argparse.ArgumentParser:

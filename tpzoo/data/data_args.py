@@ -26,7 +26,7 @@ from tpzoo.data.build import DataSources, add_cache_arg, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, add_dataset_source_args, dataset_source
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, add_tokenizer_args, tokenizer_from_args, tokenizer_type
-from tpzoo.training.args import non_negative_int
+from tpzoo.flag_types import non_negative_int
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
 # flags naming where the data is: at most one source

@@ -34,7 +34,7 @@ from typing import Any
 from tpzoo.models.families import FAMILIES, PRESETS, Architecture, family
 from tpzoo.run_options import (MEGATRON_ATTENTION_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS,
                                recompute_problem)
-from tpzoo.training.args import positive_float, positive_int
+from tpzoo.flag_types import positive_float, positive_int
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")

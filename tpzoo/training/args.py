@@ -19,7 +19,6 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from datetime import timedelta
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from tpzoo.engine.config import SCHEDULES, EngineConfig
+from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
 from tpzoo.models.config import ModelConfig, field_names
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.models.presets import get_preset
@@ -119,45 +119,6 @@ def _exit(prog: str, message: str, status: int) -> NoReturn:
     if os.environ.get("RANK", "0") == "0":
         print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(status) from None
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text) if text.lstrip("-").isdigit() else -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _float(text: str, ok: Callable[[float], bool], expected: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number {expected}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"expected a number {expected}, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    return _float(text, lambda v: v > 0 and math.isfinite(v), "> 0")
-
-
-def non_negative_float(text: str) -> float:
-    return _float(text, lambda v: v >= 0 and math.isfinite(v), ">= 0")
-
-
-def probability(text: str) -> float:
-    return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:

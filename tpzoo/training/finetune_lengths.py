@@ -16,7 +16,7 @@ import argparse
 import math
 from typing import Sequence
 
-from tpzoo.training.args import positive_int
+from tpzoo.flag_types import positive_int
 
 AUTO = "auto"
 AUTO_PERCENTILE = 95

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from tpzoo.training.args import positive_int
+from tpzoo.flag_types import positive_int
 
 TIMING_LEVELS = (0, 1, 2)
 TIMING_OPTIONS = ("max", "minmax", "all")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tpzoo.training.args import (fill_model_defaults, non_negative_float, non_negative_int, positive_float,
-                                 positive_int, probability)
+from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from tpzoo.training.args import fill_model_defaults
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
 
