@@ -18,6 +18,7 @@ samples. Every family of a data kind reads the same tokenized ``--dataset`` cach
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tpzoo.data.cache import cache_dir, cached_build
-from tpzoo.data.indexed import IndexedDataset
+from tpzoo.data.indexed import IndexedDataset, paths
 from tpzoo.data.progress import is_main_process, say
 from tpzoo.data.sources import DatasetSource, absolute_specs
 from tpzoo.data.tokenizer import Tokenizer, load_tokenizer, recorded_tokenizer
@@ -171,10 +172,19 @@ def check_data_tokenizer(indexed: IndexedDataset, tokenizer: Tokenizer) -> None:
     elif np.iinfo(indexed.dtype).max < tokenizer.vocab_size or not indexed.num_tokens:
         return  # every id the dtype holds is in the vocabulary
     else:
-        top = int(max(indexed.tokens[i:i + (1 << 26)].max() for i in range(0, indexed.num_tokens, 1 << 26)))
+        bin_path = paths(indexed.prefix)[0]
+        top = largest_id(bin_path, os.stat(bin_path).st_mtime_ns)
     if top >= tokenizer.vocab_size:
         raise ValueError(f"dataset {indexed.prefix!r} holds token ids up to {top} but the tokenizer {tokenizer.path} "
                          f"has a vocabulary of {tokenizer.vocab_size}; pass the tokenizer the data was made with")
+
+
+@functools.lru_cache(maxsize=64)
+def largest_id(bin_path: str, mtime_ns: int) -> int:
+    """The largest token id of an indexed dataset's ``.bin`` (read once per process and file version: a
+    Megatron-LM prefix carries no vocabulary size, so its ids are scanned, in 64 Mi-token slices)."""
+    indexed = IndexedDataset(bin_path.removesuffix(".bin"))
+    return int(max(indexed.tokens[i:i + (1 << 26)].max() for i in range(0, indexed.num_tokens, 1 << 26)))
 
 
 @dataclass(frozen=True)
