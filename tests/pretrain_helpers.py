@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import background
 from doc_helpers import ROOT, clean_env
@@ -29,6 +31,16 @@ def command(flags: list[str], mesh: tuple[int, int, int] = (1, 1, 1)) -> list[st
     sizes = [arg for name, size in zip(MESH_FLAGS, mesh) for arg in (name, str(size))]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", PRETRAIN,
             *flags, *sizes]
+
+
+def script(name: str = "pretrain") -> ModuleType:
+    """The top-level script ``name``.py (pretrain.py, pretrain_gpt.py ...) as a module: the scripts are not part
+    of the installed package, so the repository root is put on sys.path for the import only."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT))
 
 
 def env() -> dict[str, str]:

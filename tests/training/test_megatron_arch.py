@@ -10,12 +10,15 @@ import functools
 import pytest
 import torch
 
-import pretrain
 from families import CASES, batch
+from pretrain_helpers import script
+
 from tpzoo.models.presets import get_preset
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
 from tpzoo.training.args import model_config, plan_from_args
+
+pretrain = script("pretrain")
 
 # Megatron-LM's Llama launch line's architecture flags, and its GPT-3 example's (their defaults spelled out)
 LLAMA = ("--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear "
