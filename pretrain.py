@@ -21,7 +21,7 @@ from tpzoo.training.architecture_args import (add_architecture_args, add_speed_a
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
                                  add_run_args, check_fsdp_flags, check_output_folder, command_parser, engine_config,
                                  exit_on_misuse, exit_on_write_error, set_model_defaults)
-from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
+from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
 from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
 from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
@@ -53,9 +53,10 @@ def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
     return p
 
 
-def check_flags(args: argparse.Namespace) -> None:
+def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None:
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
-    merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored)."""
+    merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored). ``given``: the
+    flags written on the command line (None: all of them)."""
     check_fsdp_flags(args)
     resolve_speed(args)
     check_checkpoint_flags(args)
@@ -65,6 +66,7 @@ def check_flags(args: argparse.Namespace) -> None:
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:
         resolve_architecture(args)  # --model, when not given: the family the architecture flags describe
+        resolve_global_batch_size(args, given)  # --step-batch-size-schedule alone: G is its last size
         filled = fill_schedule_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
         LRSchedule.from_args(filled, BatchSchedule.from_args(filled))  # and the batch ramp-up
         engine_config(filled)  # batch sizes, the loss-scale flags against the precision ...
@@ -73,7 +75,7 @@ def check_flags(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     p = parser(prog, model)
     args = p.parse_args(argv)
-    exit_on_misuse(prog, lambda: check_flags(args))
+    exit_on_misuse(prog, lambda: check_flags(args, p.given(argv)))
     import torch.distributed as dist
 
     from tpzoo.training.loop import train

@@ -26,7 +26,8 @@ SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_siz
 MULTIPLE = 7  # 500 tokens: padded to 504 at tp 2 (a multiple of 14), to 512 at tp 1 with the default 128
 RANK_CASES = ("padded-vocab-tp2", "meta-says-what-was-saved", "no-optimizer-names-no-load-optim",
               "no-rng-names-no-load-rng", "tp2-padding-loads-at-tp1", "full-checkpoint-loads-optimizer")
-CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "finetune-takes-the-weights-only")
+CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "resume-without-optimizer-exits-early",
+             "finetune-takes-the-weights-only")
 
 
 def engine(config, mesh) -> Engine:
@@ -73,16 +74,17 @@ def rank_checks(root: str) -> CaseLog:
 
 @background.fixture
 def outcomes(tmp_path_factory) -> tuple[list[CaseLog], dict]:
-    """The ranks' logs, and the two pretrain.py runs: a first run with --save DIR --load DIR and the
-    --no-save flags, then --finetune from it into another folder (--use-checkpoint-args: accepted, what
-    --load does)."""
+    """The ranks' logs, and the pretrain.py runs: a first run with --save DIR --load DIR and the
+    --no-save flags, a resume of it without --no-load-optim (refused before anything is built), then
+    --finetune from it into another folder (--use-checkpoint-args: accepted, what --load does)."""
     root = tmp_path_factory.mktemp("checkpoint_flags")
     logs = background.spawn(rank_checks, 2, str(root))
     first = run(command([*TINY, "--train-iters", "2", "--save", "run", "--load", "run", "--no-save-optim",
                          "--no-save-rng"]), root)
+    resumed = run(command([*TINY, "--train-iters", "4", "--load", "run", "--data-cache-path", "cache"]), root)
     tuned = run(command([*TINY, "--train-iters", "2", "--load", "run", "--finetune", "--use-checkpoint-args",
                          "--save", "tuned"]), root)
-    return logs, dict(root=root, first=first, tuned=tuned)
+    return logs, dict(root=root, first=first, resumed=resumed, tuned=tuned)
 
 
 @pytest.mark.parametrize("name", RANK_CASES)
@@ -100,6 +102,12 @@ def test_checkpoint_flags_of_pretrain(outcomes, name):
     elif name == "no-save-flags-in-meta":
         record = json.loads((root / "run" / "iter_0000002" / "meta.json").read_text())["checkpoint"]
         assert (record["optimizer"]["saved"], record["rng"]) == (False, False)
+    elif name == "resume-without-optimizer-exits-early":  # one line, before the data and the model are built
+        resumed = runs["resumed"]
+        assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1, resumed.stderr[-2000:]
+        assert "was saved without its optimizer state (--no-save-optim); load it with --no-load-optim or " \
+               "--finetune" in resumed.stderr
+        assert resumed.stdout == "" and not (root / "cache").exists(), resumed.stdout[-2000:]  # no data built
     else:  # a checkpoint without optimizer and RNG: --finetune needs neither, and starts at iteration 0
         assert tuned.returncode == 0, tuned.stderr[-2000:]
         assert "finetuning from run/iter_0000002 at iteration 0 (consumed samples 0)" in tuned.stdout

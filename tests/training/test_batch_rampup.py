@@ -22,7 +22,7 @@ import pytest
 import torch
 from doc_helpers import blocks
 from families import CASES, batch
-from pretrain_helpers import metrics, pretrain, rel
+from pretrain_helpers import metrics, pretrain, rel, script
 
 from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
 
@@ -75,6 +75,33 @@ def test_step_batch_size_schedule_in_tokens():
                               step_batch_size_schedule="0:8")
     with pytest.raises(ValueError, match="give one of them"):
         BatchSchedule.from_args(args)
+
+
+def test_step_schedule_gives_the_global_batch_size():
+    """Megatron-LM takes G from the schedule's last size: pretrain.py's default --global-batch-size (32) gives
+    way to it; a --global-batch-size given too must agree (the GPT-3 example gives both)."""
+    pretrain_script = script()
+    p = pretrain_script.parser()
+    line = "--seq-length 16 --micro-batch-size 1 --train-iters 4 --lr-warmup-iters 1 --step-batch-size-schedule"
+    for extra, g in (([], 8), (["--global-batch-size", "8"], 8), (["--global-batch-size", "16"], None)):
+        argv = [*line.split(), "0:2 64:4 0.16K:8", *extra]
+        args = p.parse_args(argv)
+        if g is None:
+            with pytest.raises(ValueError, match=r"batch sizes \[2, 4, 8\] must be >= 1 and end at "
+                                                 r"--global-batch-size 16; make them agree, or leave out"):
+                pretrain_script.check_flags(args, p.given(argv))
+            continue
+        pretrain_script.check_flags(args, p.given(argv))
+        assert args.global_batch_size == g and sizes(BatchSchedule.from_args(args), 5) == [2, 2, 4, 4, 8]
+    with pytest.raises(ValueError, match="end at --global-batch-size 32"):  # a library caller: all flags given
+        pretrain_script.check_flags(p.parse_args(argv[:-2]))
+
+
+def test_rampup_over_zero_samples_is_refused():
+    with pytest.raises(ValueError, match="--rampup-batch-size 2 2 0: a ramp from 2 to global batch size 8 needs "
+                                         "SAMPLES > 0 to ramp over; give SAMPLES > 0, or START 8 for no ramp"):
+        BatchSchedule(8, rampup=(2, 2, 0))
+    assert sizes(BatchSchedule(8, rampup=(8, 2, 0)), 2) == [8, 8]  # no ramp: nothing to spread
 
 
 def test_engine_micro_batches_of_each_batch_size():

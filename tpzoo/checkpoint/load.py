@@ -40,7 +40,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     meta = read_meta(folder)
     record = meta["checkpoint"]
     check_model_matches(record["model"], engine.chunks[0].model, folder)
-    _check_saved(folder, record, load_optimizer, load_rng)
+    check_saved_parts(folder, record, load_optimizer=load_optimizer, load_rng=load_rng)
     saved = read_dcp_metadata(folder).state_dict_metadata
     mesh = engine.mesh
     entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(
@@ -73,9 +73,9 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     return meta
 
 
-def _check_saved(folder: Path, record: dict[str, Any], load_optimizer: bool, load_rng: bool) -> None:
-    """ValueError when the checkpoint lacks what is to be loaded (checkpoints from before the save options
-    hold both)."""
+def check_saved_parts(folder: Path, record: dict[str, Any], *, load_optimizer: bool, load_rng: bool) -> None:
+    """ValueError when the checkpoint (``record``: its meta's "checkpoint") lacks what is to be loaded
+    (checkpoints from before the save options hold both); pretrain.py checks it before building anything."""
     checks = ((load_optimizer, record["optimizer"].get("saved", True), "optimizer state", "optim"),
               (load_rng, record.get("rng", True), "RNG states", "rng"))
     for wanted, saved, what, flag in checks:

@@ -5,7 +5,8 @@ num-microbatches calculators), and the iterations a ``--train-samples`` run make
     --rampup-batch-size S I R     B(c) = S + I floor(c / (R / n))  for c <= R,  n = (G - S) / I increments
                                   B(c) = G                         for c >  R
     --step-batch-size-schedule    B(c) = b_k of the last threshold t_k <= c ("0:16 2.4B:320 ...": thresholds
-                                  in tokens, divided by --seq-length, K/M/B/T = 1e3/1e6/1e9/1e12)
+                                  in tokens, divided by --seq-length, K/M/B/T = 1e3/1e6/1e9/1e12);
+                                  G = the last b_k unless --global-batch-size is given (then equal to it)
 
 c = samples consumed before the iteration (the data position, kept in checkpoints: a resume mid-ramp
 goes on with the same batches). Every batch size must be a multiple of micro batch x dp (``check``).
@@ -41,6 +42,17 @@ def parse_step_schedule(text: str | list[str], seq_length: int) -> tuple[tuple[i
     return tuple(sorted(steps))
 
 
+def resolve_global_batch_size(args: argparse.Namespace, given: set[str] | None = None) -> None:
+    """With --step-batch-size-schedule and no --global-batch-size in ``given`` (the flags written on the
+    command line; None: all of them), set ``args.global_batch_size`` to the schedule's last batch size
+    (Megatron-LM takes G from the schedule); when both are given, ``BatchSchedule`` checks that they agree."""
+    text = getattr(args, "step_batch_size_schedule", None)
+    if text is not None and given is not None and "global_batch_size" not in given:
+        steps = parse_step_schedule(text, args.seq_length)
+        if steps:
+            args.global_batch_size = steps[-1][1]
+
+
 @dataclass(frozen=True)
 class BatchSchedule:
     """Global batch size per iteration (see the module docstring); ``global_batch_size`` G is the batch
@@ -60,6 +72,9 @@ class BatchSchedule:
             if start > g or (g - start) % incr:
                 raise ValueError(f"--rampup-batch-size {start} {incr} {samples}: global batch size {g} - start {start} "
                                  f"= {g - start} must be >= 0 and divisible by the increment {incr}")
+            if samples == 0 and start < g:
+                raise ValueError(f"--rampup-batch-size {start} {incr} 0: a ramp from {start} to global batch size {g} "
+                                 f"needs SAMPLES > 0 to ramp over; give SAMPLES > 0, or START {g} for no ramp")
         if self.steps is not None:
             thresholds = [t for t, _ in self.steps]
             if not self.steps or thresholds[0] != 0 or len(set(thresholds)) != len(thresholds):
@@ -67,7 +82,8 @@ class BatchSchedule:
                                  f"be distinct")
             if any(b < 1 for _, b in self.steps) or self.steps[-1][1] != g:
                 raise ValueError(f"--step-batch-size-schedule batch sizes {[b for _, b in self.steps]} must be >= 1 "
-                                 f"and end at --global-batch-size {g}; make them agree")
+                                 f"and end at --global-batch-size {g}; make them agree, or leave out "
+                                 f"--global-batch-size (then the schedule's last size)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BatchSchedule:

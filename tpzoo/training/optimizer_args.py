@@ -59,9 +59,10 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
         g.add_argument("--rampup-batch-size", type=non_negative_int, nargs=3, metavar=("START", "INCR", "SAMPLES"),
                        help="grow the global batch from START by INCR over SAMPLES samples to --global-batch-size")
         g.add_argument("--step-batch-size-schedule", nargs="+", metavar="T:B",
-                       help="global batch B from T tokens consumed on (suffixes K M B T), ending at "
-                       "--global-batch-size; one word or several (Megatron-LM's GPT-3 script passes its quoted "
-                       "schedule through an unquoted ${ARGS[@]}: several)")
+                       help="global batch B from T tokens consumed on (suffixes K M B T); the last B is the "
+                       "global batch size (--global-batch-size: left out, or the same); one word or several "
+                       "(Megatron-LM's GPT-3 script passes its quoted schedule through an unquoted ${ARGS[@]}: "
+                       "several)")
     g.add_argument("--lr", type=positive_float, default=d["lr"])
     g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
     g.add_argument("--lr-warmup-init", type=non_negative_float, default=0.0, help="the lr warmup starts from")

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tpzoo.checkpoint import load_checkpoint, read_meta
+from tpzoo.checkpoint.load import check_saved_parts
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
@@ -47,7 +48,7 @@ from tpzoo.models.pretrained import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.training.architecture_args import SPEED_FLAGS, resolve_architecture, resolve_speed
 from tpzoo.training.args import LOSS_SCALE_FLAGS, engine_config, model_config, plan_from_args, process_timeout
-from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size
 from tpzoo.training.checkpoint_args import FLAGS as CHECKPOINT_FLAGS
 from tpzoo.training.checkpoint_args import checkpoint_to_load, load_options
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
@@ -197,12 +198,14 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     if saved is not None:
         changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
         check_optimizer_resume(args, saved.get("args", {}))
+        check_saved_parts(checkpoint, saved["checkpoint"], **load_options(args))  # before the data and model
         if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
     resolve_architecture(args)
     resolve_speed(args)
     if model_defaults:
         fill_schedule_defaults(args, model_defaults)
+    resolve_global_batch_size(args, given)  # --step-batch-size-schedule without --global-batch-size
     batches = BatchSchedule.from_args(args)
     schedule = LRSchedule.from_args(args, batches)
     train_iters = train_iterations(args, batches)
