@@ -95,10 +95,10 @@ CASES: dict[str, tuple[str, str, str]] = {
                                             "--optimizer sgd cannot take over the adam state of --load"),
     "pretrain-rampup-increment": ("pretrain", T + " --rampup-batch-size 2 4 16", "global batch size 8 - start 2 = 6 "
                                   "must be >= 0 and divisible by the increment 4"),
-    "pretrain-rampup-batch-vs-micro": ("pretrain", T + " --micro-batch-size 2 --rampup-batch-size 2 1 16",
-                                       "global batch sizes [3, 5, 7] of the batch schedule are not multiples of micro "
     "pretrain-rampup-zero-samples": ("pretrain", T + " --rampup-batch-size 2 2 0", "--rampup-batch-size 2 2 0: a ramp "
                                      "from 2 to global batch size 8 needs SAMPLES > 0 to ramp over"),
+    "pretrain-rampup-batch-vs-micro": ("pretrain", T + " --micro-batch-size 2 --rampup-batch-size 2 1 16",
+                                       "global batch sizes [3, 5, 7] of the batch schedule are not multiples of micro "
                                        "batch size x dp = 2 x 1 = 2"),
     "pretrain-micro-over-global": ("pretrain", T + " --global-batch-size 4 --micro-batch-size 8",
                                    "global batch size 4 is not divisible"),
