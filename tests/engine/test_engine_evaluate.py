@@ -106,7 +106,8 @@ def evaluate(refs: dict) -> CaseLog:
                 for key, value in ref_parts.items():
                     log.close(torch.tensor(parts[key]), torch.tensor(value), f"{key} part", "loss", 1e-6)
                 rows = slice(mesh.dp_rank * G // dp, (mesh.dp_rank + 1) * G // dp)  # this dp rank's sequences
-                assert len(outputs) == engine.m and all(len(o) == len(ref_losses) for o in outputs), outputs
+                m = G // (dp * engine.config.micro_batch_size)  # this dp rank's micro-batches of the G rows
+                assert len(outputs) == m and all(len(o) == len(ref_losses) for o in outputs), outputs
                 for j, ref in enumerate(ref_losses):
                     got = torch.cat([o[j] for o in outputs])
                     log.close(got, torch.from_numpy(ref)[rows], f"forward_only output {j}", "losses", 1e-5)

@@ -123,7 +123,7 @@ class Engine:
             raise TypeError("Engine needs a ParallelPlan or a ParallelMesh, got None")
         self.plan, self.config = as_plan(plan), config
         mesh = self.mesh = self.plan.mesh
-        self.m, layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)  # at G
+        layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)[1]  # G fits the mesh
         if self.plan.fsdp:
             check_fsdp(config, mesh)
         self.vocab_size = model_config.vocab_size
