@@ -168,6 +168,8 @@ def test_mock_data(kind, tmp_path):
 
 
 def test_num_workers_read_the_same_batches(tmp_path):
+    import multiprocessing
+
     from tpzoo.data.batches import global_batches
     from tpzoo.data.loader import BatchReader
 
@@ -179,6 +181,7 @@ def test_num_workers_read_the_same_batches(tmp_path):
     def ramp(consumed: int) -> int:  # 2, 2, 4, 4, ... as a batch ramp-up
         return 2 if consumed < 4 else 4
 
+    others = set(multiprocessing.active_children())
     reader, state = BatchReader(train, args.num_workers, ramp), torch.get_rng_state()
     for start, size in [(0, 2), (2, 2), (4, 4), (8, 4), (20, 4), (24, 4)]:  # (20, 4): off the sequence, restarted
         got, want = reader.read(start, size), next(global_batches(train, size, torch.arange(start, start + size)))
@@ -186,7 +189,10 @@ def test_num_workers_read_the_same_batches(tmp_path):
     assert torch.equal(torch.get_rng_state(), state)  # dropout's generator untouched
     with pytest.raises(ValueError, match="read\\(28, 2\\) but the batch schedule gives 4 samples at 28"):
         reader.read(28, 2)
+    workers = set(multiprocessing.active_children()) - others
+    assert len(workers) == args.num_workers
     reader.close()
+    assert not workers & set(multiprocessing.active_children())  # the workers stopped and joined
 
 
 def test_blending_follows_megatrons_greedy_order():

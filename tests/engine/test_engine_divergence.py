@@ -246,7 +246,7 @@ def test_loss_scale_config_is_checked():
 
 
 def test_metrics_jsonl_is_strict_json(tmp_path, capsys):
-    metrics = Metrics(tmp_path, 3, 1, interactive=False)
+    metrics = Metrics(tmp_path, 3, 1, interactive=False, writers=[])
     metrics.log(1, loss=4.5, lr=1e-3, grad_norm=0.5)
     metrics.log(2, loss=float("nan"), lr=1e-3, grad_norm=float("inf"), skipped=True, loss_scale=4.0)
     metrics.close()

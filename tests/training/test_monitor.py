@@ -22,7 +22,7 @@ from tpzoo.engine import grads
 from tpzoo.engine.timers import LEVELS, Timers
 from tpzoo.parallel import mark
 from tpzoo.training.metrics import Metrics
-from tpzoo.training.monitor import INSTALL, shown
+from tpzoo.training.monitor import INSTALL, shown, tensorboard_writers
 
 FLAGS = [*TINY, "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
          "--save", "ck", "--tensorboard-dir", "tb", "--tensorboard-log-interval", "1", "--wandb-project", "tpzoo-test",
@@ -208,7 +208,7 @@ def test_without_tensorboard_the_log_dir_gets_no_events_and_nothing_is_said(tmp_
     monkeypatch.setattr(sys, "meta_path", [Blocked("tensorboard"), *sys.meta_path])
     for name in [m for m in sys.modules if m.split(".")[0] == "tensorboard"]:  # imported by another test
         monkeypatch.delitem(sys.modules, name)
-    m = Metrics(tmp_path, train_iters=1, log_interval=1, interactive=False)
+    m = Metrics(tmp_path, train_iters=1, log_interval=1, interactive=False, writers=tensorboard_writers(tmp_path))
     m.log(1, loss=1.0, lr=1e-3, grad_norm=1.0)
     m.close()
     assert m.writers == [] and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

@@ -11,7 +11,7 @@ from tpzoo.training.metrics import Metrics
 
 
 def run_log(log_dir, interactive: bool, start: int = 0, stop: int = 6) -> None:
-    metrics = Metrics(log_dir, train_iters=6, log_interval=2, start=start, interactive=interactive)
+    metrics = Metrics(log_dir, train_iters=6, log_interval=2, start=start, interactive=interactive, writers=[])
     metrics.print("resumed" if start else "starting")
     for i in range(start + 1, stop + 1):
         metrics.step(tokens=128, seconds=0.5)
@@ -49,10 +49,9 @@ class Recorder:
         pass
 
 
-def test_loss_parts_go_to_metrics_jsonl_and_tensorboard(tmp_path, monkeypatch):
+def test_loss_parts_go_to_metrics_jsonl_and_tensorboard(tmp_path):
     writer = Recorder()
-    monkeypatch.setattr("tpzoo.training.metrics._tensorboard", lambda log_dir: writer)
-    metrics = Metrics(tmp_path, train_iters=2, log_interval=1, interactive=False)
+    metrics = Metrics(tmp_path, train_iters=2, log_interval=1, interactive=False, writers=[writer])
     metrics.log(1, loss=5.5, losses={"mlm_loss": 4.8, "sop_loss": 0.7}, lr=1e-3, grad_norm=1.0)
     metrics.log(2, loss=5.4, losses={"mlm_loss": 4.7, "sop_loss": 0.7}, lr=1e-3, grad_norm=1.0, val_loss=5.6,
                 val_losses={"mlm_loss": 4.9, "sop_loss": 0.7}, last=True)

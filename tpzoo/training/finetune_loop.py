@@ -26,6 +26,7 @@ from tpzoo.training.best_checkpoint import BEST, BestCheckpoint
 from tpzoo.training.classification import classification_metrics
 from tpzoo.training.finetune_setup import FinetuneRun
 from tpzoo.training.metrics import Metrics
+from tpzoo.training.monitor import tensorboard_writers
 from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
 # the metric that picks the best checkpoint, and whether higher is better
@@ -62,15 +63,16 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
     g, n = engine.config.global_batch_size, len(run.train)
     schedule, steps = run.schedule, num_batches(n, g)
-    metrics = Metrics(run.log_dir, schedule.decay_steps, args.log_interval, enabled=rank0)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
     summary, iteration, latest = FinetuneSummary(), 0, None
-    metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
-                  f"{len(run.valid)} validation samples, {steps} steps per epoch")
-    for line in run.report:
-        metrics.print(line)
-    with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
+    with StopRules.from_args(args, run.mesh.device) as rules, closing(Metrics(
+            run.log_dir, schedule.decay_steps, args.log_interval, enabled=rank0,
+            writers=tensorboard_writers(run.log_dir) if rank0 else [])) as metrics:
+        metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
+                      f"{len(run.valid)} validation samples, {steps} steps per epoch")
+        for line in run.report:
+            metrics.print(line)
         for epoch in range(1, args.epochs + 1):
             for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
                 iteration += 1

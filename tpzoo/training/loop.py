@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -126,18 +126,21 @@ def report(summary: Summary, entropy: float | None, names: dict[str, str]) -> st
 def train(run: Run) -> Summary:
     """Train ``run`` from ``run.iteration`` to ``run.train_iters``; evaluate, log and save on the way."""
     args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
-    metrics = Metrics(run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
-                      flops_per_token=flops_per_token(run.config, args.seq_length),
-                      peak_flops=peak_flops(run.mesh.device, engine.config.precision),
-                      world_size=dist.get_world_size(), enabled=rank0,
-                      **monitor_options(args, run.log_dir, run.save_dir.name, rank0))
     # the logging flags' measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
     timers = engine.timers = Timers(args.timing_log_level, run.mesh.device)
     engine.measure_params_norm, engine.measure_num_zeros = args.log_params_norm, args.log_num_zeros_in_grad
     logged_at = run.iteration
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
     names, evaluating = loss_names(run), args.eval_interval > 0
-    with StopRules.from_args(args, run.mesh.device) as rules, closing(metrics):
+    with ExitStack() as opened:  # closed however the loop ends: the --num-workers workers, the writers
+        if run.reader is not None:
+            opened.callback(run.reader.close)
+        rules = opened.enter_context(StopRules.from_args(args, run.mesh.device))
+        metrics = opened.enter_context(closing(Metrics(
+            run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
+            flops_per_token=flops_per_token(run.config, args.seq_length),
+            peak_flops=peak_flops(run.mesh.device, engine.config.precision), world_size=dist.get_world_size(),
+            enabled=rank0, **monitor_options(args, run.log_dir, run.save_dir.name, rank0))))
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
             how = "finetuning" if run.args.finetune else "resumed"  # --finetune: the weights only, from iteration 0

@@ -1,6 +1,7 @@
 """What a training run reports: ``metrics.jsonl``, a tqdm bar or plain lines, TensorBoard events, MFU.
 
-    metrics = Metrics(log_dir, train_iters, log_interval, start=iteration, flops_per_token=..., peak_flops=...)
+    metrics = Metrics(log_dir, train_iters, log_interval, writers=monitor.open_writers(...), start=iteration,
+                      flops_per_token=..., peak_flops=...)
     metrics.step(tokens, seconds)                       # after every train step
     metrics.log(iteration, loss=..., lr=..., grad_norm=..., val_loss=None, last=False,
                 losses={"mlm_loss": ..., "sop_loss": ...}, val_losses=None,
@@ -18,10 +19,10 @@ TFLOP/s per GPU, ``flops_per_token`` x tokens/s / world size / 1e12) and the cal
 (a diverged loss) is written as null. The printed line says ``SKIPPED`` on a skipped step, and the loss
 scale when it is not 1.
 
-``writers`` (``tpzoo.training.monitor``: TensorBoard, W&B; default a SummaryWriter into the log dir
-when tensorboard is installed) get each line's numbers as scalars, tags ``train/<name>``,
-``valid/<name>`` for the val_ fields and eval extras, a name holding ``/`` (``time/optimizer``) as it
-is; ``shown(key)`` False keeps a field out of them (``--no-log-loss-scale-to-tensorboard`` ...).
+``writers`` (from ``tpzoo.training.monitor``: TensorBoard, W&B; closed by ``close``) get each line's
+numbers as scalars, tags ``train/<name>``, ``valid/<name>`` for the val_ fields and eval extras, a name
+holding ``/`` (``time/optimizer``) as it is; ``shown(key)`` False keeps a field out of them
+(``--no-log-loss-scale-to-tensorboard`` ...).
 ``board_interval``: the writers also get the train numbers of every iteration divisible by it (with
 the tokens/s of the current window), between the lines.
 Only the rank that makes the ``Metrics`` with ``enabled=True`` (rank 0) writes or prints anything.
@@ -39,7 +40,6 @@ import torch
 
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.presets import num_parameters
-from tpzoo.training.monitor import tensorboard_writer as _tensorboard
 
 # dense peak FLOP/s per GPU (no sparsity) by device-name fragment, first match wins: bf16, fp16, fp32
 PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
@@ -111,9 +111,9 @@ def open_metrics(path: Path, start: int) -> Any:
 class Metrics:
     """The run's log: metrics.jsonl (appended to on resume), the bar or plain lines, the writers."""
 
-    def __init__(self, log_dir: str | Path, train_iters: int, log_interval: int, *, start: int = 0,
-                 flops_per_token: float = 0.0, peak_flops: float | None = None, world_size: int = 1,
-                 enabled: bool = True, interactive: bool | None = None, writers: list[Any] | None = None,
+    def __init__(self, log_dir: str | Path, train_iters: int, log_interval: int, *, writers: list[Any],
+                 start: int = 0, flops_per_token: float = 0.0, peak_flops: float | None = None, world_size: int = 1,
+                 enabled: bool = True, interactive: bool | None = None,
                  throughput: bool = False, shown: Callable[[str], bool] = lambda key: True,
                  board_interval: int | None = None) -> None:
         self.train_iters, self.log_interval, self.enabled = train_iters, log_interval, enabled
@@ -122,13 +122,12 @@ class Metrics:
         self.shown, self.board_interval = shown, board_interval
         self.tokens, self.seconds = 0, 0.0
         self.file = self.bar = None
-        self.writers: list[Any] = []
+        self.writers = writers
         if not enabled:
             return
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.file = open_metrics(self.log_dir / "metrics.jsonl", start)
-        self.writers = [w for w in [_tensorboard(self.log_dir)] if w is not None] if writers is None else writers
         if sys.stderr.isatty() if interactive is None else interactive:
             from tqdm import tqdm
 

@@ -38,13 +38,31 @@ def require(module: str, what: str) -> None:
         raise ValueError(f"{what} needs the {module} package, which is not installed: {INSTALL}")
 
 
-def tensorboard_writer(log_dir: str | Path, queue_size: int = 1000) -> Any:
-    """A SummaryWriter into ``log_dir`` queueing ``queue_size`` events, or None without tensorboard."""
+def tensorboard_writers(log_dir: str | Path, queue_size: int = 1000) -> list[Any]:
+    """[a SummaryWriter into ``log_dir`` queueing ``queue_size`` events], or [] without tensorboard."""
     if not installed("tensorboard"):
-        return None
+        return []
     from torch.utils.tensorboard import SummaryWriter
 
-    return SummaryWriter(str(log_dir), max_queue=queue_size)
+    return [SummaryWriter(str(log_dir), max_queue=queue_size)]
+
+
+def wandb_key_missing() -> bool:
+    """Whether ``wandb.init`` would stop for want of an API key: the run is online (WANDB_MODE or
+    ``wandb offline``'s settings file say neither offline nor disabled) and none of wandb's own sources
+    holds one (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the ~/.netrc entry ``wandb login`` writes, the
+    settings files). Reads the environment and those files only: no network, no wandb service. A wandb
+    without these internals (older than the one tested, 0.31) answers False: ``wandb.init`` decides."""
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.wbauth import authenticate_session
+
+        settings = wandb_setup.singleton().settings
+        online = not (settings._offline or settings._noop)
+    except (ImportError, AttributeError):
+        return False
+    return online and authenticate_session(host=settings.base_url, source="tpzoo", prompt=False,
+                                           update_session=False) is None
 
 
 class WandbWriter:
@@ -66,10 +84,7 @@ class WandbWriter:
 
 def open_writers(args: argparse.Namespace, log_dir: Path, run_name: str) -> list[Any]:
     """The writers the logging flags of ``args`` ask for (see the module's docstring); rank 0 calls this."""
-    writers = []
-    board = tensorboard_writer(args.tensorboard_dir or log_dir, args.tensorboard_queue_size)
-    if board is not None:
-        writers.append(board)
+    writers = tensorboard_writers(args.tensorboard_dir or log_dir, args.tensorboard_queue_size)
     if args.wandb_project is not None:
         writers.append(WandbWriter(args.wandb_project, args.wandb_exp_name or run_name,
                                    args.wandb_save_dir or log_dir, args.wandb_entity,
