@@ -74,6 +74,8 @@ CASES: dict[str, tuple[str, str, str]] = {
                                        "--num-experts is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",
                                             "but W&B is off; add --wandb-project"),
+    # test_misuse runs these with no W&B key anywhere and WANDB_MODE unset
+    "pretrain-wandb-no-api-key": ("pretrain", T + " --wandb-project tiny", "run `wandb login`"),
     "pretrain-timing-log-level-3": ("pretrain", T + " --timing-log-level 3",
                                     "argument --timing-log-level: invalid choice"),
     "pretrain-lr-nan": ("pretrain", T + " --lr nan", "argument --lr: expected a number > 0"),

@@ -23,8 +23,11 @@ from tpzoo.testing import spawn
 def results(tmp_path_factory) -> dict:
     """{"inputs": what the cases read, "results": {name: outcome}} of the runner, run once."""
     root = tmp_path_factory.mktemp("misuse")
+    wandb_gone = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE")  # the W&B cases: no key anywhere
+    env = {**{k: v for k, v in clean_env(1).items() if k not in wandb_gone}, "NETRC": str(root / "no-netrc"),
+           "WANDB_CONFIG_DIR": str(root / "no-wandb-config")}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("misuse_runner.py")), str(root),
-                           str(root / "results.json")], capture_output=True, text=True, env=clean_env(1), timeout=600)
+                           str(root / "results.json")], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return {**json.loads((root / "results.json").read_text()), "root": root}
 

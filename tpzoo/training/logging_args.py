@@ -4,7 +4,7 @@ run flags (``tpzoo.training.args.add_run_args``); what each flag adds to a metri
 ``tpzoo.training.metrics`` (fields) and ``tpzoo.training.monitor`` (writers).
 
 Checked before torch loads (``check_logging_flags``): a flag whose library is not installed, a
-``--wandb-*`` flag without ``--wandb-project``.
+``--wandb-*`` flag without ``--wandb-project``, ``--wandb-project`` online without a W&B API key.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
 
 def check_logging_flags(args: argparse.Namespace) -> None:
     """ValueError naming the flag and the fix: a missing library (``monitor.require``), a ``--wandb-*``
-    flag without ``--wandb-project``."""
-    from tpzoo.training.monitor import require
+    flag without ``--wandb-project``, an online W&B run without an API key (``monitor.wandb_key_missing``)."""
+    from tpzoo.training.monitor import require, wandb_key_missing
 
     if args.tensorboard_dir is not None:
         require("tensorboard", "--tensorboard-dir")
@@ -75,3 +75,6 @@ def check_logging_flags(args: argparse.Namespace) -> None:
                              f"NAME or drop --{name.replace('_', '-')}")
     if args.wandb_project is not None:
         require("wandb", "--wandb-project")
+        if wandb_key_missing():  # else rank 0 would stop in wandb.init while the others wait in a collective
+            raise ValueError("--wandb-project needs a W&B API key and none is configured: run `wandb login` (or "
+                             "set WANDB_API_KEY), or log without a network with WANDB_MODE=offline")
