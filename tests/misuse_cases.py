@@ -28,7 +28,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-dataset-empty-folder": ("pretrain", DS + " {empty_dir} --tokenizer-model {tok}", "holds no .json/.jsonl"),
     "pretrain-dataset-no-tokenizer": ("pretrain", DS + " {corpus}", "--dataset needs --tokenizer-model"),
     "pretrain-dataset-and-data-path": ("pretrain", DS + " {corpus} --data-path {data} --tokenizer-model {tok}",
-                                       "not both"),
+                                       "pass one data source"),
     "pretrain-dataset-no-text-key": ("pretrain", DS + " {no_text_jsonl} --tokenizer-model {tok}",
                                      "key 'text' is not in"),
     "pretrain-dataset-corrupt-line": ("pretrain", DS + " {corrupt_jsonl} --tokenizer-model {tok}", "line 3, column"),
