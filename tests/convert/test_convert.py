@@ -109,10 +109,6 @@ def test_command_line_round_trip_and_misuse(tmp_path):
     assert_misuse(convert("to-hf", "tz", "hf2", cwd=tmp_path),
                   "hf2 already exists and is not empty; choose a new folder or pass --overwrite")
     assert convert("to-hf", "tz", "hf2", "--overwrite", cwd=tmp_path).returncode == 0
-    assert_misuse(convert("from-hf", "missing", "out", cwd=tmp_path), "missing is not a folder")
     assert_misuse(convert("from-hf", "tz", "out", cwd=tmp_path),
                   "tz is a tpzoo model folder, not a Hugging Face one; convert it with to-hf")
-    assert_misuse(convert("to-hf", "hf", "out", cwd=tmp_path),
-                  "it is a Hugging Face config (model_type 'bert'): convert it with python -m tpzoo.convert from-hf")
-    assert_misuse(convert("sideways", "hf", "out", cwd=tmp_path), "invalid choice: 'sideways'")
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()  # the other misuses: tests/misuse_cases.py, in one process
