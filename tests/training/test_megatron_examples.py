@@ -33,6 +33,7 @@ from pathlib import Path
 import background
 import pytest
 from doc_helpers import ROOT, clean_env
+from pretrain_helpers import script
 from real_text import documents, write_jsonl
 
 # torchrun of the scripts; one OpenMP thread per rank (4 ranks on 2 cores)
@@ -345,12 +346,9 @@ def launch_line(script: str, journey: Journey, positional: list[str]) -> list[st
 def check_current_line(journey: Journey) -> None:
     """The current script's line (--step-batch-size-schedule) parses, passes pretrain.py's checks and gives the
     batch sizes the ramp-up line trained with."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        import pretrain
-    finally:
-        sys.path.remove(str(ROOT))
     from tpzoo.training.batch_schedule import BatchSchedule
+
+    pretrain = script("pretrain")
     check_launches(journey)
     argv = launch_line(GPT3_175B_CURRENT, journey, journey.positional)
     at = argv.index("--step-batch-size-schedule")
