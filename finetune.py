@@ -11,8 +11,8 @@ import argparse
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
-                                 check_fsdp_flags, check_output_folder, command_parser, exit_on_misuse,
-                                 exit_on_write_error, positive_int, probability)
+                                 check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
+                                 exit_on_misuse, exit_on_write_error, positive_int, probability)
 from tpzoo.training.finetune_lengths import seq_length_flag
 from tpzoo.training.optimizer_args import add_optimizer_args
 
@@ -50,6 +50,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """What the flags alone can be checked for, before torch loads: --use-torch-fsdp2's misuse, the
     folders written to."""
     check_fsdp_flags(args)
+    check_local_rank(args)
     check_output_folder("--save", args.save)
     check_output_folder("--log-dir", args.log_dir)
 

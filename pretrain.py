@@ -19,8 +19,8 @@ from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
-                                 add_run_args, check_fsdp_flags, check_output_folder, command_parser, engine_config,
-                                 exit_on_misuse, exit_on_write_error, set_model_defaults)
+                                 add_run_args, check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
+                                 engine_config, exit_on_misuse, exit_on_write_error, set_model_defaults)
 from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
 from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
 from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
@@ -58,6 +58,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored). ``given``: the
     flags written on the command line (None: all of them)."""
     check_fsdp_flags(args)
+    check_local_rank(args)
     resolve_speed(args)
     check_checkpoint_flags(args)
     check_data_flags(args)

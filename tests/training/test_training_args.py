@@ -4,6 +4,7 @@ defaults (CommandParser.given)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -105,6 +106,22 @@ def pretrain_args(flags: list[str]):
     finally:
         sys.path.remove(str(ROOT))
     return parser().parse_args(flags)
+
+
+def test_local_rank_of_torch_distributed_launch_sets_or_must_match_local_rank(monkeypatch):
+    """torch.distributed.launch passes --local-rank N: it becomes LOCAL_RANK (the device index tpzoo reads)
+    when the launcher set none, and must agree with it when it did."""
+    from tpzoo.training.args import add_parallel_args, check_local_rank, command_parser
+
+    p = command_parser("x", "x")
+    add_parallel_args(p)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    check_local_rank(p.parse_args(["--local-rank", "1"]))
+    assert os.environ["LOCAL_RANK"] == "1"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ValueError, match="--local-rank 1 differs from the launcher's LOCAL_RANK 0"):
+        check_local_rank(p.parse_args(["--local-rank", "1"]))
+    check_local_rank(p.parse_args([]))  # not given: nothing to check
 
 
 def test_model_config_takes_each_familys_default_preset_and_refuses_a_foreign_flag():

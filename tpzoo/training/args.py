@@ -179,6 +179,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
                    help="a collective waiting this long on a peer fails; every rank then exits naming the stuck "
                    "or dead ones")
+    g.add_argument("--local-rank", type=non_negative_int, help="this process's rank on its node, as "
+                   "torch.distributed.launch passes it (torchrun sets LOCAL_RANK instead); must agree with LOCAL_RANK")
 
 
 def set_model_defaults(parser: argparse.ArgumentParser, defaults: dict[str, dict[str, Any]]) -> None:
@@ -263,6 +265,17 @@ def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan
                         recompute_activations=args.recompute_activations, kernels=args.kernels,
                         attention_backend=args.attention_backend, seed=args.seed, compile=args.compile,
                         fsdp=args.use_torch_fsdp2, **{name: getattr(args, name, None) for name in RECOMPUTE_FLAGS})
+
+
+def check_local_rank(args: argparse.Namespace) -> None:
+    """--local-rank (torch.distributed.launch's): the device index of this process, which tpzoo reads from
+    LOCAL_RANK; set there when the launcher did not, a ValueError naming both when they differ."""
+    if args.local_rank is None:
+        return
+    launcher = os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    if int(launcher) != args.local_rank:
+        raise ValueError(f"--local-rank {args.local_rank} differs from the launcher's LOCAL_RANK {launcher}; "
+                         f"drop --local-rank (torchrun sets LOCAL_RANK)")
 
 
 def check_fsdp_flags(args: argparse.Namespace) -> None:

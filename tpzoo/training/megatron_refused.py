@@ -252,7 +252,6 @@ _BY_REASON: dict[str, str] = {
     "tpzoo computes the cross entropy in float32": "--fp16-lm-cross-entropy",
     "tpzoo computes the output logits in the model's dtype": "--output-logit-dtype",
     "tpzoo picks the backend from the device (nccl on CUDA, gloo on CPU)": "--distributed-backend",
-    "tpzoo reads the local rank from torchrun's LOCAL_RANK": "--local-rank",
     "tpzoo initializes its process groups itself": "--lazy-mpu-init",
     "tpzoo's FSDP is torch's FSDP2 (--use-torch-fsdp2), not Megatron-FSDP":
         "--use-megatron-fsdp --megatron-fsdp-version --no-use-layer-wise-param-layout --fsdp-manual-registration "
