@@ -87,7 +87,7 @@ def test_pretrain_help_gives_the_defaults_of_each_model():
 
 
 def test_given_tells_written_flags_from_defaults():
-    from tpzoo.training.args import add_parallel_args, add_precision_args, command_parser
+    from tpzoo.training.args import add_parallel_args, add_precision_args, add_run_args, command_parser
     from tpzoo.training.optimizer_args import add_optimizer_args
 
     p = command_parser("x", "x")
@@ -97,6 +97,9 @@ def test_given_tells_written_flags_from_defaults():
     assert p.given([]) == set()
     assert p.given(["--tp", "2", "--lr", "1e-3", "--bf16"]) == {"tp", "lr", "bf16"}
     assert p.given(["--tensor-model-parallel-size", "1", "--seed", "1234"]) == {"tp", "seed"}  # default values count
+    run = command_parser("x", "x")
+    add_run_args(run)
+    assert run.parse_args(["--persistent-save-interval", "5"]).save_interval == 5  # Megatron-LM's other name
 
 
 def pretrain_args(flags: list[str]):

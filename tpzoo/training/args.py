@@ -332,7 +332,7 @@ def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
     g = parser.add_argument_group("run")
     g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
-    g.add_argument("--save-interval", type=positive_int, default=d["save_interval"],
+    g.add_argument("--save-interval", "--persistent-save-interval", type=positive_int, default=d["save_interval"],
                    help="save every N iterations (default: only at the end)")
     g.add_argument("--load", metavar="DIR", help="resume the run saved in DIR (its newest checkpoint, or DIR/iter_N) "
                    "as it was configured; flags given change only what they name")

@@ -215,7 +215,6 @@ _BY_REASON: dict[str, str] = {
     "deprecated in Megatron-LM: use --lr-warmup-iters or --lr-warmup-samples": "--warmup",
     "tpzoo has one learning rate for all layers": "--decoupled-lr --decoupled-min-lr",
     "tpzoo trains every parameter": "--freeze-all-layers",
-    "tpzoo's spelling is --save-interval (all its checkpoints are persistent)": "--persistent-save-interval",
     "tpzoo saves and keeps full, synchronous checkpoints at --save-interval only":
         "--save-params-interval --save-activations-interval --save-wgrads-interval --save-dgrads-interval "
         "--save-retain-interval --non-persistent-save-interval --non-persistent-ckpt-type "
