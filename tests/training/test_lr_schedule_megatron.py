@@ -104,6 +104,15 @@ def test_earlier_checkpoint_schedule_is_read_in_samples():
     assert schedule.changes_from({**schedule.state_dict(), "min_lr": 1e-4}) == ["min_lr: 0.0001 -> 0.0"]
 
 
+def test_a_warmup_that_outlasts_the_decay_is_named():
+    """Megatron-LM asserts warmup < decay; tpzoo runs such a schedule (a family's default warmup in a short run)
+    and says the lr never reaches --lr."""
+    assert LRSchedule(1e-3, 0.0, 8.0, 80.0).warmup_outlasts_decay() is None
+    note = LRSchedule(1e-3, 0.0, 240.0, 16.0).warmup_outlasts_decay()
+    assert note.startswith("the lr warmup (240 samples) does not end before the decay does (16 samples)"), note
+    assert LRSchedule(1e-3, 0.0, 240.0, 16.0, "constant").warmup_outlasts_decay() is None
+
+
 def test_optimizer_flags_reach_the_optimizer():
     """--optimizer, --adam-beta1/2, --adam-eps, --sgd-momentum: validated EngineConfig fields that build_optimizer
     (the one place the engine makes its optimizer, ZeRO and FSDP alike) hands to torch."""

@@ -151,6 +151,8 @@ def train(run: Run) -> Summary:
                               f"); the flags' schedule applies from iteration {run.iteration + 1} on")
             if run.run_changes:
                 metrics.print(f"the flags change what the resumed run trains on: {', '.join(run.run_changes)}")
+        if (note := run.schedule.warmup_outlasts_decay()) and run.iteration < run.train_iters:
+            metrics.print(note)
         while run.iteration < run.train_iters and summary.stopped is None:
             timers.start("iteration")
             run.iteration += 1

@@ -137,6 +137,15 @@ class LRSchedule:
                 group["weight_decay"] = wd
         return lr
 
+    def warmup_outlasts_decay(self) -> str | None:
+        """What to say when the warmup does not end before the decay does (Megatron-LM asserts it does; tpzoo
+        runs it, e.g. a family's default warmup in a short run): the lr never reaches --lr. None otherwise."""
+        if self.style == "constant" or self.warmup_steps < self.decay_steps:
+            return None
+        return (f"the lr warmup ({self.warmup_steps:g} samples) does not end before the decay does "
+                f"({self.decay_steps:g} samples): the lr never reaches --lr {self.lr:g}; shorten the warmup "
+                f"(--lr-warmup-iters, --lr-warmup-fraction) or lengthen the run")
+
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
