@@ -169,7 +169,8 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
         changes = dict(num_labels=len(names))
     ecfg = engine_config(args)
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
-    schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style)
+    # in iterations: iteration i runs at lr_at(i), the warmup rising from --lr-warmup-init
+    schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style, args.lr_warmup_init)
     args.model, args.preset = saved.model_type, None  # what model_config checks the flags against
     config = model_config(args, saved, **changes)
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
