@@ -149,7 +149,8 @@ _pending: _Publication | None = None  # the save of this process still publishin
 def wait_for_save() -> Path | None:
     """Collective: wait until the save started with ``background=True`` (if any) is published; its folder.
     A write error on any rank is a ``CheckpointWriteError`` on every rank (``latest`` then still names
-    the checkpoint before it); another failure is raised as it is where it happened, a RuntimeError elsewhere. Every rank calls this alike: each has the same save pending, or none."""
+    the checkpoint before it); another failure is raised as it is where it happened, a RuntimeError elsewhere.
+    Every rank calls this alike: each has the same save pending, or none."""
     global _pending
     job, _pending = _pending, None
     if job is None:

@@ -6,7 +6,8 @@ Before the first step rank 0 prints the run's ``report`` (classes, sample length
 in global batches of ``--global-batch-size`` (the last one padded with ignored samples, so every
 mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each
 epoch the whole validation set is scored (``validate``) and logged with the epoch's last
-iteration; with ``--save`` the best evaluation's checkpoint is kept (``BestCheckpoint``: accuracy for a classifier, validation loss for a causal LM).
+iteration; with ``--save`` the best evaluation's checkpoint is kept (``BestCheckpoint``: accuracy for a
+classifier, validation loss for a causal LM).
 """
 
 from __future__ import annotations

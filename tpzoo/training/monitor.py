@@ -8,7 +8,8 @@ is installed, and nothing when it is not. W&B: ``--wandb-project`` through the w
 ``wandb.init(project, name=--wandb-exp-name or the run folder's name, dir=--wandb-save-dir or
 the log dir, entity=--wandb-entity, config=the run's flags)`` (wandb writes into DIR/wandb);
 ``WANDB_MODE=offline`` keeps the run in that folder without a network (``wandb sync`` uploads it later).
-A flag whose library is missing is refused before any heavy work (``require``: one line naming ``pip install 'tpzoo[monitor]'``).
+A flag whose library is missing is refused before any heavy work (``require``: one line naming
+``pip install 'tpzoo[monitor]'``).
 """
 
 from __future__ import annotations

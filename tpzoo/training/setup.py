@@ -100,7 +100,8 @@ LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequenc
                           "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile",
                           "load", "save", "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
                           "exit_duration_in_mins", "max_skipped_steps", "timing_log_level", "timing_log_option",
-                          "tensorboard_queue_size", "default_model", "num_workers", "local_rank", *SPEED_FLAGS, *CHECKPOINT_FLAGS})
+                          "tensorboard_queue_size", "default_model", "num_workers", "local_rank", *SPEED_FLAGS,
+                          *CHECKPOINT_FLAGS})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 # (--bf16 on an fp16 run: its loss-scale flags stay behind)
 GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER,
