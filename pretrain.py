@@ -15,12 +15,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.data_args import add_data_args, check_data_flags  # noqa: E402
-from tpzoo.models.families import FAMILIES  # noqa: E402
+from tpzoo.models.families import FAMILIES, TrainDefaults  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
-                                 add_run_args, check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
-                                 engine_config, exit_on_misuse, exit_on_write_error, set_model_defaults)
+                                 add_run_args, check_fsdp_flags, check_local_rank, check_output_folder, check_preset,
+                                 command_parser, engine_config, exit_on_misuse, exit_on_run_error, set_model_defaults)
 from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
 from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
 from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
@@ -30,7 +30,7 @@ from tpzoo.training.optimizer_args import add_optimizer_args, fill_schedule_defa
 
 PROG = "pretrain.py"
 # Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)
-MODEL_DEFAULTS = {name: f.train_defaults for name, f in FAMILIES.items()}
+MODEL_DEFAULTS = TrainDefaults()
 
 
 def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
@@ -59,6 +59,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
     flags written on the command line (None: all of them)."""
     check_fsdp_flags(args)
     check_local_rank(args)
+    check_preset(args)
     resolve_speed(args)
     check_checkpoint_flags(args)
     check_data_flags(args)
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     from tpzoo.training.loop import train
     from tpzoo.training.setup import build_run
 
-    summary = exit_on_write_error(prog, lambda: train(exit_on_misuse(  # disk full ...: one line, exit 1
+    # disk full ...: one line, exit 1; a sharding plan that misdescribes a parameter: one line, exit 2
+    summary = exit_on_run_error(prog, lambda: train(exit_on_misuse(
         prog, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS))))
     dist.destroy_process_group()
     return summary

@@ -143,7 +143,7 @@ def load_hf(model: nn.Module, hf_state: dict[str, Tensor], renames: dict[str, st
 
 @dataclass(frozen=True)
 class Reference:
-    """A family's references: the Hugging Face architecture (``tpzoo.convert.ARCHITECTURES``) that
+    """A family's references: the Hugging Face architecture (``tpzoo.convert.architectures()``) that
     tpzoo's model converts to, and a plain PyTorch model of the same weights (None: none here)."""
 
     hf_architecture: str

@@ -37,7 +37,7 @@ from tpzoo.checkpoint.tensors import model_entries, save_items  # noqa: E402
 from tpzoo.engine import Engine, EngineConfig  # noqa: E402
 from tpzoo.models.families import PRESETS, family  # noqa: E402
 from tpzoo.models.presets import get_preset, preset_family  # noqa: E402
-from tpzoo.models.pretrained import build_model  # noqa: E402
+from tpzoo.models.build import build_model  # noqa: E402
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed  # noqa: E402
 
 

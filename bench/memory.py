@@ -47,7 +47,7 @@ from tpzoo.engine.data_parallel import optimizer_state_bytes
 from tpzoo.engine.mixed_precision import DTYPES
 from tpzoo.models import get_preset
 from tpzoo.models.families import PRESETS, family
-from tpzoo.models.pretrained import build_model
+from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, ParallelPlan, init_mesh
 from tpzoo.parallel.fsdp import local
 from tpzoo.testing import spawn

@@ -53,13 +53,13 @@ from baselines import REFERENCES, hf_inputs, load_hf, make_batch  # bench/, the 
 from flops import flops_per_token, parameter_counts, peak_flops
 from torch import nn
 
-from tpzoo.convert import ARCHITECTURES, tpzoo_to_hf
+from tpzoo.convert import architectures, tpzoo_to_hf
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import full_state_dict, get_preset
 from tpzoo.models.compile import BACKEND_ENV
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import PRESETS, family
-from tpzoo.models.pretrained import build_model
+from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelPlan, init_mesh
 
 CUDA = torch.cuda.is_available()
@@ -117,7 +117,7 @@ class Setup:
     @property
     def model(self) -> tuple[str, dict]:
         """tpzoo's class name and constructor options for the family's Hugging Face reference."""
-        return ARCHITECTURES[REFERENCES[self.config.model_type].hf_architecture]
+        return architectures()[REFERENCES[self.config.model_type].hf_architecture]
 
 
 def make_setup(preset: str, b: int, s: int, plan: ParallelPlan, precision: str, layers: int | None) -> Setup:

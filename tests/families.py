@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from tpzoo.models.families import model_class
+from tpzoo.models.build import build_model
 from tpzoo.models.presets import get_preset
 
 
 @dataclass(frozen=True)
 class Case:
     preset: str
-    model: str                                              # class name (tpzoo.models.families.model_class)
+    model: str                                              # class name (tpzoo.models.build.build_model)
     inputs: str                                             # causal-lm | masked-lm | classification
     head: str                                               # num_parameters' head
     options: dict[str, Any] = field(default_factory=dict)   # constructor options
@@ -32,7 +32,7 @@ class Case:
         return get_preset(self.preset, **{**self.changes, **changes})
 
     def build(self, config, plan, **stage):
-        return model_class(self.model)(config, plan, **self.options, **stage)
+        return build_model(self.model, config, plan, **self.options, **stage)
 
 
 CASES: dict[str, Case] = {

@@ -109,7 +109,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-seq-over-positions": ("pretrain", T + " --seq-length 4096", "exceeds --max-position-embeddings"),
     "pretrain-preset-other-family": ("pretrain", T + " --preset bert-base", "is a bert model but --model is gpt"),
     "pretrain-query-groups-for-gpt": ("pretrain", T + " --num-query-groups 2", "--num-query-groups does not apply"),
-    "pretrain-unknown-model": ("pretrain", T + " --model t5", "argument --model: invalid choice: 't5'"),
+    "pretrain-unknown-model": ("pretrain", T + " --model t5", "argument --model: unknown model family 't5'; known: gpt"),
     "pretrain-unknown-flag": ("pretrain", T + " --learning-rate 1", "unrecognized arguments: --learning-rate"),
     "pretrain-bf16-and-fp16": ("pretrain", T + " --bf16 --fp16", "argument --fp16: not allowed with argument --bf16"),
     "pretrain-dropout-one": ("pretrain", T + " --hidden-dropout 1", "expected a number in [0, 1), got 1"),

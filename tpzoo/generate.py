@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpzoo.models import CausalLM, KVCache
-from tpzoo.models.families import FAMILIES, family
+from tpzoo.models.families import FAMILIES, family, model_flag
 
 PROG = "python -m tpzoo.generate"
 
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
                         "tpzoo model folder (config.json + model.safetensors)")
     parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
                         "one the checkpoint records, or the one in the model folder)")
+    parser.add_argument("--model", metavar="MODULE:NAME", type=model_flag, help="the family of a model from outside "
+                        "tpzoo (a tpzoo.models.Family, imported first; docs/new-model.md)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=32)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")

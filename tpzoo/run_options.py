@@ -16,6 +16,17 @@ RECOMPUTE_METHODS = ("uniform", "block")
 MEGATRON_ATTENTION_BACKENDS = {"flash": "sdpa", "fused": "sdpa", "unfused": "fused-softmax", "local": "fused-softmax"}
 
 
+def resolve_attention_backend(backend: str) -> str:
+    """"fused-softmax" or "sdpa" for ``--attention-backend``. auto: sdpa on every device. Its fused kernels
+    (flash or memory-efficient attention on CUDA, a flash kernel on the CPU) never materialize the [b, n, s, s]
+    scores that the fused softmax needs, and measured faster on the CPU too (docs/models.md)."""
+    if backend in ("fused-softmax", "sdpa"):
+        return backend
+    if backend != "auto":
+        raise ValueError(f"attention backend must be auto, fused-softmax or sdpa, got {backend!r}")
+    return "sdpa"
+
+
 def recompute_problem(recompute_activations: bool, granularity: str | None, method: str | None,
                       num_layers: int | None) -> str | None:
     """What is wrong with these recompute options (Megatron-LM's rules: full needs a method and a layer

@@ -12,6 +12,8 @@ and checks atomicity, errors and model folders.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import sys
 import time
@@ -24,7 +26,7 @@ import torch.distributed as dist
 
 from tpzoo.checkpoint import latest_iteration, load_checkpoint, load_model, read_meta, resolve_checkpoint, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
-from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, full_state_dict, get_preset
+from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, build_model, full_state_dict, get_preset
 from tpzoo.models.pretrained import save_pretrained
 from tpzoo.models.sharding import gather_full, load_full_state_dict, source_name, tp_partitions
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
@@ -66,7 +68,7 @@ def make_engine(run: str, mesh, zero: bool) -> Engine:
     kind, precision, _, dropout = RUNS[run]
     config = model_config(kind, dropout)
     cls = GPTModel if kind == "gpt" else BertModel
-    return Engine(lambda plan, **stage: cls(config, plan, **stage), config,
+    return Engine(functools.partial(build_model, cls, config), config,
                   EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G, lr=LR,
                                weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, precision=precision,
                                initial_loss_scale=2.0**10, use_distributed_optimizer=zero), plan(mesh))
@@ -162,7 +164,7 @@ def logits(model, kind: str) -> torch.Tensor:
 def check_load_model(root: str, refs: dict) -> dict:
     """load_model at tp 1 and 2 gives the trained model's logits; pipeline stages; a new head for BERT."""
     out = {}
-    reference = GPTModel(model_config("gpt"), plan(init_mesh(tp=1)))
+    reference = build_model(GPTModel, model_config("gpt"), plan(init_mesh(tp=1)))
     load_full_state_dict(reference, {k: torch.from_numpy(v) for k, v in refs["gpt"]["state"][0].items()
                                      if not k.startswith("head.word")})
     expected = logits(reference, "gpt")

@@ -13,6 +13,8 @@ the gathered path; BERT's token types (2 rows) leave some dp ranks no rows at dp
 
 from __future__ import annotations
 
+from functools import partial
+
 import background
 import pytest
 import torch
@@ -22,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
-from tpzoo.models import BertModel, GPTModel, full_state_dict
+from tpzoo.models import BertModel, GPTModel, build_model, full_state_dict
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 
@@ -40,7 +42,7 @@ def make_engine(kind: str, shape: tuple[int, int, int], fsdp: bool) -> Engine:
     mesh = init_mesh(tp=tp, pp=pp, dp=dp)
     manual_seed(7 if fsdp else 99, mesh)  # another seed: only the loaded weights give the same losses
     config = model_config(kind)
-    return Engine(lambda plan, **stage: KINDS[kind](config, plan, **stage), config,
+    return Engine(partial(build_model, KINDS[kind], config), config,
                   EngineConfig(micro_batch_size=G // (dp * pp), global_batch_size=G, lr=LR, weight_decay=WD,
                                adam_eps=EPS, clip_grad=CLIP), ParallelPlan(mesh, kernels="torch", fsdp=fsdp))
 

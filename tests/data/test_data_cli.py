@@ -104,7 +104,7 @@ MISUSE = [
     (["samples", "--data-path", "data", "--split", "1,x"], "--split '1,x' must be up to three"),
     (["samples", "--data-path", "nope"], "nope.bin and nope.idx not found"),
     (["preprocess", "--input", "{jsonl}"], "the following arguments are required: --output-prefix"),
-    (["samples", "--model", "t5"], "argument --model: invalid choice: 't5'"),
+    (["samples", "--model", "t5"], "argument --model: unknown model family 't5'; known: gpt"),
 ]
 
 

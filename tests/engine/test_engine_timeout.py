@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.train_step import Engine
-from tpzoo.models import GPTModel, get_preset
+from tpzoo.models import GPTModel, build_model, get_preset
 from tpzoo.parallel import init_mesh
 from tpzoo.parallel.health import roll_call
 from tpzoo.testing import spawn
@@ -27,7 +27,7 @@ def tiny_engine(pp: int, dp: int) -> Engine:
     mesh = init_mesh(pp=pp, dp=dp, timeout=timedelta(seconds=TIMEOUT_S))
     config = get_preset("gpt-tiny", num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=101,
                         max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
-    return Engine(partial(GPTModel, config), config,
+    return Engine(partial(build_model, GPTModel, config), config,
                   EngineConfig(micro_batch_size=1, global_batch_size=2 * dp, timeout_s=TIMEOUT_S), mesh)
 
 

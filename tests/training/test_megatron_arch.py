@@ -13,6 +13,7 @@ import torch
 from families import CASES, batch
 from pretrain_helpers import script
 
+from tpzoo.models.attention import CoreAttention
 from tpzoo.models.presets import get_preset
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
@@ -110,9 +111,8 @@ def train_step(model, case, counts: dict) -> dict[str, torch.Tensor]:
     model.train()
     for i, layer in model.layers.items():
         layer.register_forward_pre_hook(lambda *_, i=i: counts.__setitem__(i, counts.get(i, 0) + 1))
-    attention = model.layers["0"].self_attention
-    core = attention.core_attention
-    attention.core_attention = lambda *a: counts.__setitem__("core", counts.get("core", 0) + 1) or core(*a)
+    core = next(m for m in model.layers["0"].self_attention.modules() if isinstance(m, CoreAttention))  # the plan
+    core.register_forward_pre_hook(lambda *_: counts.__setitem__("core", counts.get("core", 0) + 1))  # wraps it
     g = torch.Generator().manual_seed(0)
     kwargs = batch(case, torch.randint(0, SIZES["vocab_size"], (2, 8), generator=g), g)
     manual_seed(7, model.mesh)

@@ -14,8 +14,9 @@ from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, mo
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
-from tpzoo.models.families import config_from_dict
-from tpzoo.models.pretrained import CONFIG_FILE, build_model, load_state, model_options, read_pretrained
+from tpzoo.models.build import build_model
+from tpzoo.models.families import SOURCES, config_from_dict
+from tpzoo.models.pretrained import CONFIG_FILE, load_state, model_options, read_pretrained
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
 
 logger = logging.getLogger(__name__)
@@ -24,9 +25,15 @@ logger = logging.getLogger(__name__)
 def model_record(model: StagedModel) -> dict[str, Any]:
     """meta.json's "model": {"class", "options" (constructor options), "config" (the model config's dict),
     "plan" (the run options it was built with: ``ParallelPlan.options()``, for the record; loading takes
-    the loader's plan)}. Checkpoints written before the plan kept those options inside "config"."""
+    the loader's plan), "source" (the module:NAME of a family from outside tpzoo, else null)}. Checkpoints
+    written before the plan kept those options inside "config"; before the open registry, "source" was absent."""
     return {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict(),
-            "plan": model.plan.options()}
+            "plan": model.plan.options(), "source": SOURCES.get(model.config.model_type)}
+
+
+def recorded_config(record: dict[str, Any]) -> ModelConfig:
+    """The config of a model record (``model_record``), its family registered (else one line naming it)."""
+    return config_from_dict(record["config"], record.get("source"))
 
 
 def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path) -> None:
@@ -36,7 +43,7 @@ def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path
         problems.append(f"class: checkpoint {record['class']}, model {type(model).__name__}")
     if record["options"] != model_options(model):
         problems.append(f"options: checkpoint {record['options']}, model {model_options(model)}")
-    saved, own = config_from_dict(record["config"]).to_dict(), model.config.to_dict()
+    saved, own = recorded_config(record).to_dict(), model.config.to_dict()
     problems += [f"{k}: checkpoint {saved.get(k)!r}, model {own.get(k)!r}" for k in {**own, **saved}
                  if k not in RUN_OPTIONS and saved.get(k) != own.get(k)]
     if problems:
@@ -88,7 +95,7 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
     else:
         folder = resolve_checkpoint(path, collective=True)
         record = read_meta(folder)["checkpoint"]["model"]
-        model = _build(record["class"], record["options"], config_from_dict(record["config"]), plan,
+        model = _build(record["class"], record["options"], recorded_config(record), plan,
                        model_class, config_overrides, stage)
         saved = read_dcp_metadata(folder).state_dict_metadata
         entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)

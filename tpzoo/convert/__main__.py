@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 from torch import Tensor
 
 from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
-from tpzoo.convert.mapping import ARCHITECTURES, ConversionError
+from tpzoo.convert.mapping import ConversionError, architectures
+from tpzoo.models.families import model_flag
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.pretrained import CONFIG_FILE, model_options, read_pretrained, write_pretrained
 
@@ -31,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tpzoo.convert", description=__doc__.split("\n\n")[0],
-                     epilog=f"Hugging Face architectures: {', '.join(ARCHITECTURES)}.")
+                     epilog=f"Hugging Face architectures: {', '.join(architectures())}.")
     sub = parser.add_subparsers(dest="direction", required=True, metavar="{from-hf,to-hf}", parser_class=_Parser)
     for name, src, what in (("from-hf", "HF_DIR", "Hugging Face folder (config.json + model.safetensors) -> "
                              "tpzoo model folder"),
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("source", metavar=src, type=Path, help="folder to read")
         p.add_argument("out", metavar="OUT_DIR", type=Path, help="folder to write (new or empty)")
         p.add_argument("--overwrite", action="store_true", help="write into OUT_DIR even if it holds files")
+        p.add_argument("--model", metavar="MODULE:NAME", type=model_flag, help="the family of a model from outside "
+                       "tpzoo (a tpzoo.models.Family, imported first; docs/new-model.md)")
     return parser
 
 

@@ -4,7 +4,7 @@
     model = from_hf("path/to/hf-folder")                        # ... or a folder from save_pretrained
     to_hf(model, "out")            # out/config.json + out/model.safetensors; from_pretrained opens it
 
-The architectures are those of the model families' Hugging Face adapters (``mapping.ARCHITECTURES``).
+The architectures are those of the model families' Hugging Face adapters (``mapping.architectures``).
 Both work on full state dicts (``tpzoo.models.sharding``), so a model converted at tp=1 loads at
 tp=4 and back. Needs the transformers package (the ``test`` extra) only for configs; weights go
 through safetensors directly.
@@ -20,13 +20,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from tpzoo.convert.mapping import (
-    ARCHITECTURES,
-    MODEL_TYPES,
     ConversionError,
     adapter,
     architecture_of,
+    architectures,
     config_from_hf,
     config_to_hf,
+    model_types,
     state_dict_from_hf,
     state_dict_to_hf,
     tied_repeats,
@@ -34,7 +34,8 @@ from tpzoo.convert.mapping import (
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.hf_rules import transformers_module
-from tpzoo.models.pretrained import FORMAT, build_model, model_options, write_once
+from tpzoo.models.build import build_model
+from tpzoo.models.pretrained import FORMAT, model_options, write_once
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelMesh, ParallelPlan
 
@@ -49,9 +50,9 @@ def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
     raw = _json(path / "config.json")
     if raw.get("format") == FORMAT:
         raise ConversionError(f"{path} is a tpzoo model folder, not a Hugging Face one; convert it with to-hf")
-    if raw.get("model_type") not in MODEL_TYPES:
+    if raw.get("model_type") not in model_types():
         raise ConversionError(f"{path}/config.json has model_type {raw.get('model_type')!r}; tpzoo converts "
-                              f"{', '.join(map(repr, MODEL_TYPES))} models")
+                              f"{', '.join(map(repr, model_types()))} models")
     config = transformers_module().AutoConfig.from_pretrained(str(path))
     if (path / HF_WEIGHTS).is_file():
         return config, _safetensors(path / HF_WEIGHTS)
@@ -102,10 +103,10 @@ def write_hf(path: str | Path, hf_config: Any, hf_state: dict[str, Tensor], drop
 
 def architecture(hf_config: Any) -> str:
     """The one supported architecture a Hugging Face config names."""
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+    archs, known = list(getattr(hf_config, "architectures", None) or []), architectures()
+    if len(archs) != 1 or archs[0] not in known:
         raise ConversionError(f"config.json names architectures {archs}; tpzoo converts exactly one of "
-                              f"{', '.join(ARCHITECTURES)}")
+                              f"{', '.join(known)}")
     return archs[0]
 
 
@@ -117,7 +118,7 @@ def hf_to_tpzoo(hf_config: Any, hf_state: dict[str, Tensor], arch: str | None = 
     if getattr(hf_config, "model_type", model_type) != model_type:
         raise ConversionError(f"{arch} takes a config of model_type {model_type!r}, got {hf_config.model_type!r}")
     config = config_from_hf(hf_config, arch)
-    class_name, options = ARCHITECTURES[arch]
+    class_name, options = architectures()[arch]
     return class_name, dict(options), config, state_dict_from_hf(hf_state, config, arch)
 
 
@@ -130,7 +131,7 @@ def tpzoo_to_hf(class_name: str, options: dict[str, Any], config: ModelConfig, s
 
 def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> StagedModel:
     """A tpzoo model sharded for ``plan`` (a ``ParallelPlan``, a mesh, or None: ``get_mesh()``) with the
-    weights of ``source``: a transformers model of one of ``ARCHITECTURES`` (GPT2LMHeadModel,
+    weights of ``source``: a transformers model of one of ``architectures()`` (GPT2LMHeadModel,
     BertForPreTraining, LlamaForCausalLM, ...), or a folder holding one (config.json +
     model.safetensors). Every tp rank calls it."""
     if isinstance(source, (str, Path)):

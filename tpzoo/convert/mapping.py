@@ -17,26 +17,36 @@ from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, HFAdapter
 from tpzoo.models.hf_rules import ConversionError, Rule
 
-__all__ = ["ADAPTERS", "ARCHITECTURES", "ConversionError", "MODEL_TYPES", "adapter", "architecture_of",
-           "config_from_hf", "config_to_hf", "rules_for", "state_dict_from_hf", "state_dict_to_hf", "tied_repeats"]
+__all__ = ["ConversionError", "adapter", "architecture_of", "architectures", "config_from_hf", "config_to_hf",
+           "model_types", "rules_for", "state_dict_from_hf", "state_dict_to_hf", "tied_repeats"]
 
-# Hugging Face architecture -> its family's adapter; -> (tpzoo class, its constructor options)
-ADAPTERS: dict[str, HFAdapter] = {arch: f.spec.hf for f in FAMILIES.values() if f.spec.hf is not None
-                                  for arch in f.spec.hf.architectures}
-ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {arch: a.architectures[arch] for arch, a in ADAPTERS.items()}
-MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(a.model_type for a in ADAPTERS.values()))  # config.json's
+
+def adapters() -> dict[str, HFAdapter]:
+    """Hugging Face architecture -> the adapter of the registered family that converts it."""
+    return {arch: f.spec.hf for f in FAMILIES.values() if f.spec.hf is not None for arch in f.spec.hf.architectures}
+
+
+def architectures() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Hugging Face architecture -> (tpzoo class, its constructor options), over the registered families."""
+    return {arch: a.architectures[arch] for arch, a in adapters().items()}
+
+
+def model_types() -> tuple[str, ...]:
+    """The Hugging Face config ``model_type``s the registered families convert."""
+    return tuple(dict.fromkeys(a.model_type for a in adapters().values()))
 
 
 def adapter(arch: str) -> HFAdapter:
     """The adapter of the family that converts Hugging Face architecture ``arch``."""
-    if arch not in ADAPTERS:
-        raise ConversionError(f"architecture {arch!r} is not supported; supported: {', '.join(ADAPTERS)}")
-    return ADAPTERS[arch]
+    found = adapters()
+    if arch not in found:
+        raise ConversionError(f"architecture {arch!r} is not supported; supported: {', '.join(found)}")
+    return found[arch]
 
 
 def architecture_of(class_name: str, options: dict[str, Any]) -> str:
     """The Hugging Face architecture of a tpzoo model class with ``options``."""
-    for arch, (cls, opts) in ARCHITECTURES.items():
+    for arch, (cls, opts) in architectures().items():
         if cls == class_name and all(options.get(k) == v for k, v in opts.items()):
             return arch
     raise ConversionError(f"no Hugging Face architecture for tpzoo {class_name} with {options}")

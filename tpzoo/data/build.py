@@ -40,13 +40,15 @@ DEFAULT_CACHE = "$TPZOO_CACHE, else ~/.cache/tpzoo"
 
 
 def data_kind(model: str) -> str:
-    """The data kind ("causal-lm" or "masked-lm") of a family name, or of a data kind itself."""
+    """The data kind ("causal-lm" or "masked-lm") of a registered family (``family`` takes its name or its
+    module:NAME), or of a data kind itself."""
     if model in DATA_KINDS:
         return model
-    if model not in FAMILIES:
-        raise ValueError(f"model must be one of {', '.join(FAMILIES)} (or a data kind: {', '.join(DATA_KINDS)}), "
-                         f"got {model!r}")
-    return family(model).data
+    try:
+        return family(model).data
+    except ValueError:
+        raise ValueError(f"model must be one of {', '.join(FAMILIES)} (a registered family, or its module:NAME) or "
+                         f"a data kind ({', '.join(DATA_KINDS)}), got {model!r}") from None
 
 
 def cache_name(model: str) -> str:

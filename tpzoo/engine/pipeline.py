@@ -136,18 +136,21 @@ def build_chunks(build: Callable[..., PipelineStage], layers: list[range], plan:
     return chunks
 
 
-def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineConfig, m: int, mesh: ParallelMesh,
+def build_schedule(chunks: list[StageModule], num_stages: int, config: EngineConfig, m: int, plan: ParallelPlan,
                    seq_length: int, loss_fn: Callable[[Tensor, Tensor], Tensor], dtype: torch.dtype):
     """The schedule over this rank's chunks, for micro-batches of ``seq_length`` tokens.
 
     Shapes are given (static mode): without them torch infers them by running an extra forward and
     backward of the first micro-batch, which would consume a micro-batch's extras here. Stages send
-    hidden states of the stage's ``boundary_shape`` ([mbs, s(/tp), h]) in the model's ``dtype`` (its
+    hidden states of the stage's ``boundary_shape`` ([mbs, s, h]; [mbs, s/tp, h] under the plan's sequence
+    parallelism) in the model's ``dtype`` (its
     weights' dtype: float32, bf16 or fp16). ``scale_grads=False``: each micro-batch's loss is already divided
     by the global token count, so the gradients must add up, not be averaged over micro-batches.
     """
-    mbs = config.micro_batch_size
+    mbs, mesh = config.micro_batch_size, plan.mesh
     shape = chunks[0].model.boundary_shape(mbs, seq_length)
+    if plan.sequence_parallel:  # each tp rank sends its slice of the sequence
+        shape = (shape[0], shape[1] // mesh.tp_size, *shape[2:])
     hidden = torch.empty(shape, dtype=dtype, device="meta", requires_grad=True)  # the received input needs its gradient
     stages = []
     for i, chunk in enumerate(chunks):
@@ -217,7 +220,7 @@ class PipelineRunner:
         if key in self.schedules:
             schedule = self.schedules.pop(key)
         else:
-            schedule = build_schedule(self.chunks, self.num_stages, self.config, key[1], self.mesh, key[0],
+            schedule = build_schedule(self.chunks, self.num_stages, self.config, key[1], self.plan, key[0],
                                       self._loss_fn, self.dtype)
         self.schedules[key] = schedule  # the most recently used last
         if len(self.schedules) > KEPT_SCHEDULES:

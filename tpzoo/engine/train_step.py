@@ -25,7 +25,9 @@ The step, on every rank:
        each micro-batch's gradients are added into the float32 main grads
     3. main grads summed over dp (``GradReducer``: all-reduced, or under ZeRO-2 reduce-scattered to their
        owners; FSDP: reduce-scattered, each rank keeps its shard), tied embedding over first+last stage (parameters
-       marked ``pp_tied``), sequence-parallel norm gradients over tp (marked ``tp_partial``; ``param_facts``)
+       marked ``pp_tied``), partial gradients of replicated parameters over tp (marked ``tp_partial``;
+       ``param_facts``); on the first step the replicated gradients are checked against their facts first
+       (``replicas.check_replicas``: a sharding plan that misdescribes a parameter stops the run, no update)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
     5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
        loss is not finite on any rank (its finiteness rides the norm's all-reduce over tp and pp; the
@@ -62,6 +64,7 @@ from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
 from tpzoo.engine.loss_scale import loss_scaler
 from tpzoo.engine.mixed_precision import MainParams
+from tpzoo.engine.replicas import check_replicas
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
@@ -149,6 +152,7 @@ class Engine:
         self.tied = TiedEmbeddingSync(self.main.params, mesh, config)
         self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
         self.scaler = loss_scaler(config)
+        self.replicas_checked = False  # the first step checks the replicated gradients (replicas.check_replicas)
         self.skipped_steps = 0  # all skipped steps of this engine
         self.bad_steps = 0      # skipped steps in a row that count toward a stop (see the module's docstring)
         # asked for by the caller (--log-params-norm, --log-num-zeros-in-grad, --timing-log-level): each costs
@@ -230,6 +234,10 @@ class Engine:
             if self.reducer is not None:
                 self.reducer.sync()
             self.tied.sync()
+            if not self.replicas_checked:  # the first step: before the tp sum and any update
+                check_replicas([(n, main.main_of(p)) for c in self.chunks for n, p in c.model.named_parameters()],
+                               mesh)
+                self.replicas_checked = True
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             self.timers.stop("grads-sync")

@@ -15,21 +15,23 @@ from importlib.util import find_spec
 from tpzoo.lazy import lazy_exports
 
 _EXPORTS = {
-    "attention": ("ParallelAttention", "padding_mask"),
-    "base": ("PipelineStage", "StagedModel", "piece_seed"),
+    "attention": ("ATTENTION_PLAN", "Attention", "CoreAttention", "document_mask", "padding_mask"),
+    "base": ("PipelineStage", "StagedModel", "building", "piece_seed"),
     "bert": ("BertForSequenceClassification", "BertModel"),
-    "causal_lm": ("CausalLM",),
-    "config": ("ModelConfig", "TransformerConfig"),
-    "embedding": ("Embedding", "LMHead"),
-    "families": ("FAMILIES", "Family", "FamilySpec", "family"),
+    "build": ("ParallelAttention", "build_model"),
+    "causal_lm": ("CausalLM", "DECODER_PLAN"),
+    "config": ("LlamaConfig", "ModelConfig", "TransformerConfig"),
+    "embedding": ("EMBEDDING_PLAN", "Embedding"),
+    "families": ("FAMILIES", "Family", "FamilySpec", "HFAdapter", "family", "register_family", "resolve_family"),
     "gpt": ("GPTModel",),
+    "heads": ("ClassificationHead", "LM_HEAD_PLAN", "LMHead", "LMOutput", "MLMHead", "MLM_HEAD_PLAN", "Pooler"),
     "kv_cache": ("KVCache",),
-    "mlp": ("ParallelMLP",),
-    "norms": ("LayerNorm", "RMSNorm"),
+    "mlp": ("MLP", "MLP_PLAN"),
+    "norms": ("norm",),
     "presets": ("PRESETS", "format_presets", "get_preset", "list_presets", "num_parameters"),
     "rope": ("RotaryEmbedding",),
     "sharding": ("full_grads", "full_state_dict", "load_full_state_dict"),
-    "transformer": ("TransformerLayer",),
+    "transformer": ("LAYER_PLAN", "TransformerLayer"),
 }
 _exported, __all__ = lazy_exports(__name__, _EXPORTS)
 
@@ -45,8 +47,7 @@ def __getattr__(name: str) -> object:
         from tpzoo.models.families import FAMILIES
 
         for f in FAMILIES.values():
-            spec = f.spec
-            found = {**spec.models, spec.config_class.__name__: spec.config_class}
+            found = {**f.spec.models, f.config_class.__name__: f.config_class}
             if name in found:
                 return found[name]
         raise

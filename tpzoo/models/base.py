@@ -1,40 +1,43 @@
-"""What every model family shares: a model is ``embedding`` + ``layers`` + ``head``, each piece
-built under its own seed, and any consecutive run of it can be built alone (a pipeline stage).
+"""What every model family shares: a model is ``embedding`` + ``layers`` + ``head``, each piece built
+under its own seed, and any consecutive run of it can be built alone (a pipeline stage).
 
-    model = GPTModel(config, plan)                             # the whole model
-    stage = GPTModel(config, plan, pre_process=False, layers=range(4, 8), post_process=False)
+    model = GPTModel(config)                                         # the whole model, plain PyTorch
+    stage = GPTModel(config, pre_process=False, layers=range(4, 8), post_process=False)
 
 ``stage.layers`` then holds layers 4..7 with exactly the weights those layers have in the whole
-model, at any tp: piece "embedding", "layer.i" and "head" is each built from the default CPU
-generator seeded with ``piece_seed(plan.seed, piece)`` (the caller's RNG state is left alone),
-and every parallel layer draws its full weight before keeping its shard. ``layers`` is a
-ModuleDict keyed by the global layer number, so a stage's state-dict names are the whole model's.
+model: piece "embedding", "layer.i" and "head" is each built from the default CPU generator seeded
+with ``piece_seed(seed, piece)`` (the caller's RNG state is left alone). ``layers`` is a ModuleDict
+keyed by the global layer number, so a stage's state-dict names are the whole model's. ``place``
+receives each piece as soon as it is built, with its path ("embedding", "layers.3", "head"), and
+returns what the model keeps: ``tpzoo.models.build_model`` shards it there, one piece at a time, so
+that no rank ever holds more than one piece's full weights (``tpzoo.parallel.parallelize``).
 
-A stage without ``pre_process`` takes the previous stage's hidden states [b, s(/tp), h] where
-the first stage takes token ids; a stage without ``post_process`` returns hidden states. Extra
-inputs (BERT's attention mask) go to every stage as the same keyword arguments.
+A stage without ``pre_process`` takes the previous stage's hidden states [b, s, h] where the first
+stage takes token ids; a stage without ``post_process`` returns hidden states. Extra inputs (BERT's
+attention mask) go to every stage as the same keyword arguments. A model whose head reads the word
+embedding back (``ties_output_to_embedding``) gets from here its output weight: with an untied config
+``head.output_layer`` [V, h], drawn last in the head; on a last stage without the embedding,
+``head.word_embeddings``, the embedding's table drawn again under its seed.
 
-A family subclasses ``StagedModel`` with ``build_embedding``, ``build_layer(i)``, ``build_head``
-and ``forward`` from the blocks of ``tpzoo.models``; ``PipelineStage`` is what the engine reads.
+A family subclasses ``StagedModel`` with ``build_embedding``, ``build_layer(i)``, ``build_head`` and
+``forward`` from the block library, and states its ``sharding`` plan next to them.
 """
 
 from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
-from functools import partial
-from typing import ClassVar, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from tpzoo.models.compile import compile_model
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.kv_cache import KVCache
-from tpzoo.models.norms import build_norm
-from tpzoo.models.recompute import recompute, run_span
-from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
-from tpzoo.parallel.param_facts import mark
+from tpzoo.models.weights import linear
+from tpzoo.sharding_plan import ShardingPlan
+
+Place = Callable[[str, nn.Module], nn.Module]
 
 
 def piece_seed(seed: int, piece: str) -> int:
@@ -60,13 +63,21 @@ def _layer_range(layers: Iterable[int] | None, num_layers: int) -> list[int]:
     return indices
 
 
+def in_order(layers: Sequence[nn.Module], hidden: Tensor, *args: Any, training: bool = False) -> Tensor:
+    """The layers in order, each given ``args`` (mask, cache): a ``StagedModel``'s ``layer_runner`` by default."""
+    for layer in layers:
+        hidden = layer(hidden, *args)
+    return hidden
+
+
 @runtime_checkable
 class PipelineStage(Protocol):
     """What the engine needs of a model or a stage of one (``StagedModel`` provides it).
 
     ``label_keys``: the batch keys whose per-element losses the last stage returns, in order, when
     they are given (GPT: labels; BERT: labels, next_sentence_label); the engine divides each by its
-    own count in the global batch. ``boundary_shape``: the hidden states one stage hands the next.
+    own count in the global batch. ``boundary_shape``: the hidden states one stage hands the next
+    (whole sequences: the engine cuts them under sequence parallelism).
     """
 
     label_keys: tuple[str, ...]
@@ -82,51 +93,63 @@ class PipelineStage(Protocol):
 class StagedModel(nn.Module):
     """Base of every family's models: ``embedding``, ``layers``, ``head`` (see module docstring).
 
-    ``plan``: a ``ParallelPlan`` (mesh and run options), a bare mesh (default options) or None
-    (``get_mesh()``). Subclasses set ``model_type``, ``config_class`` and ``label_keys`` and define
-    ``build_embedding()``, ``build_layer(i)``, ``build_head()`` and ``forward``. Parameters live on
-    ``plan.mesh.device``. With ``plan.compile`` the layers and the head are compiled
-    (``tpzoo.models.compile``).
+    ``seed``: the weights' seed; ``place``: where each piece goes once built (default: kept as built).
+    Subclasses set ``model_type``, ``config_class``, ``label_keys`` and ``sharding`` and define
+    ``build_embedding()``, ``build_layer(i)``, ``build_head()`` and ``forward``; ``layer_runner`` runs the
+    layers (``run_layers``: in order; a plan may recompute spans of them, ``tpzoo.parallel.recompute``).
     """
 
     model_type: ClassVar[str] = ""  # the family name its configs carry
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    sharding: ClassVar[ShardingPlan] = ShardingPlan({})  # how tensor parallelism splits it
     label_keys: tuple[str, ...] = ("labels",)
     ties_output_to_embedding: ClassVar[bool] = False  # an LM head whose output layer is the word embedding
     causal: ClassVar[bool] = False  # attention to earlier tokens only (decoders)
-    norm_kind: ClassVar[str] = "layernorm"  # the norm of ``norm()``: layernorm | rmsnorm
 
-    def __init__(self, config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None, *,
-                 pre_process: bool = True, post_process: bool = True, layers: Iterable[int] | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, seed: int = 1234, pre_process: bool = True, post_process: bool = True,
+                 layers: Iterable[int] | None = None, place: Place | None = None) -> None:
         super().__init__()
-        if not isinstance(config, self.config_class):
-            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}")
-        if config.model_type != self.model_type:
-            raise ValueError(f"{type(self).__name__} needs a config with model_type={self.model_type!r}, "
-                             f"got model_type={config.model_type!r}")
-        plan = as_plan(plan)
-        self.config, self.plan, self.mesh = config, plan, plan.mesh
+        self.check_config(config)
+        place = place or (lambda path, module: module)
+        self.config, self.seed = config, seed
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_numbers = _layer_range(layers, config.num_layers)
+        self.layer_runner: Callable[..., Tensor] = in_order
         self.embedding: nn.Module | None = None
         self.head: nn.Module | None = None
         if pre_process:
-            with building(plan.seed, "embedding"):
-                self.embedding = self.build_embedding()
+            with building(seed, "embedding"):
+                self.embedding = place("embedding", self.build_embedding())
         self.layers = nn.ModuleDict()
         for i in self.layer_numbers:
-            with building(plan.seed, f"layer.{i}"):
-                self.layers[str(i)] = self.build_layer(i)
+            with building(seed, f"layer.{i}"):
+                self.layers[str(i)] = place(f"layers.{i}", self.build_layer(i))
         if post_process:
-            with building(plan.seed, "head"):
-                self.head = self.build_head()
-        if self.ties_output_to_embedding and config.tie_word_embeddings and pre_process and not post_process:
-            # the last stage holds a copy of this weight (``head.word_embeddings``): a pipeline sums the two
-            # copies' gradients, and counts them once in the gradient norm (tpzoo.engine.grads)
-            mark(self.embedding.word_embeddings.weight, pp_tied=True)
-        self.to(plan.mesh.device)
-        if plan.compile:
-            compile_model(self)
+            with building(seed, "head"):
+                head = self.build_head()
+                if self.ties_output_to_embedding and not config.tie_word_embeddings:  # split as the word embedding
+                    head.output_layer = place("embedding.word_embeddings",
+                                              linear(config.hidden_size, config.vocab_size, False,
+                                                     config.init_method_std))
+            if self.holds_tied_copy:
+                with building(seed, "embedding"):
+                    head.word_embeddings = place("embedding.word_embeddings", self.build_embedding().word_embeddings)
+            self.head = place("head", head)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig) -> None:
+        """TypeError / ValueError unless ``config`` is a config of this model's family."""
+        if not isinstance(config, cls.config_class):
+            raise TypeError(f"{cls.__name__} takes a {cls.config_class.__name__}, got {type(config).__name__}")
+        if config.model_type != cls.model_type:
+            raise ValueError(f"{cls.__name__} needs a config with model_type={cls.model_type!r}, "
+                             f"got model_type={config.model_type!r}")
+
+    @property
+    def holds_tied_copy(self) -> bool:
+        """A last stage without the embedding whose head reads the word embedding: it holds a copy of it."""
+        return (self.ties_output_to_embedding and self.config.tie_word_embeddings and self.post_process
+                and not self.pre_process)
 
     def build_embedding(self) -> nn.Module:
         raise NotImplementedError
@@ -137,11 +160,6 @@ class StagedModel(nn.Module):
     def build_head(self) -> nn.Module:
         raise NotImplementedError
 
-    def norm(self) -> nn.Module:
-        """A fresh norm of the family's kind over h, sequence-parallel aware by the plan."""
-        c, plan = self.config, self.plan
-        return build_norm(self.norm_kind, c.hidden_size, c.layernorm_epsilon, plan.sequence_parallel, plan.kernels)
-
     @classmethod
     def loss_names(cls, data: object) -> dict[str, str]:
         """The metric name of each label key's part of the training loss (``StepResult.losses``), logged
@@ -149,30 +167,24 @@ class StagedModel(nn.Module):
         return {}
 
     def boundary_shape(self, micro_batch_size: int, seq_length: int) -> tuple[int, ...]:
-        """The hidden states between stages: [mbs, s, h], or [mbs, s/tp, h] with sequence parallelism."""
-        tp = self.plan.tp_size if self.plan.sequence_parallel else 1
-        return (micro_batch_size, seq_length // tp, self.config.hidden_size)
+        """The hidden states between stages: [mbs, s, h]."""
+        return (micro_batch_size, seq_length, self.config.hidden_size)
 
     @property
     def is_whole(self) -> bool:
         """True when this is the whole model (not a pipeline stage)."""
         return self.pre_process and self.post_process and len(self.layers) == self.config.num_layers
 
+    def tied_weight(self) -> Tensor | None:
+        """The word embedding's weight where the head reads it from the embedding this model holds, else None."""
+        tied = self.ties_output_to_embedding and self.config.tie_word_embeddings and self.pre_process
+        return self.embedding.word_embeddings.weight if tied else None
+
     def run_layers(self, hidden: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """The layers in order: [b, s(/tp), h] -> [b, s(/tp), h]; in training (grad on) the spans the plan
-        recomputes (``ParallelPlan.recompute_units``: ``recompute_activations``, Megatron-LM's full
-        uniform/block recompute) keep only their input and rerun in backward (``recompute``)."""
-        layers = list(self.layers.values())
-        training = self.training and torch.is_grad_enabled()
-        for first, end, rerun in self.plan.recompute_units(len(layers)):
-            span = partial(run_span, layers[first:end])
-            if rerun and training:
-                hidden = recompute(span, self.mesh.rng, hidden, mask, cache)
-            else:
-                hidden = span(hidden, mask, cache)
-        return hidden
+        """The layers in order: [b, s, h] -> [b, s, h], through ``layer_runner``."""
+        return self.layer_runner(list(self.layers.values()), hidden, mask, cache, training=self.training)
 
     def extra_repr(self) -> str:
         layers = f"{self.layer_numbers[0]}..{self.layer_numbers[-1]}" if self.layer_numbers else "none"
-        return (f"tp={self.mesh.tp_size}, pre_process={self.pre_process}, post_process={self.post_process}, "
+        return (f"pre_process={self.pre_process}, post_process={self.post_process}, "
                 f"layers={layers} of {self.config.num_layers}")

@@ -1,7 +1,7 @@
-"""BERT: word + position + token-type embeddings, post-LN bidirectional layers with a padding mask,
-and the heads, every matrix multiply tensor-parallel.
+"""BERT: word + position + token-type embeddings, post-LN bidirectional layers with a padding mask, and
+the heads; plain PyTorch from the block library, split by ``BERT_PLAN`` / ``CLASSIFIER_PLAN``.
 
-    model = BertModel(get_preset("bert-base"), plan)
+    model = BertModel(get_preset("bert-base"))
     logits = model(input_ids, token_type_ids, attention_mask)          # MLM logits [b, s, V]
     loss = model(input_ids, token_type_ids, attention_mask, labels)    # per-token MLM loss [b, s]
     mlm, nsp = model(input_ids, ..., return_binary_logits=True)        # + next-sentence logits [b, 2]
@@ -12,34 +12,27 @@ and the heads, every matrix multiply tensor-parallel.
     loss = clf(input_ids, token_type_ids, attention_mask, labels=y)    # per-example loss [b]
 
 attention_mask: 1 = token, 0 = padding (Hugging Face's convention); labels: -100 = no MLM target;
-next_sentence_label [b]: 0 = B follows A, 1 = B is random or swapped, -100 = no target.
-The next-sentence (or sentence-order) logits come from the pooled first token, as in Hugging
-Face's BertForPreTraining; the pretraining loss adds their mean cross entropy (over the sequences)
-to the mean MLM loss (over the masked tokens), as Megatron's lm_loss + sop_loss.
+next_sentence_label [b]: 0 = B follows A, 1 = B is random or swapped, -100 = no target. The
+next-sentence (or sentence-order) logits come from the pooled first token, as in Hugging Face's
+BertForPreTraining; the pretraining loss adds their mean cross entropy (over the sequences) to the
+mean MLM loss (over the masked tokens), as Megatron's lm_loss + sop_loss. Under sequence parallelism
+the MLM head runs on the sequence shards (its dense and LayerNorm weights replicated, as Megatron-LM's),
+the pooler gathers the sequence first and the small heads after it stay whole.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpzoo import kernels as K
-from tpzoo.models import fused
-from tpzoo.models.attention import ParallelAttention, padding_mask
+from tpzoo.models.attention import Attention, padding_mask
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import TransformerConfig
-from tpzoo.models.embedding import (
-    Embedding,
-    VocabParallelBias,
-    add_output_weight,
-    lm_output,
-    output_weight,
-    vocab_parallel_logits,
-)
+from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
 from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.heads import MLM_HEAD_PLAN, ClassificationHead, MLMHead, Pooler, output_weight
 from tpzoo.models.hf_rules import (
     Rule,
     gelu_from_hf,
@@ -51,89 +44,35 @@ from tpzoo.models.hf_rules import (
     tied,
     transformers_module,
 )
-from tpzoo.models.mlp import ParallelMLP
-from tpzoo.models.norms import LayerNorm
+from tpzoo.models import weights
+from tpzoo.models.mlp import MLP
+from tpzoo.models.norms import norm
 from tpzoo.models.presets import layer_parameters
-from tpzoo.models.transformer import TransformerLayer, hidden_dropout
-from tpzoo.parallel import (
-    ColumnParallelLinear,
-    ParallelMesh,
-    ParallelPlan,
-    RowParallelLinear,
-    gather_from_sequence_parallel_region,
-    gather_from_tp_region,
-    init_method_normal,
-)
+from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
+from tpzoo.sharding_plan import ShardingPlan, prefixed
 
-
-def _gather_sequence(hidden: Tensor, plan: ParallelPlan) -> Tensor:
-    """Sequence-parallel [b, s/tp, h] -> [b, s, h] for the heads (each rank then holds the same full
-    gradient, so the backward is a plain split); the identity without sequence parallelism."""
-    if not plan.sequence_parallel:
-        return hidden
-    return gather_from_sequence_parallel_region(hidden, plan.mesh.tp_group, tensor_parallel_output_grad=False)
-
-
-class BertPooler(nn.Module):
-    """tanh(dense(hidden[:, 0])): [b, s, h] -> [b, h]; dense column-parallel [h/tp, h], output gathered."""
-
-    def __init__(self, config: TransformerConfig, mesh: ParallelMesh) -> None:
-        super().__init__()
-        self.dense = ColumnParallelLinear(config.hidden_size, config.hidden_size, gather_output=True,
-                                          init_method=init_method_normal(config.init_method_std),
-                                          tp_group=mesh.tp_group)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
-
-
-def _small_head(config: TransformerConfig, mesh: ParallelMesh, outputs: int) -> RowParallelLinear:
-    """A [outputs, h] classifier, row-parallel: each rank multiplies its h/tp input features."""
-    return RowParallelLinear(config.hidden_size, outputs, input_is_parallel=False,
-                             init_method=init_method_normal(config.init_method_std), tp_group=mesh.tp_group)
-
-
-class BertLMHead(nn.Module):
-    """The MLM head: dense [h/tp, h] column-parallel + GeLU (fused), gathered, LayerNorm, then logits
-    against the output weight [V'/tp, h] plus ``bias`` [V'/tp], both vocab-parallel."""
-
-    def __init__(self, config: TransformerConfig, plan: ParallelPlan) -> None:
-        super().__init__()
-        self.config, self.plan, self.mesh = config, plan, plan.mesh
-        self.dense = ColumnParallelLinear(config.hidden_size, config.hidden_size, skip_bias_add=True,
-                                          init_method=init_method_normal(config.init_method_std),
-                                          tp_group=self.mesh.tp_group)
-        self.layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, kernels=plan.kernels)
-        self.output_bias = VocabParallelBias(config.vocab_size, self.mesh.tp_size, config.make_vocab_size_divisible_by)
-
-    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None) -> Tensor:
-        c = self.config
-        y, bias = self.dense(hidden)                                              # [b, s, h/tp]
-        y = K.bias_gelu(y, bias, fused.gelu_approximate(c.activation), backend=self.plan.kernels)
-        y = self.layernorm(gather_from_tp_region(y, self.mesh.tp_group))         # [b, s, h]
-        logits = vocab_parallel_logits(y, weight, self.output_bias.bias, self.mesh, sequence_parallel=False)
-        return lm_output(logits, labels, c.vocab_size, self.mesh, self.plan.kernels)
+ENCODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN)},
+                            tp_divides=("num_attention_heads", "ffn_hidden_size"))
+BERT_PLAN = ENCODER_PLAN | ShardingPlan({**prefixed("head.lm_head", MLM_HEAD_PLAN), "head.pooler": "gather",
+                                         "head.binary_head": "replicated"})
+CLASSIFIER_PLAN = ENCODER_PLAN | ShardingPlan({"head": "gather"})
 
 
 class BertHead(nn.Module):
     """``lm_head`` (MLM) and, with ``add_binary_head``, ``pooler`` + ``binary_head`` [2, h] (NSP / SOP)."""
 
-    def __init__(self, config: TransformerConfig, plan: ParallelPlan, has_embedding: bool,
-                 add_binary_head: bool) -> None:
+    def __init__(self, config: TransformerConfig, add_binary_head: bool) -> None:
         super().__init__()
-        self.config, self.plan = config, plan
-        self.lm_head = BertLMHead(config, plan)
+        c = config
+        self.lm_head = MLMHead(c.hidden_size, c.vocab_size, norm(c.normalization, c.hidden_size, c.layernorm_epsilon),
+                               approximate="tanh" if c.activation == "gelu_tanh" else "none", init_std=c.init_method_std)
         if add_binary_head:
-            self.pooler = BertPooler(config, plan.mesh)
-            self.binary_head = _small_head(config, plan.mesh, 2)
-        add_output_weight(self, config.vocab_size, config.hidden_size, config.init_method_std, plan,
-                          tied=config.tie_word_embeddings, has_embedding=has_embedding,
-                          pad_to=config.make_vocab_size_divisible_by)
+            self.pooler = Pooler(c.hidden_size, c.init_method_std)
+            self.binary_head = weights.linear(c.hidden_size, 2, True, c.init_method_std)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None,
                 return_binary_logits: bool = False, next_sentence_label: Tensor | None = None
                 ) -> Tensor | tuple[Tensor, Tensor]:
-        hidden = _gather_sequence(hidden, self.plan)
         out = self.lm_head(hidden, output_weight(self, embedding_weight), labels)
         if not return_binary_logits and next_sentence_label is None:
             return out
@@ -149,24 +88,6 @@ class BertHead(nn.Module):
         return out, F.cross_entropy(logits.float(), next_sentence_label, reduction="none")
 
 
-class BertClassificationHead(nn.Module):
-    """pooler, dropout, ``classifier`` [num_labels, h]: hidden [b, s, h] -> logits [b, num_labels]."""
-
-    def __init__(self, config: TransformerConfig, plan: ParallelPlan) -> None:
-        super().__init__()
-        self.config, self.plan, self.mesh = config, plan, plan.mesh
-        self.pooler = BertPooler(config, plan.mesh)
-        self.classifier = _small_head(config, plan.mesh, config.num_labels)
-
-    def forward(self, hidden: Tensor, labels: Tensor | None) -> Tensor:
-        pooled = self.pooler(_gather_sequence(hidden, self.plan))
-        pooled = hidden_dropout(pooled, self.config.hidden_dropout, self.training, self.mesh, False)
-        logits = self.classifier(pooled)
-        if labels is None:
-            return logits
-        return F.cross_entropy(logits.float(), labels, reduction="none")
-
-
 class _BertBase(StagedModel):
     """Embedding (word + position + token type, then LayerNorm) and post-LN bidirectional layers."""
 
@@ -174,24 +95,26 @@ class _BertBase(StagedModel):
     config_class = TransformerConfig
     causal = False  # every token attends to every non-padding token
 
+    def norm(self) -> nn.Module:
+        c = self.config
+        return norm(c.normalization, c.hidden_size, c.layernorm_epsilon)
+
     def build_embedding(self) -> nn.Module:
         c = self.config
-        return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
-                         type_vocab_size=c.type_vocab_size, norm=self.norm(), hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
+        return Embedding(c.vocab_size, c.hidden_size, max_positions=c.max_position_embeddings,
+                         type_vocab_size=c.type_vocab_size, norm=self.norm(), dropout=c.hidden_dropout,
+                         init_std=c.init_method_std)
 
     def build_layer(self, layer_number: int) -> nn.Module:
-        c, plan = self.config, self.plan
-        attention = ParallelAttention(c.hidden_size, c.num_attention_heads, plan, causal=self.causal,
-                                      attention_dropout=c.attention_dropout, init_std=c.init_method_std,
-                                      output_init_std=c.init_method_std, layer_number=layer_number)
-        mlp = ParallelMLP(c.hidden_size, c.ffn_size, plan, activation=c.activation, init_std=c.init_method_std,
-                          output_init_std=c.init_method_std)
-        return TransformerLayer(attention, mlp, self.norm(), self.norm(), plan, hidden_dropout=c.hidden_dropout,
-                                norm_position="post")
+        c = self.config
+        attention = Attention(c.hidden_size, c.num_attention_heads, causal=False, dropout=c.attention_dropout,
+                              init_std=c.init_method_std, out_init_std=c.init_method_std, layer_number=layer_number)
+        mlp = MLP(c.hidden_size, c.ffn_size, activation=c.activation, init_std=c.init_method_std,
+                  out_init_std=c.init_method_std)
+        return TransformerLayer(attention, mlp, self.norm(), self.norm(), dropout=c.hidden_dropout, residual="post")
 
     def encode(self, x: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None) -> Tensor:
-        """Embedding (first stage) and this model's layers: [b, s] ids or [b, s(/tp), h] -> [b, s(/tp), h]."""
+        """Embedding (first stage) and this model's layers: [b, s] ids or [b, s, h] -> [b, s, h]."""
         if token_type_ids is not None and not self.pre_process:
             token_type_ids = None  # only the embedding reads them; later stages may be handed them anyway
         hidden = self.embedding(x, token_type_ids) if self.pre_process else x
@@ -211,16 +134,15 @@ class BertModel(_BertBase):
     """
 
     ties_output_to_embedding = True
+    sharding = BERT_PLAN
 
-    def __init__(self, config: TransformerConfig, plan: ParallelPlan | ParallelMesh | None = None, *,
-                 add_binary_head: bool = True, pre_process: bool = True, post_process: bool = True,
-                 layers: Iterable[int] | None = None) -> None:
+    def __init__(self, config: TransformerConfig, *, add_binary_head: bool = True, **stage: Any) -> None:
         self.add_binary_head = add_binary_head
         self.label_keys = ("labels", "next_sentence_label") if add_binary_head else ("labels",)
-        super().__init__(config, plan, pre_process=pre_process, post_process=post_process, layers=layers)
+        super().__init__(config, **stage)
 
     def build_head(self) -> nn.Module:
-        return BertHead(self.config, self.plan, self.pre_process, self.add_binary_head)
+        return BertHead(self.config, self.add_binary_head)
 
     @classmethod
     def loss_names(cls, data: object) -> dict[str, str]:
@@ -235,8 +157,7 @@ class BertModel(_BertBase):
         hidden = self.encode(input_ids, token_type_ids, attention_mask)
         if not self.post_process:
             return hidden
-        tied = self.embedding.word_embeddings.weight if self.pre_process and self.config.tie_word_embeddings else None
-        return self.head(hidden, labels, tied, return_binary_logits, next_sentence_label)
+        return self.head(hidden, labels, self.tied_weight(), return_binary_logits, next_sentence_label)
 
 
 class BertForSequenceClassification(_BertBase):
@@ -246,8 +167,11 @@ class BertForSequenceClassification(_BertBase):
     [b, config.num_labels] | per-example cross-entropy loss [b].
     """
 
+    sharding = CLASSIFIER_PLAN
+
     def build_head(self) -> nn.Module:
-        return BertClassificationHead(self.config, self.plan)
+        c = self.config
+        return ClassificationHead(c.hidden_size, c.num_labels, dropout=c.hidden_dropout, init_std=c.init_method_std)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> Tensor:
@@ -347,7 +271,7 @@ _HF = HFAdapter("bert", {"BertForPreTraining": ("BertModel", {"add_binary_head":
                          "BertForSequenceClassification": ("BertForSequenceClassification", {})},
                 _config_from_hf, _config_to_hf, _rules)
 
-SPEC = FamilySpec(config_class=TransformerConfig, pretrain_model="BertModel",
+SPEC = FamilySpec(pretrain_model="BertModel",
                   finetune_model="BertForSequenceClassification", num_parameters=num_parameters,
                   models={"BertModel": BertModel, "BertForSequenceClassification": BertForSequenceClassification},
                   model_options=lambda model: {"add_binary_head": model.add_binary_head}

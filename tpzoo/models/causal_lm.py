@@ -1,14 +1,19 @@
-"""``CausalLM``: the forward of every decoder family (GPT, Llama): embedding, causal layers, LM head,
-with incremental decoding through a ``KVCache``.
+"""``CausalLM``: the decoder every causal family builds from its config's traits (GPT, Llama), with
+incremental decoding through a ``KVCache``; ``DECODER_PLAN`` is its sharding plan.
 
-    logits = model(input_ids)                  # [b, s, V] over the real vocabulary (gathered)
-    loss = model(input_ids, labels=labels)     # [b, s] per-token loss, vocabulary never gathered
+    logits = model(input_ids)                  # [b, s, V]
+    loss = model(input_ids, labels=labels)     # [b, s] per-token loss
 
 ``labels`` are aligned with the positions (labels[:, t] is the target of position t, i.e. the
 next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids`` equals
-``labels = input_ids[:, 1:]`` padded with -100 here. A family subclasses it with the builders of
-``StagedModel`` (the head is an ``LMHead`` with the family's norm); its embedding takes
-``position_offset``.
+``labels = input_ids[:, 1:]`` padded with -100 here.
+
+What a layer is comes from the config (``ModelConfig``'s traits): learned or rotary positions
+(``position_embedding_type``), LayerNorm or RMSNorm (``normalization``), the MLP's ``activation``,
+biases (``add_bias_linear``), grouped-query attention (``num_query_groups``), pre-norm layers, a
+final norm and an LM head, tied to the word embedding or not. A family sets its config class, its
+plan and, where it differs, ``output_init_std`` (GPT-2 scales the projections into the residual
+stream by 1 / sqrt(2 num_layers)).
 """
 
 from __future__ import annotations
@@ -17,26 +22,61 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from tpzoo.models.attention import Attention
 from tpzoo.models.base import StagedModel
-from tpzoo.models.embedding import LMHead
+from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
+from tpzoo.models.heads import LM_HEAD_PLAN, LMHead
 from tpzoo.models.kv_cache import KVCache
+from tpzoo.models.mlp import MLP
+from tpzoo.models.norms import norm
+from tpzoo.models.rope import RotaryEmbedding
+from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
+from tpzoo.sharding_plan import ShardingPlan, prefixed
+
+DECODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN),
+                             **prefixed("head", LM_HEAD_PLAN)},
+                            tp_divides=("num_attention_heads", "num_query_groups", "ffn_hidden_size"))
 
 
 class CausalLM(StagedModel):
     """forward(input_ids [b, s], labels [b, s] | None, cache) -> logits [b, s, V] | per-token loss [b, s].
 
-    A stage without pre_process takes hidden states [b, s(/tp), h] in place of input_ids; one
-    without post_process returns them. See ``StagedModel`` for plan, stages and seeds.
+    A stage without pre_process takes hidden states [b, s, h] in place of input_ids; one without
+    post_process returns them. See ``StagedModel`` for seeds and stages.
     """
 
     ties_output_to_embedding: ClassVar[bool] = True
     causal: ClassVar[bool] = True  # token t attends to tokens <= t
+    sharding = DECODER_PLAN
+
+    def output_init_std(self) -> float:
+        """The init std of the projections into the residual stream (attention output, second MLP linear)."""
+        return self.config.init_method_std
+
+    def norm(self) -> nn.Module:
+        c = self.config
+        return norm(c.normalization, c.hidden_size, c.layernorm_epsilon)
+
+    def build_embedding(self) -> nn.Module:
+        c = self.config
+        learned = c.position_embedding_type == "learned_absolute"
+        return Embedding(c.vocab_size, c.hidden_size, max_positions=c.max_position_embeddings if learned else None,
+                         dropout=c.hidden_dropout, init_std=c.init_method_std, max_sequence=c.max_position_embeddings)
+
+    def build_layer(self, layer_number: int) -> nn.Module:
+        c, out_std = self.config, self.output_init_std()
+        rotary = (RotaryEmbedding(c.head_dim, c.rotary_base, c.max_position_embeddings)
+                  if c.position_embedding_type == "rope" else None)
+        attention = Attention(c.hidden_size, c.num_attention_heads, num_query_groups=c.query_groups, causal=True,
+                              dropout=c.attention_dropout, qkv_bias=c.add_bias_linear, out_bias=c.add_bias_linear,
+                              rotary=rotary, init_std=c.init_method_std, out_init_std=out_std,
+                              layer_number=layer_number)
+        mlp = MLP(c.hidden_size, c.ffn_size, activation=c.activation, bias=c.add_bias_linear,
+                  init_std=c.init_method_std, out_init_std=out_std)
+        return TransformerLayer(attention, mlp, self.norm(), self.norm(), dropout=c.hidden_dropout)
 
     def build_head(self) -> nn.Module:
-        """``LMHead``: the family's final norm, then the tied or own output layer."""
-        c = self.config
-        return LMHead(self.norm(), c.vocab_size, c.hidden_size, self.plan, tied=c.tie_word_embeddings,
-                      has_embedding=self.pre_process, init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
+        return LMHead(self.norm(), self.config.vocab_size)
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only)."""
@@ -49,5 +89,4 @@ class CausalLM(StagedModel):
             cache.length += input_ids.shape[1]
         if not self.post_process:
             return hidden
-        tied = self.embedding.word_embeddings.weight if self.pre_process and self.config.tie_word_embeddings else None
-        return self.head(hidden, labels, tied)
+        return self.head(hidden, labels, self.tied_weight())

@@ -1,4 +1,4 @@
-"""torch.compile of a model's blocks: what ``ParallelPlan(compile=True)`` does to the model it is handed.
+"""torch.compile of a model's blocks: what ``ParallelPlan(compile=True)`` does to the model built with it.
 
 As torchtitan does, each layer of ``model.layers`` is compiled on its own, and the head (an LM head's
 final norm, logits and vocab-parallel cross entropy; BERT's heads): the layers share one code object,
@@ -7,8 +7,8 @@ Activation recompute wraps the compiled layers (``StagedModel.run_layers``: comp
 checkpoint), so the recompute and its RNG replay run in eager code around compiled ones.
 
 The tp collectives (autograd functions around ``dist.all_reduce`` and friends) trace into the graphs
-at any tp. Dropout that draws from the tp stream (``mesh.rng.fork()``: attention dropout, and
-residual dropout on sequence shards) swaps the generator's state, which dynamo cannot trace: those
+at any tp. Dropout that draws from the tp stream (``TPRandom``: attention dropout, and residual
+dropout on sequence shards) swaps the generator's state, which dynamo cannot trace: those
 dropouts run eagerly between compiled graphs (``fullgraph`` is off for such models only; a model
 without them compiles each block into one graph or fails loudly). Inductor draws dropout masks
 with its own generator: with dropout, compiled and eager runs differ in the masks they draw.
@@ -25,6 +25,8 @@ import shutil
 
 import torch
 from torch import nn
+
+from tpzoo.parallel.random import TPRandom
 
 BACKEND_ENV, MODE_ENV = "TPZOO_COMPILE_BACKEND", "TPZOO_COMPILE_MODE"
 DEFAULT_BACKEND = "inductor"
@@ -57,9 +59,9 @@ def compile_problem(device: torch.device) -> str | None:
 
 
 def _forks_rng(model: nn.Module) -> bool:
-    """Whether training draws dropout from the tp stream, which breaks the graph (module docstring)."""
-    config, plan = model.config, model.plan
-    return config.attention_dropout > 0 or (config.hidden_dropout > 0 and plan.sequence_parallel)
+    """Whether training draws dropout from the tp stream (a ``TPRandom`` whose module drops something), which
+    breaks the graph (module docstring)."""
+    return any(isinstance(m, TPRandom) and getattr(m.module, "p", 1.0) > 0 for m in model.modules())
 
 
 def compile_model(model: nn.Module) -> nn.Module:

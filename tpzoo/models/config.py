@@ -1,16 +1,19 @@
 """Model configs: what a model is (sizes and kinds of blocks), one validated dataclass per family.
 
-``ModelConfig`` holds what every tpzoo transformer has (layers, widths, heads, vocabulary,
-dropout, init); each family's config adds its own fields: ``TransformerConfig`` (GPT-2 and BERT)
-here, ``LlamaConfig`` in ``tpzoo.models.llama``. How a model runs (mesh, sequence parallelism,
-recompute, kernels, seed) is not config: it is the ``tpzoo.parallel.ParallelPlan`` handed to it.
+``ModelConfig`` holds what every tpzoo transformer has (layers, widths, heads, vocabulary, dropout,
+init) and the traits Megatron-LM's architecture flags name (positions, norm, MLP activation,
+biases), which the models read to build themselves; each family's config narrows the traits to
+what the family is and adds its own fields: ``TransformerConfig`` (GPT-2 and BERT) and
+``LlamaConfig``. How a model runs (mesh, sequence parallelism, recompute, kernels, seed) is not
+config: it is the ``tpzoo.parallel.ParallelPlan`` applied to it.
 
-Every field declares its own check next to it (``_field(default, check, doc)``); ``__post_init__``
-runs them all, then the checks that tie fields together. Errors name the field and the value. Sizes
-that depend on the mesh (heads or ffn not divisible by tp) are checked when a model is built for a
-mesh. A config round-trips through a plain dict (``to_dict`` / ``from_dict``), which is what a
-checkpoint stores; ``from_dict`` also reads the older layout that held the run options. Megatron-LM's
-names are used where it has one (``--num-layers`` -> ``num_layers``).
+Every field declares, next to it, its check, its meaning and the Megatron-LM flag that sets it
+(``_field(default, check, doc, flag)``); ``__post_init__`` runs the checks, then those that tie
+fields together. Errors name the field and the value. Sizes that depend on the mesh (heads or ffn
+not divisible by tp) are checked when a model is built for a mesh (``ShardingPlan.tp_divides``). A
+config round-trips through a plain dict (``to_dict`` / ``from_dict``), which is what a checkpoint
+stores; ``from_dict`` also reads the older layouts (run options inside, traits absent). This module
+imports without torch: the training scripts check their flags against it before torch loads.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from tpzoo.run_options import PLAN_OPTIONS
 Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
 
 LAYERNORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("gelu", "gelu_tanh")
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope")  # Megatron-LM's --position-embedding-type
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")                # Megatron-LM's --normalization
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu")   # MLP activations; --swiglu: swiglu
 # run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
 OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint
@@ -62,13 +67,20 @@ def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else f"must be True or False, got {type(v).__name__} {v!r}"
 
 
-def _choice(*options: str | None) -> Check:
+def _choice(*options: Any) -> Check:
     shown = ", ".join(repr(o) for o in options)
     return lambda v: None if v in options else f"must be one of {shown}, got {v!r}"
 
 
-def _field(default: Any, check: Check, doc: str) -> Any:
-    return field(default=default, metadata={"check": check, "doc": doc})
+def _field(default: Any, check: Check, doc: str, flag: str | None = None) -> Any:
+    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag})
+
+
+def _narrowed(cls: type, name: str, default: Any, doc: str, check: Check | None = None) -> Any:
+    """Field ``name`` of ``cls`` with another default, meaning and (optionally) check; the same flag."""
+    meta = cls.__dataclass_fields__[name].metadata
+    return _field(default, check or meta["check"], doc, meta["flag"])
 
 
 @dataclass
@@ -77,19 +89,33 @@ class ModelConfig:
 
     model_type: str = _field("", lambda v: None if isinstance(v, str) and v else f"must name a family, got {v!r}",
                              "the model family (tpzoo.models.families)")
-    num_layers: int = _field(12, _int(1), "transformer layers")
-    hidden_size: int = _field(768, _int(1), "width h of the residual stream")
-    num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each")
-    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means the family's default")
+    num_layers: int = _field(12, _int(1), "transformer layers", "--num-layers")
+    hidden_size: int = _field(768, _int(1), "width h of the residual stream", "--hidden-size")
+    num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each", "--num-attention-heads")
+    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means the family's default",
+                                         "--ffn-hidden-size")
     vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
     make_vocab_size_divisible_by: int = _field(128, _int(1), "the vocabulary is padded with unused rows to "
-                                               "V' = a multiple of this x tp (Megatron-LM's flag of this name)")
-    max_position_embeddings: int = _field(1024, _int(1), "the longest sequence (learned positions: their count)")
-    hidden_dropout: float = _field(0.1, _probability, "dropout on embeddings and residual branches")
-    attention_dropout: float = _field(0.1, _probability, "dropout on attention probabilities")
-    layernorm_epsilon: float = _field(1e-5, _positive_float, "epsilon of the norms (LayerNorm or RMSNorm)")
-    tie_word_embeddings: bool = _field(True, _bool, "output layer shares the word embedding weight")
-    init_method_std: float = _field(0.02, _positive_float, "std of the normal weight init")
+                                               "V' = a multiple of this x tp", "--make-vocab-size-divisible-by")
+    max_position_embeddings: int = _field(1024, _int(1), "the longest sequence (learned positions: their count)",
+                                          "--max-position-embeddings")
+    hidden_dropout: float = _field(0.1, _probability, "dropout on embeddings and residual branches", "--hidden-dropout")
+    attention_dropout: float = _field(0.1, _probability, "dropout on attention probabilities", "--attention-dropout")
+    layernorm_epsilon: float = _field(1e-5, _positive_float, "epsilon of the norms (LayerNorm or RMSNorm)",
+                                      "--norm-epsilon")
+    tie_word_embeddings: bool = _field(True, _bool, "output layer shares the word embedding weight (Megatron-LM: "
+                                       "False with --untie-embeddings-and-output-weights)",
+                                       "--untie-embeddings-and-output-weights")
+    init_method_std: float = _field(0.02, _positive_float, "std of the normal weight init", "--init-method-std")
+
+    position_embedding_type: str = _field("learned_absolute", _choice(*POSITION_EMBEDDING_TYPES),
+                                          "learned_absolute: a learned position table; rope: rotary positions",
+                                          "--position-embedding-type")
+    normalization: str = _field("LayerNorm", _choice(*NORMALIZATIONS), "the norms: LayerNorm or RMSNorm",
+                                "--normalization")
+    activation: str = _field("gelu", _choice(*ACTIVATIONS), "MLP activation: gelu (erf), gelu_tanh, or gated "
+                             "swiglu / geglu (Megatron-LM's --swiglu: swiglu)", "--swiglu")
+    add_bias_linear: bool = _field(True, _bool, "biases on the linear layers", "--add-bias-linear")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # a subclass's plain fields (no check) are taken as they are
@@ -109,6 +135,22 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads: ``num_query_groups`` where the family has it and it is set, else one per head."""
+        return getattr(self, "num_query_groups", None) or self.num_attention_heads
+
+    def size(self, name: str) -> int:
+        """The size field ``name`` as the model is built: ``ffn_hidden_size`` and ``num_query_groups`` are
+        their family's defaults where None (``ffn_size``, ``query_groups``)."""
+        resolved = {"ffn_hidden_size": self.ffn_size, "num_query_groups": self.query_groups}
+        return resolved[name] if name in resolved else getattr(self, name)
+
+    @classmethod
+    def flags(cls) -> dict[str, str]:
+        """Megatron-LM flag -> field, for the fields that have one."""
+        return {f.metadata["flag"]: f.name for f in dataclasses.fields(cls) if f.metadata.get("flag")}
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied and validated (e.g. command-line overrides of a preset)."""
@@ -140,13 +182,54 @@ class TransformerConfig(ModelConfig):
     type_vocab_size: int = _field(0, _int(0), "token types (BERT segments); 0 for none")
     layernorm_position: str = _field("pre", _choice(*LAYERNORM_POSITIONS),
                                      "pre: x + f(LN(x)) and a final LN (GPT); post: LN(x + f(x)) (BERT)")
-    activation: str = _field("gelu_tanh", _choice(*ACTIVATIONS), "MLP activation: gelu (erf) or gelu_tanh")
     num_labels: int = _field(2, _int(2), "classes of BertForSequenceClassification")
+    position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "learned_absolute",
+                                             "learned absolute positions", _choice("learned_absolute"))
+    normalization: str = _narrowed(ModelConfig, "normalization", "LayerNorm", "LayerNorm", _choice("LayerNorm"))
+    activation: str = _narrowed(ModelConfig, "activation", "gelu_tanh", "MLP activation: gelu (erf) or gelu_tanh",
+                                _choice("gelu", "gelu_tanh"))
+    add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", True, "biases on every linear layer",
+                                      _choice(True))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.model_type == "bert" and self.type_vocab_size < 1:
             raise ValueError(f"a bert config needs type_vocab_size >= 1 (segments A/B), got {self.type_vocab_size}")
+
+
+@dataclass
+class LlamaConfig(ModelConfig):
+    """A Llama-family decoder; ``layernorm_epsilon`` is RMSNorm's epsilon (Hugging Face's rms_norm_eps)."""
+
+    model_type: str = _field("llama", _choice("llama"), "llama")
+    hidden_dropout: float = _narrowed(ModelConfig, "hidden_dropout", 0.0, "dropout on embeddings and residual "
+                                      "branches (Llama: none)")
+    attention_dropout: float = _narrowed(ModelConfig, "attention_dropout", 0.0, "dropout on attention probabilities "
+                                         "(Llama: none)")
+    tie_word_embeddings: bool = _narrowed(ModelConfig, "tie_word_embeddings", False, "output layer shares the word "
+                                          "embedding weight (Llama: its own)")
+    num_query_groups: int | None = _field(None, _optional(_int(1)), "key/value heads g (grouped-query attention); "
+                                          "None: one per head", "--num-query-groups")
+    rotary_base: float = _field(10000.0, _positive_float, "rotary base theta (Hugging Face's rope_theta)",
+                                "--rotary-base")
+    position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "rope", "rotary positions",
+                                             _choice("rope"))
+    normalization: str = _narrowed(ModelConfig, "normalization", "RMSNorm", "RMSNorm", _choice("RMSNorm"))
+    activation: str = _narrowed(ModelConfig, "activation", "swiglu", "SwiGLU MLP", _choice("swiglu"))
+    add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", False, "no biases", _choice(False))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_attention_heads % self.query_groups:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by num_query_groups="
+                             f"{self.query_groups}: each kv head serves an equal share of the query heads")
+
+    @property
+    def ffn_size(self) -> int:
+        """``ffn_hidden_size``, or Llama's 2/3 x 4h rounded up to a multiple of 256 when None."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        return -(-(8 * self.hidden_size // 3) // 256) * 256
 
 
 def field_names(cls: type = TransformerConfig) -> list[str]:

@@ -1,22 +1,31 @@
-"""The registry of model families: one entry per family, the only place the scripts, conversion,
-generation, checkpoints and data learn what a family is (torchtitan's ``TrainSpec``).
+"""The registry of model families: what scripts, conversion, generation, checkpoints and data learn of a
+family, in one entry each (torchtitan's ``TrainSpec``), open to families that live outside tpzoo.
 
-    family("gpt").spec.models["GPTModel"]             # the model classes, config class, HF adapter ...
+    family("gpt").spec.models["GPTModel"]             # the model classes, the Hugging Face adapter ...
+    family("llama").config_class                      # LlamaConfig: the family's traits and flags
     family("gpt").data                                 # "causal-lm": what pretraining reads
-    PRESETS["bert-base"]                               # every family's presets, by name
-    family("llama").architecture                       # the model Megatron-LM's architecture flags describe
+    resolve_family("my_pkg.my_module:NEOX")            # imported, registered, returned
+    register_family(NEOX, source="my_pkg.my_module:NEOX")
 
-An entry (``Family``) is plain data, importable without torch, so the command lines can list the
-families and presets before torch loads. The rest lives in the family's module (``Family.module``),
-which defines ``SPEC`` (a ``FamilySpec``): its config class, model classes, parameter count and
-Hugging Face adapter. Adding a family is one module plus one entry in ``FAMILIES`` below.
+An entry (``Family``) is plain data; the built-in ones import without torch (their configs live in
+``tpzoo.models.config``), so the command lines check their flags before torch loads. The rest lives in
+the family's module (``Family.module``), which defines ``SPEC`` (a ``FamilySpec``): model classes,
+parameter count and Hugging Face adapter. A family from outside the tree is a module of one's own
+with a ``Family`` and a ``SPEC`` in it, named on the command line as ``--model module:NAME``
+(``resolve_family``) or registered from Python (``register_family``). Only a name the user gives is
+imported: a checkpoint records the ``source`` of its family and loading one whose family is not
+registered is refused with that name in the message (``config_from_dict``), never imported.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Callable
+
+from tpzoo.models.config import LlamaConfig, ModelConfig, TransformerConfig
 
 DATA_KINDS = ("causal-lm", "masked-lm")
 FINETUNE_KINDS = ("causal-lm", "classification")
@@ -46,7 +55,6 @@ class FamilySpec:
     head)``: the parameter count, as Hugging Face counts it (``head`` None: the pretraining model's).
     """
 
-    config_class: type
     models: dict[str, type]
     pretrain_model: str
     finetune_model: str
@@ -56,34 +64,18 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
-class Architecture:
-    """A family's model in Megatron-LM's architecture flags (``tpzoo.training.architecture_args``):
-    what every model of the family is (positions, norm, MLP, biases), and which of the flags that
-    only change config fields it takes (``grouped_query``: --group-query-attention; every family
-    takes --untie-embeddings-and-output-weights)."""
-
-    position_embedding_type: str     # learned_absolute | rope (--position-embedding-type)
-    normalization: str               # LayerNorm | RMSNorm (--normalization)
-    swiglu: bool                     # a SwiGLU MLP (--swiglu), else GELU
-    add_bias_linear: bool            # biases on every linear layer (--disable-bias-linear: False)
-    grouped_query: bool = False      # its config has num_query_groups
-
-
-_LEARNED_LN_GELU = Architecture("learned_absolute", "LayerNorm", swiglu=False, add_bias_linear=True)
-
-
-@dataclass(frozen=True)
 class Family:
-    """One model family: its name (``--model``), module, data kind, presets and training defaults."""
+    """One model family: its name (a config's ``model_type``), module (defines ``SPEC``), config class (its
+    fields, traits and Megatron-LM flags), data kind, presets and training defaults."""
 
     name: str
-    module: str                                  # defines SPEC
+    module: str
+    config_class: type[ModelConfig]
     data: str                                    # one of DATA_KINDS: what pretraining reads
     finetune: str                                # one of FINETUNE_KINDS: what finetune.py trains
     presets: dict[str, dict[str, Any]]           # name -> config fields
     default_preset: str                          # the preset of pretrain.py --model NAME
     train_defaults: dict[str, Any]               # pretrain.py's schedule defaults for this family
-    architecture: Architecture                   # as Megatron-LM's flags describe it
 
     def __post_init__(self) -> None:
         if self.data not in DATA_KINDS or self.finetune not in FINETUNE_KINDS:
@@ -108,28 +100,26 @@ _LLAMA = dict(model_type="llama", layernorm_epsilon=1e-5, hidden_dropout=0.0, at
 _TINY = dict(vocab_size=512, max_position_embeddings=256)
 # Post-LN BERT sits on the unigram plateau (MLM loss = unigram entropy) for hundreds of steps and does not
 # leave it at GPT's lr 3e-3: it needs a lower lr and more steps (so does a Hugging Face BertForPreTraining).
-_DECODER_DEFAULTS = dict(train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_iters=30)
+DECODER_DEFAULTS = dict(train_iters=300, lr=3e-3, min_lr=3e-4, lr_warmup_iters=30)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("gpt", "tpzoo.models.gpt", data="causal-lm", finetune="causal-lm", default_preset="gpt-tiny",
-           train_defaults=_DECODER_DEFAULTS, architecture=_LEARNED_LN_GELU, presets={
+    Family("gpt", "tpzoo.models.gpt", TransformerConfig, data="causal-lm", finetune="causal-lm",
+           default_preset="gpt-tiny", train_defaults=DECODER_DEFAULTS, presets={
                "gpt2": dict(_GPT2, num_layers=12, hidden_size=768, num_attention_heads=12),
                "gpt2-medium": dict(_GPT2, num_layers=24, hidden_size=1024, num_attention_heads=16),
                "gpt2-large": dict(_GPT2, num_layers=36, hidden_size=1280, num_attention_heads=20),
                "gpt2-xl": dict(_GPT2, num_layers=48, hidden_size=1600, num_attention_heads=25),
                "gpt-tiny": dict(_GPT2, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
                                 hidden_dropout=0.1, attention_dropout=0.1)}),
-    Family("bert", "tpzoo.models.bert", data="masked-lm", finetune="classification", default_preset="bert-tiny",
-           train_defaults=dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50),
-           architecture=_LEARNED_LN_GELU, presets={
+    Family("bert", "tpzoo.models.bert", TransformerConfig, data="masked-lm", finetune="classification",
+           default_preset="bert-tiny", train_defaults=dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50),
+           presets={
                "bert-base": dict(_BERT, num_layers=12, hidden_size=768, num_attention_heads=12),
                "bert-large": dict(_BERT, num_layers=24, hidden_size=1024, num_attention_heads=16),
                "bert-tiny": dict(_BERT, **_TINY, num_layers=2, hidden_size=128, num_attention_heads=4,
                                  hidden_dropout=0.1, attention_dropout=0.1)}),
-    Family("llama", "tpzoo.models.llama", data="causal-lm", finetune="causal-lm", default_preset="llama-tiny",
-           train_defaults=_DECODER_DEFAULTS,
-           architecture=Architecture("rope", "RMSNorm", swiglu=True, add_bias_linear=False, grouped_query=True),
-           presets={
+    Family("llama", "tpzoo.models.llama", LlamaConfig, data="causal-lm", finetune="causal-lm",
+           default_preset="llama-tiny", train_defaults=DECODER_DEFAULTS, presets={
                "llama-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
                                   num_query_groups=2, ffn_hidden_size=352),
                # TinyLlama-1.1B's shape
@@ -141,18 +131,97 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                 rotary_base=500000.0)}),
 )}
 PRESETS: dict[str, dict[str, Any]] = {name: fields for f in FAMILIES.values() for name, fields in f.presets.items()}
+SOURCES: dict[str, str] = {}  # family name -> "module:NAME" it came from, for the families from outside tpzoo
+
+
+def register_family(fam: Family, source: str | None = None) -> Family:
+    """Make ``fam`` known to every lookup (``--model``, checkpoints, conversion, generation), with the
+    ``module:NAME`` it came from (recorded in checkpoints). Registering the same family again is a no-op;
+    a name or preset another family has is a ValueError."""
+    if not isinstance(fam, Family):
+        raise TypeError(f"register_family takes a tpzoo.models.Family, got {type(fam).__name__}")
+    if FAMILIES.get(fam.name) == fam:
+        return fam
+    if fam.name in FAMILIES:
+        raise ValueError(f"a model family named {fam.name!r} is registered already ({FAMILIES[fam.name].module}); "
+                         f"give yours another name")
+    taken = sorted(set(fam.presets) & set(PRESETS))
+    if taken:
+        raise ValueError(f"family {fam.name}: presets {taken} belong to another family; rename them")
+    FAMILIES[fam.name] = fam
+    PRESETS.update(fam.presets)
+    if source:
+        SOURCES[fam.name] = source
+    return fam
+
+
+def resolve_family(model: str) -> Family:
+    """The family ``model`` names: a registered name, or ``module:NAME`` (the module imported, its ``NAME`` a
+    ``Family``, registered). ValueError naming what is wrong and the fix."""
+    if ":" not in model:
+        return family(model)
+    registered = next((FAMILIES[name] for name, source in SOURCES.items() if source == model), None)
+    if registered is not None:
+        return registered
+    module_name, _, attribute = model.partition(":")
+    try:
+        module = import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"{model}: no module {e.name!r} to import; put the folder holding {module_name} on "
+                         f"PYTHONPATH or install it") from None
+    fam = getattr(module, attribute, None)
+    if not isinstance(fam, Family):
+        raise ValueError(f"{model}: {module_name} has no tpzoo.models.Family named {attribute!r} "
+                         f"(found {type(fam).__name__}); name the Family object after the colon")
+    return register_family(fam, model)
+
+
+def model_flag(value: str) -> str:
+    """The argparse type of every command's ``--model``: a registered family, or module:NAME, imported and
+    registered now (``resolve_family``); the value stays as given."""
+    try:
+        resolve_family(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def family(name: str) -> Family:
-    """The registered family ``name`` (a config's ``model_type``, ``--model``)."""
+    """The registered family ``name`` (a config's ``model_type``, ``--model``; or the ``module:NAME`` it was
+    registered from)."""
+    if name in FAMILIES:
+        return FAMILIES[name]
+    for registered, source in SOURCES.items():
+        if source == name:
+            return FAMILIES[registered]
+    raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}, or a module:NAME of your own")
+
+
+class TrainDefaults(Mapping):
+    """Each registered family's ``train_defaults``, by any name ``family`` takes (pretrain.py's per-model
+    schedule defaults); iterates over the registered families."""
+
+    def __getitem__(self, model: str) -> dict[str, Any]:
+        return family(model).train_defaults
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+def config_from_dict(data: dict[str, Any], source: str | None = None) -> ModelConfig:
+    """The config a checkpoint recorded, as its family's config class (older layouts included). ``source``:
+    the ``module:NAME`` the checkpoint's family came from; a family not registered here is refused naming
+    it (never imported: only the user's --model imports)."""
+    name = data.get("model_type", "gpt")
     if name not in FAMILIES:
-        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
-    return FAMILIES[name]
-
-
-def config_from_dict(data: dict[str, Any]) -> Any:
-    """The config a checkpoint recorded, as its family's config class (older layouts included)."""
-    return family(data.get("model_type", "gpt")).spec.config_class.from_dict(data)
+        where = f" (defined in {source})" if source else ""
+        fix = f"pass --model {source}" if source else "register its family (tpzoo.models.register_family)"
+        raise ValueError(f"the model is of family {name!r}{where}, which is not registered in this process; {fix} "
+                         f"to load it (tpzoo never imports a module that a checkpoint names)")
+    return FAMILIES[name].config_class.from_dict(data)
 
 
 def model_class(class_name: str) -> type:

@@ -1,8 +1,9 @@
-"""GPT (the GPT-2 architecture) from the blocks: learned positions, pre-LN causal layers with GELU
-MLPs and biases, a final LayerNorm, and an output layer tied to the word embeddings.
+"""GPT (the GPT-2 architecture): learned positions, pre-LN causal layers with GELU MLPs and biases, a
+final LayerNorm, and an output layer tied to the word embeddings; the block library's decoder
+(``CausalLM``) built from a ``TransformerConfig``, split by ``DECODER_PLAN``.
 
-    model = GPTModel(get_preset("gpt2"), plan)
-    logits = model(input_ids)                  # [b, s, V] over the real vocabulary (gathered)
+    model = GPTModel(get_preset("gpt2"))       # plain PyTorch, one device
+    logits = model(input_ids)                  # [b, s, V]
     loss = model(input_ids, labels=labels)     # [b, s] per-token loss (see ``CausalLM``)
 
 GPT-2 scales the init of the projections into the residual stream by 1 / sqrt(2 num_layers).
@@ -14,12 +15,9 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
-from tpzoo.models.attention import ParallelAttention
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import TransformerConfig
-from tpzoo.models.embedding import Embedding
 from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import (
     Rule,
@@ -33,9 +31,7 @@ from tpzoo.models.hf_rules import (
     tied,
     transformers_module,
 )
-from tpzoo.models.mlp import ParallelMLP
 from tpzoo.models.presets import layer_parameters
-from tpzoo.models.transformer import TransformerLayer
 
 
 class GPTModel(CausalLM):
@@ -43,24 +39,9 @@ class GPTModel(CausalLM):
 
     model_type = "gpt"
     config_class = TransformerConfig
-    norm_kind = "layernorm"
 
-    def build_embedding(self) -> nn.Module:
-        c = self.config
-        return Embedding(c.vocab_size, c.hidden_size, self.plan, max_positions=c.max_position_embeddings,
-                         type_vocab_size=c.type_vocab_size, hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std, pad_to=c.make_vocab_size_divisible_by)
-
-    def build_layer(self, layer_number: int) -> nn.Module:
-        c, plan = self.config, self.plan
-        out_std = c.init_method_std / math.sqrt(2.0 * c.num_layers)
-        attention = ParallelAttention(c.hidden_size, c.num_attention_heads, plan, causal=self.causal,
-                                      attention_dropout=c.attention_dropout, init_std=c.init_method_std,
-                                      output_init_std=out_std, layer_number=layer_number)
-        mlp = ParallelMLP(c.hidden_size, c.ffn_size, plan, activation=c.activation, init_std=c.init_method_std,
-                          output_init_std=out_std)
-        return TransformerLayer(attention, mlp, self.norm(), self.norm(), plan, hidden_dropout=c.hidden_dropout)
-
+    def output_init_std(self) -> float:
+        return self.config.init_method_std / math.sqrt(2.0 * self.config.num_layers)
 
 
 def num_parameters(c: TransformerConfig, head: str | None = None) -> int:
@@ -125,6 +106,6 @@ def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
     return rules
 
 
-SPEC = FamilySpec(config_class=TransformerConfig, models={"GPTModel": GPTModel}, pretrain_model="GPTModel",
+SPEC = FamilySpec(models={"GPTModel": GPTModel}, pretrain_model="GPTModel",
                   finetune_model="GPTModel", num_parameters=num_parameters,
                   hf=HFAdapter("gpt2", {"GPT2LMHeadModel": ("GPTModel", {})}, _config_from_hf, _config_to_hf, _rules))

@@ -1,9 +1,9 @@
-"""Llama (Touvron et al. 2023) from the blocks: rotary positions, grouped-query attention, SwiGLU,
-RMSNorm before each sublayer and at the end, no biases, an output layer of its own.
+"""Llama (Touvron et al. 2023): rotary positions, grouped-query attention, SwiGLU, RMSNorm before each
+sublayer and at the end, no biases, an output layer of its own; the block library's decoder
+(``CausalLM``) built from a ``LlamaConfig``, split by ``DECODER_PLAN``.
 
-    model = LlamaModel(get_preset("llama-1b"), plan)
-    logits = model(input_ids)                  # [b, s, V] over the real vocabulary (gathered)
-    loss = model(input_ids, labels=labels)     # [b, s] per-token loss (see ``CausalLM``)
+    model = LlamaModel(get_preset("llama-1b"))   # plain PyTorch, one device
+    loss = model(input_ids, labels=labels)       # [b, s] per-token loss (see ``CausalLM``)
 
 Tensor parallelism splits the kv heads too: tp must divide ``num_query_groups`` (a clear error
 otherwise). Hugging Face ``LlamaForCausalLM`` converts both ways (``tpzoo.convert``).
@@ -11,54 +11,13 @@ otherwise). Hugging Face ``LlamaForCausalLM`` converts both ways (``tpzoo.conver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-
-from tpzoo.models.attention import ParallelAttention
 from tpzoo.models.causal_lm import CausalLM
-from tpzoo.models.config import ModelConfig, _choice, _field, _int, _optional, _positive_float
-from tpzoo.models.embedding import Embedding
+from tpzoo.models.config import LlamaConfig
 from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import Rule, gated, qkv, require, same, tied, transformers_module
-from tpzoo.models.mlp import ParallelMLP
 from tpzoo.models.presets import layer_parameters
-from tpzoo.models.rope import RotaryEmbedding
-from tpzoo.models.transformer import TransformerLayer
-
-
-@dataclass
-class LlamaConfig(ModelConfig):
-    """A Llama-family decoder; ``layernorm_epsilon`` is RMSNorm's epsilon (Hugging Face's rms_norm_eps)."""
-
-    model_type: str = _field("llama", _choice("llama"), "llama")
-    hidden_dropout: float = _field(0.0, ModelConfig.__dataclass_fields__["hidden_dropout"].metadata["check"],
-                                   "dropout on embeddings and residual branches (Llama: none)")
-    attention_dropout: float = _field(0.0, ModelConfig.__dataclass_fields__["attention_dropout"].metadata["check"],
-                                      "dropout on attention probabilities (Llama: none)")
-    tie_word_embeddings: bool = _field(False, ModelConfig.__dataclass_fields__["tie_word_embeddings"].metadata["check"],
-                                       "output layer shares the word embedding weight (Llama: its own)")
-    num_query_groups: int | None = _field(None, _optional(_int(1)),
-                                          "key/value heads g (grouped-query attention); None: one per head")
-    rotary_base: float = _field(10000.0, _positive_float, "rotary base theta (Hugging Face's rope_theta)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_attention_heads % self.query_groups:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by num_query_groups="
-                             f"{self.query_groups}: each kv head serves an equal share of the query heads")
-
-    @property
-    def query_groups(self) -> int:
-        return self.num_query_groups or self.num_attention_heads
-
-    @property
-    def ffn_size(self) -> int:
-        """``ffn_hidden_size``, or Llama's 2/3 x 4h rounded up to a multiple of 256 when None."""
-        if self.ffn_hidden_size is not None:
-            return self.ffn_hidden_size
-        return -(-(8 * self.hidden_size // 3) // 256) * 256
 
 
 class LlamaModel(CausalLM):
@@ -67,25 +26,6 @@ class LlamaModel(CausalLM):
 
     model_type = "llama"
     config_class = LlamaConfig
-    norm_kind = "rmsnorm"
-
-    def build_embedding(self) -> nn.Module:
-        c = self.config
-        return Embedding(c.vocab_size, c.hidden_size, self.plan, hidden_dropout=c.hidden_dropout,
-                         init_std=c.init_method_std, max_sequence=c.max_position_embeddings,
-                         pad_to=c.make_vocab_size_divisible_by)
-
-    def build_layer(self, layer_number: int) -> nn.Module:
-        c, plan = self.config, self.plan
-        rotary = RotaryEmbedding(c.head_dim, c.rotary_base, c.max_position_embeddings)
-        attention = ParallelAttention(c.hidden_size, c.num_attention_heads, plan, num_query_groups=c.query_groups,
-                                      causal=self.causal, bias=False, attention_dropout=c.attention_dropout,
-                                      init_std=c.init_method_std, output_init_std=c.init_method_std,
-                                      rotary=rotary, layer_number=layer_number)
-        mlp = ParallelMLP(c.hidden_size, c.ffn_size, plan, activation="swiglu", bias=False,
-                          init_std=c.init_method_std, output_init_std=c.init_method_std)
-        return TransformerLayer(attention, mlp, self.norm(), self.norm(), plan, hidden_dropout=c.hidden_dropout)
-
 
 
 def num_parameters(c: LlamaConfig, head: str | None = None) -> int:
@@ -149,7 +89,7 @@ def _rules(c: LlamaConfig, arch: str) -> list[Rule]:
     return rules + ([] if c.tie_word_embeddings else [same("head.output_layer.weight", "lm_head.weight")])
 
 
-SPEC = FamilySpec(config_class=LlamaConfig, models={"LlamaModel": LlamaModel}, pretrain_model="LlamaModel",
+SPEC = FamilySpec(models={"LlamaModel": LlamaModel}, pretrain_model="LlamaModel",
                   finetune_model="LlamaModel", num_parameters=num_parameters,
                   hf=HFAdapter("llama", {"LlamaForCausalLM": ("LlamaModel", {})}, _config_from_hf, _config_to_hf,
                                _rules))

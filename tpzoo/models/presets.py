@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpzoo.models.config import ModelConfig
-from tpzoo.models.families import PRESETS, FAMILIES, family
+from tpzoo.models.families import FAMILIES, PRESETS, family
 
 
 def preset_family(name: str) -> str:
@@ -26,7 +26,7 @@ def preset_family(name: str) -> str:
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
     """The config of preset ``name`` (its family's config class) with ``overrides`` applied."""
-    config_class = family(preset_family(name)).spec.config_class
+    config_class = family(preset_family(name)).config_class
     return config_class(**PRESETS[name]).replace(**overrides)
 
 

@@ -1,8 +1,7 @@
-"""Building a model by its class name (``build_model``, the one builder that scripts, checkpoints and
-conversion use), and the tpzoo model folder: the config and the full (tp-independent) weights,
-loadable at any tp.
+"""The tpzoo model folder: the config and the full (tp-independent) weights, loadable at any tp.
 
-    DIR/config.json        {"format": "tpzoo-model", "class": "GPTModel", "options": {...}, "config": {...}}
+    DIR/config.json        {"format": "tpzoo-model", "class": "GPTModel", "options": {...}, "config": {...},
+                            "source": null, or the module:NAME of a family from outside tpzoo}
     DIR/model.safetensors  the full state dict (``sharding.full_state_dict``), float32
 
     model = build_model("LlamaModel", get_preset("llama-tiny"), plan)   # any family's class
@@ -24,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from tpzoo.models.base import StagedModel
+from tpzoo.models.build import build_model
 from tpzoo.models.config import ModelConfig
-from tpzoo.models.families import config_from_dict, family, model_class
+from tpzoo.models.families import SOURCES, config_from_dict, family
 from tpzoo.models.sharding import full_state_dict, load_full_state_dict, source_name
 from tpzoo.parallel import ParallelMesh, ParallelPlan
 
@@ -39,22 +39,6 @@ def model_options(model: nn.Module) -> dict[str, Any]:
     return family(model.config.model_type).spec.model_options(model)
 
 
-def build_model(model: str | type[StagedModel], config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None,
-                **options: Any) -> StagedModel:
-    """``cls(config, plan, **options)``, ``cls`` being ``model`` or, for a name, that model class of any
-    registered family (``families.model_class``). ``options``: the class's constructor options and, for
-    one pipeline stage, ``pre_process``, ``post_process`` and ``layers``. ``plan``: a ``ParallelPlan``, a
-    bare mesh (default run options) or None (``get_mesh()``).
-
-    An engine's builder is ``functools.partial(build_model, class_name, config, **options)``: the
-    engine calls it as ``build(plan, pre_process=..., post_process=..., layers=...)``.
-    """
-    cls = model_class(model) if isinstance(model, str) else model
-    if not (isinstance(cls, type) and issubclass(cls, StagedModel)):
-        raise TypeError(f"model must be a model class name or a StagedModel subclass, got {model!r}")
-    return cls(config, plan, **options)
-
-
 def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
     """(class name, options, config, full state dict) of a tpzoo model folder."""
     path = Path(path)
@@ -66,7 +50,7 @@ def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig,
         hint = (f"it is a Hugging Face config (model_type {meta['model_type']!r}): convert it with "
                 f"python -m tpzoo.convert from-hf" if "model_type" in meta else f"expected format {FORMAT!r}")
         raise ValueError(f"{meta_file} is not a tpzoo model config; {hint}")
-    config = config_from_dict(meta["config"])
+    config = config_from_dict(meta["config"], meta.get("source"))
     return meta["class"], meta.get("options", {}), config, load_file(str(path / WEIGHTS_FILE))
 
 
@@ -75,7 +59,8 @@ def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any],
     """Write a tpzoo model folder (created if missing)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "class": class_name, "options": options, "config": config.to_dict()}
+    meta = {"format": FORMAT, "class": class_name, "options": options, "config": config.to_dict(),
+            "source": SOURCES.get(config.model_type)}
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE),
               metadata={"format": "pt"})

@@ -1,14 +1,14 @@
 """Rotary position embeddings (Su et al. 2021), in the half-rotation layout of Hugging Face and Megatron-LM.
 
-For a head of d features and position t, the pairs (x_i, x_{i + d/2}) turn by angle t theta_i,
-theta_i = base^(-2i/d):
+For the first r features of a head (r = d, or a fraction of it: GPT-NeoX's partial rotary) and
+position t, the pairs (x_i, x_{i + r/2}) turn by angle t theta_i, theta_i = base^(-2i/r):
 
     rope(x)_t = x_t cos(t theta) + rotate_half(x_t) sin(t theta),  rotate_half([x1, x2]) = [-x2, x1]
 
-(cos and sin of [theta, theta] over the d features). Keys and queries of every head turn alike,
-so nothing depends on tp: each rank rotates its own heads. The original Llama checkpoints pair
-features (x_{2i}, x_{2i+1}) instead; Hugging Face's weights, which ``tpzoo.convert`` reads, already
-use this layout, so their q and k projections map unchanged.
+(cos and sin of [theta, theta] over the r features); the other d - r features pass unchanged. Keys
+and queries of every head turn alike, so tensor parallelism changes nothing: each rank rotates its
+own heads. The original Llama checkpoints pair features (x_{2i}, x_{2i+1}) instead; Hugging Face's
+weights, which ``tpzoo.convert`` reads, already use this layout.
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos / sin tables [P, d] (float32, not saved) for positions 0 .. ``max_positions`` - 1."""
+    """cos / sin tables [P, r] (float32, not saved) for positions 0 .. ``max_positions`` - 1, turning the first
+    r = ``fraction`` x head_dim features of each head (r even)."""
 
-    def __init__(self, head_dim: int, base: float, max_positions: int) -> None:
+    def __init__(self, head_dim: int, base: float, max_positions: int, fraction: float = 1.0) -> None:
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"rotary embeddings turn pairs of features: head_dim={head_dim} must be even")
-        self.head_dim, self.base, self.max_positions = head_dim, base, max_positions
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, d/2]
-        angles = torch.cat((angles, angles), dim=-1)                                      # [P, d]
+        rotated = int(head_dim * fraction)
+        if not 0 < fraction <= 1 or rotated < 2 or rotated % 2:
+            raise ValueError(f"rotary embeddings turn pairs of features: head_dim={head_dim} x fraction={fraction} "
+                             f"= {head_dim * fraction:g} must be an even number of features >= 2")
+        self.head_dim, self.rotated, self.base, self.max_positions = head_dim, rotated, base, max_positions
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotated, 2, dtype=torch.int64).float() / rotated))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, r/2]
+        angles = torch.cat((angles, angles), dim=-1)                                      # [P, r]
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
@@ -42,7 +45,13 @@ class RotaryEmbedding(nn.Module):
         if offset + s > self.max_positions:
             raise ValueError(f"sequence length {offset + s} exceeds max_position_embeddings={self.max_positions}")
         cos, sin = self.cos[offset:offset + s].to(q.dtype), self.sin[offset:offset + s].to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return self._turn(q, cos, sin), self._turn(k, cos, sin)
+
+    def _turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.rotated == self.head_dim:
+            return x * cos + rotate_half(x) * sin
+        turned, kept = x[..., :self.rotated], x[..., self.rotated:]
+        return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base:g}, max_positions={self.max_positions}"
+        return f"head_dim={self.head_dim}, rotated={self.rotated}, base={self.base:g}, max_positions={self.max_positions}"

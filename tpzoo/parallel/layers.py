@@ -34,6 +34,7 @@ from tpzoo.parallel.collectives import (
     resolve_tp_group,
     scatter_to_tp_region,
 )
+from tpzoo.parallel.cross_entropy import vocab_parallel_cross_entropy
 from tpzoo.parallel.fsdp import local
 from tpzoo.parallel.param_facts import facts, mark
 from tpzoo.parallel.token_ids import assert_in_range
@@ -212,6 +213,10 @@ class VocabParallelEmbedding(nn.Module):
         if input_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"VocabParallelEmbedding expects int32/int64 ids, got {input_ids.dtype}")
         assert_in_range(input_ids, self.num_embeddings, "token ids")  # asynchronous: no host-device sync
+        tp = dist.get_world_size(self.tp_group)
+        if self.sequence_parallel and input_ids.shape[-1] % tp:
+            raise ValueError(f"sequence length {input_ids.shape[-1]} is not divisible by tp={tp}: sequence "
+                             f"parallelism splits the sequence; use a multiple of {tp}")
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
@@ -222,6 +227,39 @@ class VocabParallelEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings} (padded to {self.num_embeddings_padded}; rows {self.vocab_start_index}:"
                 f"{self.vocab_end_index} here), {self.embedding_dim}, sequence_parallel={self.sequence_parallel}")
+
+
+class VocabParallelOutput(nn.Module):
+    """An LM head's output over a vocab-parallel weight: logits_r = H E_r^T (+ b_r), then the loss or the logits.
+
+    forward(hidden [b, s, h] ([b, s/tp, h] with ``sequence_parallel``), weight [V'/tp, h], labels [b, s] | None,
+    bias [V'/tp] | None) -> per-token loss [b, s] (float32, 0 where labels == -100; the vocabulary is never
+    gathered: ``vocab_parallel_cross_entropy``) | logits [b, s, V] (gathered, cut to the real vocabulary).
+    Each rank's gradient of ``hidden`` is a partial sum over its vocabulary slice: the copy into the region
+    all-reduces it, or with sequence parallelism the all-gather of the sequence reduce-scatters it.
+    ``kernels``: the backend of the fused cross entropy.
+    """
+
+    def __init__(self, vocab_size: int, sequence_parallel: bool = False, tp_group: dist.ProcessGroup | None = None,
+                 kernels: str | None = None) -> None:
+        super().__init__()
+        self.vocab_size, self.sequence_parallel, self.kernels = vocab_size, sequence_parallel, kernels
+        self.tp_group = resolve_tp_group(tp_group)
+
+    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+        if self.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(hidden, self.tp_group, tensor_parallel_output_grad=True)
+        else:
+            hidden = copy_to_tp_region(hidden, self.tp_group)
+        logits = F.linear(hidden, weight, bias)                                   # [b, s, V'/tp]
+        if labels is not None:
+            return vocab_parallel_cross_entropy(logits, labels, vocab_size=self.vocab_size, tp_group=self.tp_group,
+                                                backend=self.kernels)
+        return gather_from_tp_region(logits, self.tp_group)[..., :self.vocab_size]
+
+    def extra_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, sequence_parallel={self.sequence_parallel}, kernels={self.kernels}"
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:

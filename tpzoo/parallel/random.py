@@ -8,7 +8,8 @@ shard repeats the others' pattern. So there are two streams:
     default stream   seed + 100 * pp_rank                      same on every tp (and dp) rank
     "tp" stream      seed + 2718 + 100 * pp_rank + tp_rank      different on every tp rank
 
-Dropout inside a tensor-parallel region runs under ``mesh.rng.fork("tp")``. Weights are not drawn
+Dropout inside a tensor-parallel region runs under ``mesh.rng.fork("tp")`` (``TPRandom``, which
+``tpzoo.parallel.parallelize`` puts around such modules). Weights are not drawn
 from these streams: layers build their full weight from the default generator under a seed the
 caller sets (models seed each layer from (seed, layer index)), so tp and pp never change them.
 """
@@ -16,9 +17,10 @@ caller sets (models seed each layer from (seed, layer index)), so tp and pp neve
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from tpzoo.parallel.mesh import ParallelMesh
@@ -75,3 +77,26 @@ def manual_seed(seed: int, mesh: ParallelMesh | None = None) -> None:
     base = seed + 100 * mesh.pp_rank
     torch.manual_seed(base)
     mesh.rng.add(TP_STREAM, base + TP_SEED_OFFSET + mesh.tp_rank, mesh.device)
+
+
+@torch.compiler.disable  # swaps generator states, which dynamo cannot trace: compiled blocks call it eagerly
+def in_tp_stream(tracker: RNGStatesTracker, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` drawing its random numbers from the "tp" stream of ``tracker`` (a mesh's
+    ``rng``): dropout on activations split across the tp ranks, each rank its own mask."""
+    with tracker.fork():
+        return fn(*args, **kwargs)
+
+
+class TPRandom(nn.Module):
+    """``module`` drawing its random numbers from the tp stream while training (dropout on activations
+    split over tp: heads, features or sequence shards). A module whose dropout ``p`` is 0 draws nothing
+    and runs as it is (so that torch.compile keeps it in its graph). No parameters of its own."""
+
+    def __init__(self, module: nn.Module, tracker: RNGStatesTracker) -> None:
+        super().__init__()
+        self.module, self.tracker = module, tracker
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.training and getattr(self.module, "p", 1.0) > 0:
+            return in_tp_stream(self.tracker, self.module, *args, **kwargs)
+        return self.module(*args, **kwargs)

@@ -1,9 +1,10 @@
 """Megatron-LM's architecture and speed flags (its names, choices and meanings) on tpzoo's model
 families and run options. Imports without torch: misuse is reported before torch loads.
 
-Architecture. Each family declares the model Megatron-LM's flags describe (``Family.architecture``:
-gpt and bert learned_absolute positions, LayerNorm, GELU, biases; llama rope, RMSNorm, SwiGLU, no
-biases, grouped-query attention). Without ``--model`` the flags pick the family they describe, read
+Architecture. A family's config class says what its models are, field by field (the traits of
+``tpzoo.models.config.ModelConfig``, narrowed by each family: gpt and bert learned_absolute
+positions, LayerNorm, GELU, biases; llama rope, RMSNorm, SwiGLU, no biases, grouped-query attention
+where it has ``num_query_groups``). Without ``--model`` the flags pick the family they describe, read
 as Megatron-LM reads them (a flag not given has Megatron-LM's default), the script's default family
 when several match (gpt and bert do: pretrain.py's gpt, pretrain_bert.py's bert; ``args.default_model``,
 ``add_model_args``); with ``--model`` the flags given must
@@ -29,9 +30,11 @@ FSDP only (its units gather ahead of their compute).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
-from tpzoo.models.families import FAMILIES, PRESETS, Architecture, family
+from tpzoo.models.config import ACTIVATIONS
+from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import (MEGATRON_ATTENTION_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS,
                                recompute_problem)
 from tpzoo.flag_types import positive_float, positive_int
@@ -102,11 +105,28 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
                    "a persistent one")
 
 
-def _allowed(arch: Architecture, trait: str) -> tuple[Any, ...]:
-    """The values of ``trait`` a family of architecture ``arch`` takes."""
+def _field(config_class: type, name: str) -> Any:
+    return next((f for f in dataclasses.fields(config_class) if f.name == name), None)
+
+
+def _takes(config_class: type, trait: str, value: Any) -> bool:
+    """Whether a config of ``config_class`` can have Megatron-LM trait ``trait`` = ``value`` (its fields' checks)."""
     if trait == "group_query_attention":
-        return (False, True) if arch.grouped_query else (False,)
-    return (getattr(arch, trait),)
+        return not value or _field(config_class, "num_query_groups") is not None
+    if trait == "swiglu":
+        field, wanted = _field(config_class, "activation"), [a for a in ACTIVATIONS if (a == "swiglu") == value]
+    else:
+        field, wanted = _field(config_class, trait), [value]
+    return any(field.metadata["check"](v) is None for v in wanted)
+
+
+def _family_value(config_class: type, trait: str) -> Any:
+    """The trait of the family's default config."""
+    if trait == "group_query_attention":
+        return False
+    if trait == "swiglu":
+        return _field(config_class, "activation").default == "swiglu"
+    return _field(config_class, trait).default
 
 
 def _show(trait: str, value: Any) -> str:
@@ -120,10 +140,10 @@ def _show(trait: str, value: Any) -> str:
 
 
 def _differences(name: str, wanted: dict[str, Any]) -> list[str]:
-    """``flags X (family: Y)`` for each trait of ``wanted`` that the family ``name`` does not take."""
-    arch = family(name).architecture
-    return [f"{_show(t, v)} ({name}: {_show(t, _allowed(arch, t)[0])})"
-            for t, v in wanted.items() if v not in _allowed(arch, t)]
+    """``flags X (family: Y)`` for each trait of ``wanted`` that the family ``name``'s config cannot have."""
+    config_class = family(name).config_class
+    return [f"{_show(t, v)} ({name}: {_show(t, _family_value(config_class, t))})"
+            for t, v in wanted.items() if not _takes(config_class, t, v)]
 
 
 def resolve_architecture(args: argparse.Namespace) -> None:
@@ -160,20 +180,21 @@ def resolve_architecture(args: argparse.Namespace) -> None:
 def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]:
     """The config fields the flags set (``described``: the family was picked by the flags, whose
     absent tie and grouping flags then mean Megatron-LM's tied, ungrouped model)."""
-    arch = family(args.model).architecture
+    config_class = family(args.model).config_class
+    grouped = _field(config_class, "num_query_groups") is not None
     changes: dict[str, Any] = {}
     if args.norm_epsilon is not None:
         changes["layernorm_epsilon"] = args.norm_epsilon
     if args.make_vocab_size_divisible_by is not None:
         changes["make_vocab_size_divisible_by"] = args.make_vocab_size_divisible_by
     if args.rotary_base is not None:
-        if arch.position_embedding_type != "rope":
+        if _field(config_class, "rotary_base") is None:
             raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
-                             f"{arch.position_embedding_type} ones; drop it")
+                             f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
         changes["rotary_base"] = float(args.rotary_base)
     if args.untie_embeddings_and_output_weights or described:
         changes["tie_word_embeddings"] = not args.untie_embeddings_and_output_weights
-    if arch.grouped_query and args.num_query_groups is None and (args.group_query_attention or described):
+    if grouped and args.num_query_groups is None and (args.group_query_attention or described):
         changes["num_query_groups"] = 1 if args.group_query_attention else None
     return changes
 

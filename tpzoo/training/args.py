@@ -19,6 +19,7 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 import os
 import sys
 from datetime import timedelta
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 from tpzoo.engine.config import SCHEDULES, EngineConfig
 from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
 from tpzoo.models.config import ModelConfig, field_names
-from tpzoo.models.families import FAMILIES, PRESETS, family
+from tpzoo.models.families import FAMILIES, PRESETS, family, model_flag
 from tpzoo.models.presets import get_preset
 from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS
 
@@ -102,15 +103,20 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         _exit(prog, " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split()), 2)
 
 
-def exit_on_write_error(prog: str, main: Callable[[], Any]) -> Any:
-    """Run ``main``; a checkpoint that cannot be written (``CheckpointWriteError``: disk full, no permission)
-    becomes ``prog: error: <message>`` on rank 0's stderr and exit status 1 on every rank (latest unchanged)."""
+def exit_on_run_error(prog: str, main: Callable[[], Any]) -> Any:
+    """Run ``main`` (the training loop); what stops it for a reason the user can fix becomes ``prog: error:
+    <message>`` on rank 0's stderr, on every rank: a checkpoint that cannot be written (``CheckpointWriteError``:
+    disk full, no permission; exit status 1, latest unchanged), or a sharding plan that misdescribes a
+    parameter, found on the first step before any update (``PlanError``; exit status 2)."""
     from tpzoo.checkpoint.save import CheckpointWriteError  # torch: imported once the flags are checked
+    from tpzoo.engine.replicas import PlanError
 
     try:
         return main()
     except CheckpointWriteError as err:
         _exit(prog, str(err), 1)
+    except PlanError as err:
+        _exit(prog, str(err), 2)
 
 
 def _exit(prog: str, message: str, status: int) -> NoReturn:
@@ -138,17 +144,24 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
             return
 
 
+def check_preset(args: argparse.Namespace) -> None:
+    """ValueError unless ``--preset`` (if given) is a preset of a registered family."""
+    if args.preset is not None and args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset}: unknown preset; choose one of {', '.join(PRESETS)}")
+
+
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
     """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
     stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
     the architecture flags describe, ``default_model`` first when several do)."""
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(FAMILIES), help=f"the model family (default: the one Megatron-LM's "
-                   f"architecture flags describe, {default_model} without them)")
+    g.add_argument("--model", metavar="FAMILY", type=model_flag, help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
+                   f"tpzoo.models.Family of your own (docs/new-model.md) (default: the one Megatron-LM's architecture "
+                   f"flags describe, {default_model} without them)")
     parser.set_defaults(default_model=default_model)
     defaults = ", ".join(f.default_preset for f in FAMILIES.values())
-    g.add_argument("--preset", choices=tuple(PRESETS), help=f"model shape, of the --model family (default: the "
-                   f"family's {defaults})")
+    g.add_argument("--preset", metavar="NAME", help=f"model shape, a preset of the --model family: "
+                   f"{', '.join(PRESETS)} (default: the family's {defaults})")
     g.add_argument("--num-layers", type=positive_int)
     g.add_argument("--hidden-size", type=positive_int)
     g.add_argument("--num-attention-heads", type=positive_int)
@@ -183,7 +196,7 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    "torch.distributed.launch passes it (torchrun sets LOCAL_RANK instead); must agree with LOCAL_RANK")
 
 
-def set_model_defaults(parser: argparse.ArgumentParser, defaults: dict[str, dict[str, Any]]) -> None:
+def set_model_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, dict[str, Any]]) -> None:
     """Make the flags of ``defaults`` (per ``--model``: {dest: value}) None until given, their help
     naming each model's value; ``fill_model_defaults`` fills them in once the model is known."""
     names = set().union(*defaults.values())
@@ -194,7 +207,7 @@ def set_model_defaults(parser: argparse.ArgumentParser, defaults: dict[str, dict
             action.help = "; ".join(filter(None, [action.help, f"default: {by_model}"]))
 
 
-def fill_model_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
+def fill_model_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
     """Set each flag of ``defaults[args.model]`` that is None (not given) to the model's default."""
     for name, value in defaults[args.model].items():
         if getattr(args, name) is None:
@@ -230,9 +243,10 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
 def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
     """``base`` (default: ``--preset``, else the ``--model`` family's default preset) with the model
     flags given and ``changes`` applied. A flag the family's config has no field for is a ValueError."""
+    fam = family(args.model)
     if base is None:
-        base = get_preset(args.preset or family(args.model).default_preset)
-    if base.model_type != args.model:
+        base = get_preset(args.preset or fam.default_preset)
+    if base.model_type != fam.name:
         raise ValueError(f"--preset {args.preset} is a {base.model_type} model but --model is {args.model}; "
                          f"drop one of them or make them agree")
     given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}

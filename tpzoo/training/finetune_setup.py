@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from tpzoo.checkpoint import load_model, read_meta
+from tpzoo.checkpoint.model import recorded_config
 from tpzoo.checkpoint.tokenizer import model_tokenizer
 from tpzoo.data.causal_lm import CausalLMDataset, read_texts
 from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.models.config import ModelConfig
-from tpzoo.models.families import FAMILIES, config_from_dict, family
+from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
@@ -76,7 +77,7 @@ def saved_model(path: str) -> tuple[str, ModelConfig, dict[str, Any]]:
         return class_name, config, {}
     meta = read_meta(path)
     record = meta["checkpoint"]["model"]
-    return record["class"], config_from_dict(record["config"]), meta
+    return record["class"], recorded_config(record), meta
 
 
 def check_label_count(names: list[str]) -> None:

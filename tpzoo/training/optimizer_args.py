@@ -15,6 +15,7 @@ This module imports without torch.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
@@ -96,13 +97,13 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--seed", type=non_negative_int, default=d["seed"])
 
 
-def fill_schedule_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
+def fill_schedule_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
     """``fill_model_defaults``, but the family's iteration-counted defaults that the flags replace are
     Megatron-LM's (--train-samples: no --train-iters, --lr-warmup-iters 0; --lr-warmup-samples/-fraction:
     --lr-warmup-iters 0)."""
     dropped = {name for flag, names in ITERATION_DEFAULTS.items() if getattr(args, flag, None) for name in names}
-    return fill_model_defaults(args, {model: {k: MEGATRON_DEFAULTS[k] if k in dropped else v for k, v in values.items()}
-                                      for model, values in defaults.items()})
+    values = {k: MEGATRON_DEFAULTS[k] if k in dropped else v for k, v in defaults[args.model].items()}
+    return fill_model_defaults(args, {args.model: values})
 
 
 def check_optimizer_resume(args: argparse.Namespace, saved_args: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from tpzoo.checkpoint import load_checkpoint, read_meta
 from tpzoo.checkpoint.load import check_saved_parts
+from tpzoo.checkpoint.model import recorded_config
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
@@ -43,8 +44,8 @@ from tpzoo.engine import Engine
 from tpzoo.engine.config import micro_batches
 from tpzoo.engine.data_parallel import set_hyperparameters
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
-from tpzoo.models.families import config_from_dict, family
-from tpzoo.models.pretrained import build_model
+from tpzoo.models.families import family
+from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.training.architecture_args import SPEED_FLAGS, resolve_architecture, resolve_speed
 from tpzoo.training.args import LOSS_SCALE_FLAGS, engine_config, model_config, plan_from_args, process_timeout
@@ -142,6 +143,17 @@ def _show(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def check_recorded_family(model: str, load: str) -> None:
+    """A resume takes ``--model`` from the checkpoint where not given: ValueError when that names a family from
+    outside tpzoo that this process has not registered (only a --model the user gives imports a module)."""
+    try:
+        family(model)
+    except ValueError:
+        raise ValueError(f"--load {load} holds a model of --model {model}, a family from outside tpzoo that is not "
+                         f"loaded here; pass --model {model} to load it (tpzoo never imports a module that a "
+                         f"checkpoint names)") from None
+
+
 def differing_fields(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
     """``field checkpoint X, flags Y`` for each weight-shaping field that differs."""
     a, b = saved.to_dict(), wanted.to_dict()
@@ -167,7 +179,7 @@ def resolve_model_config(args: argparse.Namespace, tokenizer: Tokenizer, saved: 
     if saved["model"] != args.model:
         raise ValueError(f"--load {args.load} holds a {saved['model']} model but --model is {args.model}; "
                          f"pass --model {saved['model']}")
-    stored = config_from_dict(saved["model_config"])
+    stored = recorded_config(saved["checkpoint"]["model"])
     config = model_config(args, None if args.preset else stored, **changes)
     check_vocabulary(tokenizer, stored, args.load)
     differ = differing_fields(stored, config)
@@ -198,6 +210,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     changes = []
     if saved is not None:
         changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
+        check_recorded_family(args.model, args.load)
         check_optimizer_resume(args, saved.get("args", {}))
         check_saved_parts(checkpoint, saved["checkpoint"], **load_options(args))  # before the data and model
         if args.save is None and not args.finetune:
@@ -217,7 +230,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
         micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
     given_tokenizer = tokenizer_from_args(args)  # the tokenizer flags' (restored ones included), or None
     if saved is not None and given_tokenizer:  # before any data is tokenised with it
-        check_vocabulary(given_tokenizer, config_from_dict(saved["model_config"]), args.load)
+        check_vocabulary(given_tokenizer, recorded_config(saved["checkpoint"]["model"]), args.load)
     plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
     tokenizer, prefix, sources = run_data(args, args.model, given_tokenizer)
@@ -232,7 +245,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
                                      sources)
     engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
                     engine_cfg, plan)
-    save_dir = Path(args.save) if args.save else default_run_dir(args.model)
+    save_dir = Path(args.save) if args.save else default_run_dir(family(args.model).name)
     run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(args.log_dir) if args.log_dir else save_dir)
     run.reader = BatchReader(train, args.num_workers, batches.batch_at) if args.num_workers else None
