@@ -1,10 +1,13 @@
-"""Checkpoints written by an earlier tpzoo still load and resume: ``tests/fixtures/checkpoint_v1``.
+"""Checkpoints written by earlier tpzoos still load and resume: ``tests/fixtures/checkpoint_v1`` (before the
+model families, issue #13) and ``checkpoint_v2`` (before the models became plain code with sharding plans
+applied from outside, issue #24).
 
-The fixture holds a tiny GPT (2 layers) and a tiny BERT (1 layer), hidden 8, 4 heads, trained by
-``pretrain.py`` at tp 2 on the demo corpus for 6 iterations, float32 without dropout, of which only
-the checkpoint of iteration 3 is kept, next to the run's ``metrics.jsonl`` (iterations 1..6); see
-its README.md for the commit and the command. Its meta.json holds that commit's config layout (run
-options such as ``sequence_parallel`` and ``kernels`` inside the model config).
+v1 holds a tiny GPT (2 layers) and a tiny BERT (1 layer), hidden 8, 4 heads, trained at tp 2; its meta.json
+holds that commit's config layout (run options such as ``sequence_parallel`` inside the model config). v2
+holds a Llama (2 layers, 2 kv groups; tp 2 x pp 2), a GPT (untied; tp 2 with sequence parallelism) and a BERT
+(2 layers; tp 2 x pp 2 with sequence parallelism). Each was trained by ``pretrain.py`` on the demo corpus for 6
+iterations, float32 without dropout, of which only the checkpoint of iteration 3 is kept, next to the run's
+``metrics.jsonl`` (iterations 1..6); see each fixture's README.md for the commit and the commands.
 
 - ``load_model`` at tp 1 and tp 2 rebuilds each model and reads every saved weight: the gathered
   weights equal the checkpoint's tensors bit for bit (read with DCP alone, no tpzoo), with no name
@@ -36,17 +39,19 @@ from tpzoo.models import full_state_dict
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1"
-# the saved runs and the inputs their forward takes besides input_ids
-RUNS = {"gpt": (), "bert": ("token_type_ids", "attention_mask")}
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# the saved runs (fixture/run) and the inputs their forward takes besides input_ids
+BERT_INPUTS = ("token_type_ids", "attention_mask")
+RUNS = {"checkpoint_v1/gpt": (), "checkpoint_v1/bert": BERT_INPUTS,
+        "checkpoint_v2/llama": (), "checkpoint_v2/gpt": (), "checkpoint_v2/bert": BERT_INPUTS}
 SAVED, ITERS, GLOBAL_BATCH = 3, 6, 8
 TPS = (1, 2)
-LOSS_TOL = 1e-6     # float32, same batches; measured: identical (0.0) for every loss of both runs
+LOSS_TOL = 1e-6     # float32, same batches; measured: v1 identical (0.0) for every loss of both runs
 LOGITS_TOL = 1e-5   # tp 2 sums the row-parallel products in another order than tp 1
 
 
 def iteration_folder(run: str) -> Path:
-    return FIXTURE / run / f"iter_{SAVED:07d}"
+    return FIXTURES / run / f"iter_{SAVED:07d}"
 
 
 def saved_weights(run: str) -> dict[str, np.ndarray]:
@@ -80,7 +85,7 @@ def load_at_each_tp() -> dict[str, dict]:
         try:
             for tp in TPS:
                 mesh = init_mesh(tp=tp)
-                model = load_model(FIXTURE / run, mesh).eval()
+                model = load_model(FIXTURES / run, mesh).eval()
                 found[f"weights tp={tp}"] = {k: v.numpy() for k, v in full_state_dict(model, mesh).items()}
                 with torch.no_grad():
                     found[f"logits tp={tp}"] = model(**inputs(extras, vocab_size)).numpy()
@@ -121,9 +126,9 @@ def test_load_model_gives_the_same_logits_at_tp_1_and_2(loaded, run):
 
 @pytest.mark.parametrize("run", RUNS)
 def test_resume_logs_the_saved_runs_losses(run, tmp_path):
-    shutil.copytree(FIXTURE / run, tmp_path / run)
+    shutil.copytree(FIXTURES / run, tmp_path / run)
     done = pretrain(["--load", run, "--save", "resumed"], tmp_path)
-    saved, resumed = metrics(FIXTURE / run), metrics(tmp_path / "resumed")
+    saved, resumed = metrics(FIXTURES / run), metrics(tmp_path / "resumed")
     found = re.search(rf"resumed from \S+ at iteration {SAVED} \(consumed samples {SAVED * GLOBAL_BATCH}\): "
                       rf"val loss (\S+)", done.stdout)
     assert found, done.stdout
