@@ -110,6 +110,12 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-preset-other-family": ("pretrain", T + " --preset bert-base", "is a bert model but --model is gpt"),
     "pretrain-query-groups-for-gpt": ("pretrain", T + " --num-query-groups 2", "--num-query-groups does not apply"),
     "pretrain-unknown-model": ("pretrain", T + " --model t5", "argument --model: unknown model family 't5'; known: gpt"),
+    "pretrain-model-module-missing": ("pretrain", T + " --model no_such_module:FAMILY",
+                                      "argument --model: no_such_module:FAMILY: no module 'no_such_module' to import; "
+                                      "put the folder holding no_such_module on PYTHONPATH"),
+    "pretrain-model-not-a-family": ("pretrain", T + " --model json:dumps", "argument --model: json:dumps: json has "
+                                    "no tpzoo.models.Family named 'dumps' (found function)"),
+    "pretrain-unknown-preset": ("pretrain", T + " --preset gpt3", "--preset gpt3: unknown preset; choose one of gpt2"),
     "pretrain-unknown-flag": ("pretrain", T + " --learning-rate 1", "unrecognized arguments: --learning-rate"),
     "pretrain-bf16-and-fp16": ("pretrain", T + " --bf16 --fp16", "argument --fp16: not allowed with argument --bf16"),
     "pretrain-dropout-one": ("pretrain", T + " --hidden-dropout 1", "expected a number in [0, 1), got 1"),
