@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
 from tpzoo.run_options import PLAN_OPTIONS
 
 Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
@@ -39,7 +40,16 @@ OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std", "make_vocab_size_divisible_by"})
 
 
+def _parses(parse: Callable[[str], Any]) -> Callable[[Check], Check]:
+    """Give a check the ``tpzoo.flag_types`` function that reads its field's command-line flag (``parse``)."""
+    def attach(check: Check) -> Check:
+        check.parse = parse
+        return check
+    return attach
+
+
 def _int(minimum: int) -> Check:
+    @_parses(positive_int if minimum >= 1 else non_negative_int)
     def check(v: Any) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int):
             return f"must be an int, got {type(v).__name__} {v!r}"
@@ -48,15 +58,18 @@ def _int(minimum: int) -> Check:
 
 
 def _optional(inner: Check) -> Check:
-    return lambda v: None if v is None else inner(v)
+    check = lambda v: None if v is None else inner(v)  # noqa: E731
+    return _parses(inner.parse)(check) if hasattr(inner, "parse") else check
 
 
+@_parses(probability)
 def _probability(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return f"must be a float in [0, 1), got {type(v).__name__} {v!r}"
     return None if 0.0 <= v < 1.0 else f"must lie in [0, 1), got {v}"
 
 
+@_parses(positive_float)
 def _positive_float(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return f"must be a finite float, got {type(v).__name__} {v!r}"
@@ -92,7 +105,7 @@ class ModelConfig:
     num_layers: int = _field(12, _int(1), "transformer layers", "--num-layers")
     hidden_size: int = _field(768, _int(1), "width h of the residual stream", "--hidden-size")
     num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each", "--num-attention-heads")
-    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None means the family's default",
+    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None: the family's own (GPT, BERT: 4 h)",
                                          "--ffn-hidden-size")
     vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
     make_vocab_size_divisible_by: int = _field(128, _int(1), "the vocabulary is padded with unused rows to "
@@ -148,9 +161,11 @@ class ModelConfig:
         return resolved[name] if name in resolved else getattr(self, name)
 
     @classmethod
-    def flags(cls) -> dict[str, str]:
-        """Megatron-LM flag -> field, for the fields that have one."""
-        return {f.metadata["flag"]: f.name for f in dataclasses.fields(cls) if f.metadata.get("flag")}
+    def flag_fields(cls) -> dict[str, dataclasses.Field]:
+        """The fields that a command-line flag of their own name sets (``--num-layers`` -> ``num_layers``; the
+        flags Megatron-LM spells otherwise, such as ``--norm-epsilon``, are the architecture flags')."""
+        return {f.name: f for f in dataclasses.fields(cls)
+                if f.metadata.get("flag") == f"--{f.name.replace('_', '-')}" and hasattr(f.metadata["check"], "parse")}
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied and validated (e.g. command-line overrides of a preset)."""

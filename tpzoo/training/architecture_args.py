@@ -9,8 +9,9 @@ as Megatron-LM reads them (a flag not given has Megatron-LM's default), the scri
 when several match (gpt and bert do: pretrain.py's gpt, pretrain_bert.py's bert; ``args.default_model``,
 ``add_model_args``); with ``--model`` the flags given must
 agree with it. A combination no family has is refused naming the nearest family and the flags that
-differ. The flags that only set config fields: ``--norm-epsilon`` (layernorm_epsilon), ``--rotary-base``,
-``--make-vocab-size-divisible-by``, ``--untie-embeddings-and-output-weights`` (tie_word_embeddings),
+differ. The flags that only set config fields: ``--norm-epsilon`` (layernorm_epsilon), ``--rotary-base`` and
+``--make-vocab-size-divisible-by`` (declared by those fields, applied by ``tpzoo.training.args.model_config``),
+``--untie-embeddings-and-output-weights`` (tie_word_embeddings),
 ``--group-query-attention`` (num_query_groups: ``--num-query-groups``, Megatron-LM's 1 when not
 given). Without ``--model`` the model is the one the flags describe: tied unless untied, one kv head
 per head unless grouped; with it, the preset's unless a flag says otherwise.
@@ -33,11 +34,12 @@ import argparse
 import dataclasses
 from typing import Any
 
+from tpzoo.flag_types import positive_float, positive_int
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import (MEGATRON_ATTENTION_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS,
                                recompute_problem)
-from tpzoo.flag_types import positive_float, positive_int
+from tpzoo.training.args import config_flag
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -58,8 +60,7 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model architecture (Megatron-LM's flags; docs/models.md)")
     g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES,
                    help="learned_absolute (gpt, bert) or rope (llama); the others: no family has them")
-    g.add_argument("--rotary-base", type=positive_float, help="rotary base theta (rope families; default: the "
-                   "preset's)")
+    config_flag(g, "rotary_base", help="rope families; default: the preset's")
     g.add_argument("--rotary-percent", type=float, help="only 1.0: every feature of a head is rotated")
     g.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (gpt, bert) or RMSNorm (llama)")
     g.add_argument("--norm-epsilon", type=positive_float, help="epsilon of the norms (default: the preset's)")
@@ -73,8 +74,7 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--add-bias-linear", dest="add_bias_linear", action="store_true", default=None,
                    help="biases in the linear layers (gpt, bert)")
     g.add_argument("--kv-channels", type=positive_int, help="only hidden size / heads, tpzoo's head size")
-    g.add_argument("--make-vocab-size-divisible-by", type=positive_int, help="pad the vocabulary to a multiple of "
-                   "this x tp (default: the preset's, 128)")
+    config_flag(g, "make_vocab_size_divisible_by", help="default: the preset's, 128")
     g.add_argument("--attention-softmax-in-fp32", action="store_true",
                    help="accepted: tpzoo's attention softmax is always float32")
 
@@ -185,13 +185,9 @@ def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]
     changes: dict[str, Any] = {}
     if args.norm_epsilon is not None:
         changes["layernorm_epsilon"] = args.norm_epsilon
-    if args.make_vocab_size_divisible_by is not None:
-        changes["make_vocab_size_divisible_by"] = args.make_vocab_size_divisible_by
-    if args.rotary_base is not None:
-        if _field(config_class, "rotary_base") is None:
-            raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
-                             f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
-        changes["rotary_base"] = float(args.rotary_base)
+    if args.rotary_base is not None and _field(config_class, "rotary_base") is None:  # model_config sets it
+        raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
+                         f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
     if args.untie_embeddings_and_output_weights or described:
         changes["tie_word_embeddings"] = not args.untie_embeddings_and_output_weights
     if grouped and args.num_query_groups is None and (args.group_query_attention or described):

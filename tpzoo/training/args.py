@@ -19,8 +19,9 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import dataclasses
 import os
+from collections.abc import Mapping
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -36,10 +37,6 @@ from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS
 if TYPE_CHECKING:
     from tpzoo.parallel import ParallelMesh, ParallelPlan
 
-# flag -> model config field, for the model flags that override a preset (a family's config may lack
-# one: num_query_groups is Llama's; giving it for another family is refused)
-MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-               "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std")
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 # the dynamic fp16 loss scale's flags when not given: Megatron's, but for the initial scale, 2^16
 # (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
@@ -150,6 +147,22 @@ def check_preset(args: argparse.Namespace) -> None:
         raise ValueError(f"--preset {args.preset}: unknown preset; choose one of {', '.join(PRESETS)}")
 
 
+def model_flag_fields() -> dict[str, dataclasses.Field]:
+    """The config fields, of every registered family's config, that a flag of their own name sets (``--num-layers``:
+    ``num_layers``; ``ModelConfig.flag_fields``): the flags that override a preset's value."""
+    out = dict(ModelConfig.flag_fields())
+    for f in FAMILIES.values():
+        out.update({k: v for k, v in f.config_class.flag_fields().items() if k not in out})
+    return out
+
+
+def config_flag(group: argparse._ArgumentGroup, name: str, help: str = "default: the preset's") -> None:
+    """Add config field ``name``'s flag to ``group``: its name, value type and meaning as the field declares them
+    (``tpzoo.models.config``), None until given."""
+    f = model_flag_fields()[name]
+    group.add_argument(f.metadata["flag"], type=f.metadata["check"].parse, help=f"{f.metadata['doc']} ({help})")
+
+
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
     """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
     stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
@@ -162,16 +175,10 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
     defaults = ", ".join(f.default_preset for f in FAMILIES.values())
     g.add_argument("--preset", metavar="NAME", help=f"model shape, a preset of the --model family: "
                    f"{', '.join(PRESETS)} (default: the family's {defaults})")
-    g.add_argument("--num-layers", type=positive_int)
-    g.add_argument("--hidden-size", type=positive_int)
-    g.add_argument("--num-attention-heads", type=positive_int)
-    g.add_argument("--num-query-groups", type=positive_int, help="key/value heads of grouped-query attention "
-                   "(llama; default: the preset's)")
-    g.add_argument("--ffn-hidden-size", type=positive_int, help="default: the preset's (gpt, bert: 4 x hidden size)")
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                 "max_position_embeddings", "hidden_dropout", "attention_dropout"):
+        config_flag(g, name)
     g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
-    g.add_argument("--max-position-embeddings", type=positive_int, help="default: the preset's")
-    g.add_argument("--hidden-dropout", type=probability, help="default: the preset's")
-    g.add_argument("--attention-dropout", type=probability, help="default: the preset's")
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -249,7 +256,7 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
     if base.model_type != fam.name:
         raise ValueError(f"--preset {args.preset} is a {base.model_type} model but --model is {args.model}; "
                          f"drop one of them or make them agree")
-    given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
+    given = {name: getattr(args, name) for name in model_flag_fields() if getattr(args, name, None) is not None}
     foreign = [name for name in given if name not in field_names(type(base))]
     if foreign:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)

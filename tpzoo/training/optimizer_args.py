@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
-from tpzoo.training.args import fill_model_defaults
+from tpzoo.training.args import config_flag, fill_model_defaults
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
 
@@ -92,8 +92,7 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--sgd-momentum", type=non_negative_float, default=0.9)
     g.add_argument("--weight-decay", type=non_negative_float, default=d["weight_decay"])
     g.add_argument("--clip-grad", type=non_negative_float, default=d["clip_grad"], help="global gradient norm; 0 = off")
-    g.add_argument("--init-method-std", type=positive_float, help="std of the weights' normal init (default: the "
-                   "model's)")
+    config_flag(g, "init_method_std", help="default: the model's")
     g.add_argument("--seed", type=non_negative_int, default=d["seed"])
 
 
