@@ -1,10 +1,11 @@
-"""The model zoo: GPT, BERT and Llama, assembled from a block library of tensor-parallel parts
-(norms, attention, MLP, transformer block, embeddings and heads; see docs/models.md and
-docs/new-model.md). Every matrix multiply is tensor-parallel, results do not depend on tp, and a
-model is ``embedding`` + ``layers`` + ``head`` so that a pipeline stage is just a part of one. How
-a model is distributed is the ``tpzoo.parallel.ParallelPlan`` handed to it; the families are
-registered in ``tpzoo.models.families``; their model and config classes (``LlamaModel``,
-``LlamaConfig``) are names of this package too.
+"""The model zoo: GPT, BERT and Llama, assembled from a block library of plain PyTorch modules (norms,
+attention, MLP, transformer block, embeddings and heads; see docs/models.md and docs/new-model.md).
+A model is ``embedding`` + ``layers`` + ``head`` so that a pipeline stage is just a part of one, and
+runs on one device as it stands. How tensor parallelism splits it is its ``sharding`` plan, data next
+to it (``tpzoo.sharding_plan``), which ``build_model`` applies with a ``tpzoo.parallel.ParallelPlan``
+piece by piece; results do not depend on tp. The families are registered in
+``tpzoo.models.families`` (``register_family`` takes one from outside the tree); their model and
+config classes (``LlamaModel``, ``LlamaConfig``) are names of this package too.
 
 Names load on first use, so the configs and presets (``tpzoo.models.config``, ``.presets``)
 import without torch: the training scripts check their flags before loading it.

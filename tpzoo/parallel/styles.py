@@ -75,16 +75,27 @@ def _load_bias(target: nn.Parameter | None, full: Tensor | None, dim_split: bool
         target.copy_(full.chunk(site.tp)[site.plan.mesh.tp_rank] if dim_split else full)
 
 
-def column(module: nn.Module, site: Site) -> nn.Module:
-    linear = _linear(module, site, "column")
-    if linear.out_features % site.tp:
-        raise ValueError(f"{site.path}: out_features={linear.out_features} is not divisible by the tensor-parallel "
-                         f"size tp={site.tp}; choose a size that tp divides, or another tp")
-    layer = ColumnParallelLinear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                 init_method=_copy(linear.weight), sequence_parallel=site.sequence,
-                                 tp_group=site.plan.mesh.tp_group, dtype=linear.weight.dtype)
-    _load_bias(layer.bias, linear.bias, True, site)
+def _split(module: nn.Module, site: Site, style: str, dim: int) -> nn.Module:
+    """The plain linear as ``ColumnParallelLinear`` (``dim`` 0: rows of its weight split, and its bias) or
+    ``RowParallelLinear`` (``dim`` 1: columns split, the bias kept whole)."""
+    linear = _linear(module, site, style)
+    size, name = (linear.out_features, "out_features") if dim == 0 else (linear.in_features, "in_features")
+    if size % site.tp:
+        raise ValueError(f"{site.path}: {name}={size} is not divisible by the tensor-parallel size tp={site.tp}; "
+                         f"choose a size that tp divides, or another tp")
+    cls = ColumnParallelLinear if dim == 0 else RowParallelLinear
+    layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, init_method=_copy(linear.weight),
+                sequence_parallel=site.sequence, tp_group=site.plan.mesh.tp_group, dtype=linear.weight.dtype)
+    _load_bias(layer.bias, linear.bias, dim == 0, site)
     return layer
+
+
+def column(module: nn.Module, site: Site) -> nn.Module:
+    return _split(module, site, "column", 0)
+
+
+def row(module: nn.Module, site: Site) -> nn.Module:
+    return _split(module, site, "row", 1)
 
 
 def grouped_qkv(module: nn.Module, site: Site) -> nn.Module:
@@ -97,18 +108,6 @@ def grouped_qkv(module: nn.Module, site: Site) -> nn.Module:
             raise ValueError(f"{size}={n} is not divisible by the tensor-parallel size tp={site.tp}: each tp rank holds "
                              f"whole query groups and their key/value heads; choose tp dividing {n}")
     return column(module, site)
-
-
-def row(module: nn.Module, site: Site) -> nn.Module:
-    linear = _linear(module, site, "row")
-    if linear.in_features % site.tp:
-        raise ValueError(f"{site.path}: in_features={linear.in_features} is not divisible by the tensor-parallel "
-                         f"size tp={site.tp}; choose a size that tp divides, or another tp")
-    layer = RowParallelLinear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              init_method=_copy(linear.weight), sequence_parallel=site.sequence,
-                              tp_group=site.plan.mesh.tp_group, dtype=linear.weight.dtype)
-    _load_bias(layer.bias, linear.bias, False, site)
-    return layer
 
 
 def vocab(module: nn.Module, site: Site) -> nn.Module:
