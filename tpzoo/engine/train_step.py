@@ -1,15 +1,16 @@
 """``Engine``: one optimizer step over a global batch on the ``pp x dp x tp`` mesh.
 
     plan = ParallelPlan(mesh, sequence_parallel=True)           # or a bare mesh: default run options
-    engine = Engine(functools.partial(GPTModel, config), config, EngineConfig(...), plan)
+    engine = Engine(functools.partial(build_model, GPTModel, config), config, EngineConfig(...), plan)
     result = engine.train_step(batch)      # batch: the whole global batch, [G, s] tensors (G: any multiple of
                                            # micro batch x dp, e.g. a ramp-up's; the loss: the mean over it)
     result.loss, result.losses, result.grad_norm, result.skipped
     engine.bad_steps, engine.loss_scale    # skipped steps in a row that count toward a stop; the fp16 scale
 
 The builder makes one pipeline stage: ``build(plan, pre_process=, post_process=, layers=)`` returns a
-``tpzoo.models.base.PipelineStage`` (``functools.partial(GPTModel, config)``, or ``lambda plan,
-**stage: BertModel(config, plan, add_binary_head=True, **stage)``); the engine reads from the stage
+``tpzoo.models.base.PipelineStage`` with the plan applied (``functools.partial(tpzoo.models.build_model,
+GPTModel, config)``, or ``functools.partial(build_model, BertModel, config, add_binary_head=True)``: the
+plain model class built piece by piece, each piece split by its sharding plan); the engine reads from the stage
 the label keys of its losses (``label_keys``) and the shape it hands the next stage
 (``boundary_shape``), nothing from the model config but its layer count.
 

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.kv_cache import KVCache
+from tpzoo.models.norms import norm
 from tpzoo.models.weights import linear
 from tpzoo.sharding_plan import ShardingPlan
 
@@ -150,6 +151,11 @@ class StagedModel(nn.Module):
         """A last stage without the embedding whose head reads the word embedding: it holds a copy of it."""
         return (self.ties_output_to_embedding and self.config.tie_word_embeddings and self.post_process
                 and not self.pre_process)
+
+    def norm(self) -> nn.Module:
+        """A fresh norm of the config's kind (``normalization``) over h."""
+        c = self.config
+        return norm(c.normalization, c.hidden_size, c.layernorm_epsilon)
 
     def build_embedding(self) -> nn.Module:
         raise NotImplementedError

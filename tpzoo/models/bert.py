@@ -84,10 +84,6 @@ class _BertBase(StagedModel):
     config_class = TransformerConfig
     causal = False  # every token attends to every non-padding token
 
-    def norm(self) -> nn.Module:
-        c = self.config
-        return norm(c.normalization, c.hidden_size, c.layernorm_epsilon)
-
     def build_embedding(self) -> nn.Module:
         c = self.config
         return Embedding(c.vocab_size, c.hidden_size, max_positions=c.max_position_embeddings,

@@ -28,7 +28,6 @@ from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
 from tpzoo.models.heads import LM_HEAD_PLAN, LMHead
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.mlp import MLP
-from tpzoo.models.norms import norm
 from tpzoo.models.rope import RotaryEmbedding
 from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
 from tpzoo.sharding_plan import ShardingPlan, prefixed
@@ -52,10 +51,6 @@ class CausalLM(StagedModel):
     def output_init_std(self) -> float:
         """The init std of the projections into the residual stream (attention output, second MLP linear)."""
         return self.config.init_method_std
-
-    def norm(self) -> nn.Module:
-        c = self.config
-        return norm(c.normalization, c.hidden_size, c.layernorm_epsilon)
 
     def build_embedding(self) -> nn.Module:
         c = self.config

@@ -8,8 +8,9 @@ by one function (``mark``) where the parameter is made and read by one (``facts`
     pp_tied        one of two copies of a weight held by two pipeline stages (the word embedding and the
                    last stage's tied output layer): their gradients are summed, the copy counted once
 
-The tensor-parallel layers and the blocks of ``tpzoo.models`` mark their own parameters from the plan
-they are handed, so a model author never tags anything.
+The tensor-parallel layers mark their shards; ``tpzoo.parallel.parallelize`` marks every other parameter
+from the model's sharding plan (and ``tpzoo.models.build_model`` the pipeline's tied copies), so a model
+author never tags anything.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""``ParallelPlan``: how a model is distributed and run, handed to it by whoever builds it.
+"""``ParallelPlan``: how a model runs, applied to its plain code from outside by whoever builds it.
 
-A model's config says what the model is (sizes, kinds of blocks); the plan says how it runs: on
-which mesh (and so which tp shard each rank holds), whether activations between the sublayers
-are split along the sequence over tp, whether layers recompute their activations in backward,
-which kernels and attention backend compute it, whether torch.compile compiles its blocks, whether
-FSDP shards its weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its
-weights are drawn from. The
-engine (or a script) builds one plan and passes it to every block; a model never chooses any of
-it, so the same model code runs at any tp, with or without sequence parallelism.
+A model's config says what the model is (sizes, kinds of blocks), its sharding plan how tensor
+parallelism splits it (``tpzoo.sharding_plan``); this plan says how a run runs it: on which mesh (and
+so which tp shard each rank holds), whether activations between the sublayers are split along the
+sequence over tp, whether layers recompute their activations in backward, which kernels and
+attention backend compute it, whether torch.compile compiles its blocks, whether FSDP shards its
+weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn
+from. ``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's
+sharding plan through ``tpzoo.parallel.parallelize``; a model never chooses any of it, so the same
+model code runs at any tp, with or without sequence parallelism.
 
     plan = ParallelPlan(init_mesh(tp=2), sequence_parallel=True)
-    model = GPTModel(get_preset("gpt-tiny"), plan)
-"""
+    model = build_model(GPTModel, get_preset("gpt-tiny"), plan)
 
 from __future__ import annotations
 
