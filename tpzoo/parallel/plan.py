@@ -12,6 +12,7 @@ model code runs at any tp, with or without sequence parallelism.
 
     plan = ParallelPlan(init_mesh(tp=2), sequence_parallel=True)
     model = build_model(GPTModel, get_preset("gpt-tiny"), plan)
+"""
 
 from __future__ import annotations
 
