@@ -183,3 +183,38 @@ def test_every_case_ran(logs):
 @pytest.mark.parametrize("name", case_names())
 def test_new_model_matches_single_process(logs, name):
     assert_case(logs, name)
+
+
+def _save_and_resume(folder: str, tmp: str) -> tuple[list[float], list[float], str]:
+    """The page's model, never registered: the engine trains 4 steps saving after 2; a new engine loads that and
+    trains steps 3-4 again; load_model by name refuses it."""
+    from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
+
+    mesh, cls, c = init_mesh(), neox(folder).NeoXModel, config(folder)
+
+    def engine() -> Engine:
+        return Engine(functools.partial(build_model, cls, c), c, EngineConfig(micro_batch_size=4, global_batch_size=G),
+                      mesh)
+
+    first = engine()
+    losses = [first.train_step(batch(step)).loss for step in range(2)]
+    save_checkpoint(f"{tmp}/ckpt", 2, first, meta={})
+    losses += [first.train_step(batch(step)).loss for step in (2, 3)]
+    second = engine()
+    load_checkpoint(f"{tmp}/ckpt", second)
+    again = [second.train_step(batch(step)).loss for step in (2, 3)]
+    try:
+        load_model(f"{tmp}/ckpt", mesh)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return losses[2:], again, refused
+
+
+def test_a_model_of_ones_own_saves_and_resumes_through_the_engine_unregistered(tmp_path):
+    folder = tmp_path / "neox"
+    folder.mkdir()
+    (folder / "neox.py").write_text(model_file("neox.py"))
+    expected, resumed, refused = spawn(_save_and_resume, 1, str(folder), str(tmp_path))[0]
+    assert resumed == expected, (resumed, expected)
+    assert "the model is of family 'neox', which is not registered in this process; register its family" in refused

@@ -37,13 +37,16 @@ def recorded_config(record: dict[str, Any]) -> ModelConfig:
 
 
 def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path) -> None:
-    """ValueError naming every difference between the saved model and ``model`` that changes its weights."""
+    """ValueError naming every difference between the saved model and ``model`` that changes its weights. Needs no
+    family registry: a model of one's own, never registered, resumes through the engine as it saved."""
     problems = []
     if record["class"] != type(model).__name__:
         problems.append(f"class: checkpoint {record['class']}, model {type(model).__name__}")
     if record["options"] != model_options(model):
         problems.append(f"options: checkpoint {record['options']}, model {model_options(model)}")
-    saved, own = recorded_config(record).to_dict(), model.config.to_dict()
+    saved, own = record["config"], model.config.to_dict()
+    if saved.get("model_type") == own["model_type"]:  # read as the engine's config class reads it (older layouts)
+        saved = type(model.config).from_dict(saved).to_dict()
     problems += [f"{k}: checkpoint {saved.get(k)!r}, model {own.get(k)!r}" for k in {**own, **saved}
                  if k not in RUN_OPTIONS and saved.get(k) != own.get(k)]
     if problems:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tpzoo.models.base import StagedModel
 from tpzoo.models.build import build_model
 from tpzoo.models.config import ModelConfig
-from tpzoo.models.families import SOURCES, config_from_dict, family
+from tpzoo.models.families import FAMILIES, SOURCES, config_from_dict
 from tpzoo.models.sharding import full_state_dict, load_full_state_dict, source_name
 from tpzoo.parallel import ParallelMesh, ParallelPlan
 
@@ -35,8 +35,10 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 def model_options(model: nn.Module) -> dict[str, Any]:
     """The constructor options (besides config and plan) that rebuild ``model``'s architecture (its
-    family's ``SPEC.model_options``, e.g. BERT's ``add_binary_head``)."""
-    return family(model.config.model_type).spec.model_options(model)
+    family's ``SPEC.model_options``, e.g. BERT's ``add_binary_head``); none for a model whose family is not
+    registered (a model of one's own, saved and resumed through the engine)."""
+    fam = FAMILIES.get(model.config.model_type)
+    return fam.spec.model_options(model) if fam is not None else {}
 
 
 def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
