@@ -1,56 +1,159 @@
-"""The model cases every family-wide test runs: the only place the tests name a family.
+"""The model cases of the tests, and the roles they play: the only place the tests name a model family, a
+preset, a tpzoo model class or a Hugging Face architecture. Every other test file takes what it needs
+from here and builds its command lines and expected messages from these values.
 
-A ``Case`` is a preset, the model class to build from it, constructor options and config
-changes; ``inputs`` says what a batch for it holds ("causal-lm": ids and next-token labels;
-"masked-lm": ids, token types, padding mask, MLM labels and the sentence-order label;
-"classification": ids, token types, padding mask and one label per sequence). ``batch`` and
-``outputs`` turn those into the keyword arguments and outputs of any case, so a test loops over
-``CASES`` without knowing a family.
+A ``Case`` is a preset, the model class to build from it, constructor options and config changes;
+``inputs`` says what a batch for it holds ("causal-lm": ids and next-token labels; "masked-lm": ids,
+token types, padding mask, MLM labels and the sentence-order label; "classification": ids, token types,
+padding mask and one label per sequence). ``batch`` and ``without_labels`` turn those into the keyword
+arguments of any case, so a test loops over ``CASES`` without knowing a family. A case also knows its
+family (``--model``), its model class, its Hugging Face architecture (the family's adapter says which)
+and the config of its tiny random Hugging Face model (``hf``; built by ``hf_model``).
+
+A test that needs one kind of model takes a role (``CAUSAL_LM``, ``GQA_LM``, ``MASKED_LM``,
+``CLASSIFIER`` ...) rather than a family. Importing this module loads neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from tpzoo.models.families import family, model_class
+from tpzoo.models.presets import get_preset, preset_family
 
-from tpzoo.models.build import build_model
-from tpzoo.models.presets import get_preset
+if TYPE_CHECKING:
+    import torch
+
+HF_VOCAB, HF_HEADS = 101, 4  # the tiny Hugging Face models' vocabulary and attention heads
 
 
 @dataclass(frozen=True)
 class Case:
+    name: str                                               # its key in CASES, and in test ids
     preset: str
     model: str                                              # class name (tpzoo.models.build.build_model)
     inputs: str                                             # causal-lm | masked-lm | classification
     head: str                                               # num_parameters' head
     options: dict[str, Any] = field(default_factory=dict)   # constructor options
     changes: dict[str, Any] = field(default_factory=dict)   # config changes on top of the test's sizes
+    hf: dict[str, Any] = field(default_factory=dict)        # its tiny Hugging Face model's config fields
+
+    @property
+    def family(self) -> str:
+        """The family of its preset: what ``--model`` names, and its configs' ``model_type``."""
+        return preset_family(self.preset)
+
+    @property
+    def model_class(self) -> type:
+        return model_class(self.model)
+
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face class of its model class and options, as the family's adapter maps them."""
+        from tpzoo.convert.mapping import architecture_of
+
+        return architecture_of(self.model, self.options)
+
+    @property
+    def hf_model_type(self) -> str:
+        """The ``model_type`` of its family's Hugging Face configs."""
+        return family(self.family).spec.hf.model_type
 
     def config(self, **changes: Any):
         return get_preset(self.preset, **{**self.changes, **changes})
 
     def build(self, config, plan, **stage):
+        from tpzoo.models.build import build_model
+
         return build_model(self.model, config, plan, **self.options, **stage)
 
 
-CASES: dict[str, Case] = {
-    "gpt": Case("gpt-tiny", "GPTModel", "causal-lm", "lm"),
-    "gpt-untied": Case("gpt-tiny", "GPTModel", "causal-lm", "lm", changes={"tie_word_embeddings": False}),
-    "bert": Case("bert-tiny", "BertModel", "masked-lm", "pretraining", {"add_binary_head": True}),
-    "bert-mlm": Case("bert-tiny", "BertModel", "masked-lm", "mlm", {"add_binary_head": False}),
-    "bert-cls": Case("bert-tiny", "BertForSequenceClassification", "classification", "classification"),
-    "llama": Case("llama-tiny", "LlamaModel", "causal-lm", "lm", changes={"num_query_groups": 2}),
-    "llama-tied-mha": Case("llama-tiny", "LlamaModel", "causal-lm", "lm",
-                           changes={"num_query_groups": None, "tie_word_embeddings": True}),
-}
+# the tiny Hugging Face models' config fields per family: no dropout, eager attention, and for Llama RoPE
+# theta and RMSNorm epsilon off their defaults (a converter that dropped them would change the logits)
+_HF = dict(vocab_size=HF_VOCAB, attn_implementation="eager")
+_HF_GPT2 = dict(_HF, n_positions=16, n_embd=32, n_layer=2, n_head=HF_HEADS, resid_pdrop=0.0, embd_pdrop=0.0,
+                attn_pdrop=0.0, bos_token_id=HF_VOCAB - 1, eos_token_id=HF_VOCAB - 1)
+_HF_BERT = dict(_HF, hidden_size=32, num_hidden_layers=2, num_attention_heads=HF_HEADS, intermediate_size=64,
+                max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
+                tie_word_embeddings=True)
+_HF_LLAMA = dict(_HF, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HF_HEADS,
+                 max_position_embeddings=32, rms_norm_eps=1e-4, rope_theta=500.0)
+
+CASES: dict[str, Case] = {case.name: case for case in (
+    Case("gpt", "gpt-tiny", "GPTModel", "causal-lm", "lm", hf=dict(_HF_GPT2, tie_word_embeddings=True)),
+    Case("gpt-untied", "gpt-tiny", "GPTModel", "causal-lm", "lm", changes={"tie_word_embeddings": False},
+         hf=dict(_HF_GPT2, tie_word_embeddings=False)),
+    Case("bert", "bert-tiny", "BertModel", "masked-lm", "pretraining", {"add_binary_head": True}, hf=_HF_BERT),
+    Case("bert-mlm", "bert-tiny", "BertModel", "masked-lm", "mlm", {"add_binary_head": False}, hf=_HF_BERT),
+    Case("bert-cls", "bert-tiny", "BertForSequenceClassification", "classification", "classification", hf=_HF_BERT),
+    Case("llama", "llama-tiny", "LlamaModel", "causal-lm", "lm", changes={"num_query_groups": 2},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=False)),
+    Case("llama-tied-mha", "llama-tiny", "LlamaModel", "causal-lm", "lm",
+         changes={"num_query_groups": None, "tie_word_embeddings": True},
+         hf=dict(_HF_LLAMA, num_key_value_heads=HF_HEADS, tie_word_embeddings=True)),
+)}
 # one case per family and input kind: what the costlier checks (pipeline stages, recompute, engine) run
 MAIN = ("gpt", "bert", "bert-cls", "llama")
+
+# the roles: what a test needs, whichever family plays it
+CAUSAL_LM = CASES["gpt"]                    # a causal LM: learned positions, tied output layer
+CAUSAL_LM_UNTIED = CASES["gpt-untied"]      # the same with an untied output layer
+GQA_LM = CASES["llama"]                     # a causal LM with grouped-query attention (2 kv heads of 4), rotary
+                                            # positions, RMSNorm, SwiGLU and an untied output layer
+GQA_LM_TIED_MHA = CASES["llama-tied-mha"]   # that family with one kv head per head and a tied output layer
+MASKED_LM = CASES["bert"]                   # a masked LM with its binary (sentence-order) head
+MASKED_LM_ONLY = CASES["bert-mlm"]          # a masked LM without the binary head
+CLASSIFIER = CASES["bert-cls"]              # a sequence classifier
+PRETRAIN_DEFAULT = CAUSAL_LM                # the family pretrain.py trains without --model
+# full-size presets, checked against the published (Hugging Face) parameter counts
+CAUSAL_LM_SMALL = "gpt2"                    # GPT-2 small: 124,439,808 parameters
+CAUSAL_LM_XL = "gpt2-xl"                    # GPT-2 XL: 1,557,611,200
+GQA_LM_1B = "llama-1b"                      # TinyLlama-1.1B's shape: 1,100,048,384
+MASKED_LM_BASE = "bert-base"                # BERT-base
+MASKED_LM_LARGE = "bert-large"              # BERT-large: 335,174,458 with its MLM head
+HUB_NAME = "gpt2"                           # a model name of the Hugging Face hub (tpzoo never downloads one)
+OTHER_HEAD = "BertForQuestionAnswering"     # a Hugging Face class of MASKED_LM's model type that tpzoo lacks
+
+
+def hf_config(case: Case, **changes: Any):
+    """The config of ``case``'s tiny Hugging Face model: ``case.hf`` and ``changes`` in the config class of
+    its family's Hugging Face model type."""
+    import transformers
+
+    return transformers.AutoConfig.for_model(case.hf_model_type, **{**case.hf, **changes})
+
+
+def hf_class(case: Case) -> type:
+    """The transformers class of ``case``'s Hugging Face architecture."""
+    import transformers
+
+    return getattr(transformers, case.architecture)
+
+
+def hf_model(case: Case, **changes: Any) -> torch.nn.Module:
+    """``case``'s tiny Hugging Face model (``hf_config``), random (seeded), every parameter perturbed."""
+    import torch
+
+    torch.manual_seed(0)
+    return randomize(hf_class(case)(hf_config(case, **changes)))
+
+
+def randomize(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Perturb every parameter (LayerNorm weights and biases included) so no mapping hides behind 1s and 0s."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
 
 
 def batch(case: Case, ids: torch.Tensor, generator: torch.Generator, classes: int = 3) -> dict[str, torch.Tensor]:
     """The keyword arguments of ``case``'s model for token ids [b, s]: inputs and every label key."""
+    import torch
+
     b, s = ids.shape
     if case.inputs == "causal-lm":
         return dict(input_ids=ids, labels=torch.cat([ids[:, 1:], torch.full((b, 1), -100)], 1))

@@ -1,5 +1,6 @@
-"""Tiny Hugging Face GPT-2, BERT and Llama built from configs (random init, no hub), and the checks of
-tpzoo against them. Imported by test_models (inside the ranks), test_convert and test_convert_llama."""
+"""The checks of tpzoo against tiny Hugging Face models (``families.hf_model``: built from configs, random
+init, no hub) of the causal LM, the masked LM with and without its binary head, and the sequence
+classifier. Imported by test_models (inside the ranks), and by test_convert_llama for ``mean_loss``."""
 
 from __future__ import annotations
 
@@ -7,50 +8,12 @@ from pathlib import Path
 
 import torch
 import transformers
+from families import CAUSAL_LM, CLASSIFIER, MASKED_LM, MASKED_LM_ONLY, hf_model
 
 from tpzoo.convert import from_hf, to_hf
 
-VOCAB, HEADS = 101, 4
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
-
-
-def randomize(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
-    """Perturb every parameter (LayerNorm weights and biases included) so no mapping hides behind 1s and 0s."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
-
-
-def hf_gpt2(tie: bool = True) -> transformers.GPT2LMHeadModel:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, tie_word_embeddings=tie,
-        attn_implementation="eager")
-    return randomize(transformers.GPT2LMHeadModel(config))
-
-
-def hf_bert(cls: type, tie: bool = True) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=64,
-        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
-        tie_word_embeddings=tie, attn_implementation="eager")
-    return randomize(cls(config))
-
-
-def hf_llama(tie: bool = False, kv_heads: int = 2) -> transformers.LlamaForCausalLM:
-    """LlamaForCausalLM with ``kv_heads`` of 4 heads, RoPE theta and RMSNorm epsilon off their defaults
-    (a converter that dropped them would change the logits)."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,
-        num_key_value_heads=kv_heads, max_position_embeddings=32, rms_norm_eps=1e-4, rope_theta=500.0,
-        tie_word_embeddings=tie, attn_implementation="eager")
-    return randomize(transformers.LlamaForCausalLM(config))
 
 
 def mean_loss(per_token: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -62,23 +25,23 @@ def check_hf(errors, mesh, x: dict[str, torch.Tensor], tmp: Path) -> None:
     ids, types, mask = x["ids"], x["types"], x["mask"]
     cases = []
     with torch.no_grad():
-        hf = hf_gpt2()
+        hf = hf_model(CAUSAL_LM)
         model = from_hf(hf, mesh).eval()
         expected = hf(ids, labels=ids)
         cases.append((hf, model, {"logits": (model(ids), expected.logits),
                                   "loss": (mean_loss(model(ids, labels=x["next"]), x["next"]), expected.loss)}))
-        hf = hf_bert(transformers.BertForPreTraining)
+        hf = hf_model(MASKED_LM)
         model = from_hf(hf, mesh).eval()
         expected = hf(ids, attention_mask=mask, token_type_ids=types)
         mlm, binary = model(ids, types, mask, return_binary_logits=True)
         cases.append((hf, model, {"logits": (mlm, expected.prediction_logits),
                                   "binary": (binary, expected.seq_relationship_logits)}))
-        hf = hf_bert(transformers.BertForMaskedLM)
+        hf = hf_model(MASKED_LM_ONLY)
         model = from_hf(hf, mesh).eval()
         expected = hf(ids, attention_mask=mask, token_type_ids=types, labels=x["mlm"])
         loss = mean_loss(model(ids, types, mask, labels=x["mlm"]), x["mlm"])
         cases.append((hf, model, {"logits": (model(ids, types, mask), expected.logits), "loss": (loss, expected.loss)}))
-        hf = hf_bert(transformers.BertForSequenceClassification)
+        hf = hf_model(CLASSIFIER)
         model = from_hf(hf, mesh).eval()
         expected = hf(ids, attention_mask=mask, token_type_ids=types, labels=x["cls"])
         loss = model(ids, types, mask, labels=x["cls"]).mean()

@@ -1,9 +1,13 @@
 """The misuse cases of the five commands, as a table (run by ``misuse_runner``, asserted by
 ``test_misuse``): ``CASES[name] = (command, argv, fragment)``. argv is one string with
 ``{placeholders}`` (the inputs ``misuse_runner.prepare`` makes) split by shlex; fragment is what the
-command's one stderr line must contain. ``RANK_CASES`` run at world size 2."""
+command's one stderr line must contain. ``RANK_CASES`` run at world size 2. The families, presets and
+model classes named come from ``families``; ``{causal_lm}`` and ``{masked_lm}`` are checkpoints of its
+``CAUSAL_LM`` and ``MASKED_LM``."""
 
 from __future__ import annotations
+
+from families import CAUSAL_LM, CAUSAL_LM_SMALL, MASKED_LM, MASKED_LM_BASE, PRETRAIN_DEFAULT
 
 PROGS = {"pretrain": "pretrain.py", "finetune": "finetune.py", "data": "python -m tpzoo.data",
          "convert": "python -m tpzoo.convert", "generate": "python -m tpzoo.generate"}
@@ -12,11 +16,11 @@ TINY = ("--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
         "--micro-batch-size 1 --hidden-dropout 0 --attention-dropout 0 --lr-warmup-iters 2 --log-interval 1 "
         "--train-iters 2")
 T = TINY
-FT = "--load {bert} --epochs 1 --global-batch-size 8 --micro-batch-size 4 --seq-length 16"
-FG = "--load {gpt} --epochs 1 --global-batch-size 8 --micro-batch-size 4 --seq-length 16"
+FT = "--load {masked_lm} --epochs 1 --global-batch-size 8 --micro-batch-size 4 --seq-length 16"
+FG = "--load {causal_lm} --epochs 1 --global-batch-size 8 --micro-batch-size 4 --seq-length 16"
 FILES = "--train-data {train} --valid-data {valid}"
 DS = T + " --data-cache-path {cache} --dataset"  # into a cache of the runner's, not the user's
-GEN = "--load {gpt} --prompt 'the cat'"
+GEN = "--load {causal_lm} --prompt 'the cat'"
 
 CASES: dict[str, tuple[str, str, str]] = {
     # pretrain.py: data
@@ -44,7 +48,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-short-idx": ("pretrain", T + " --data-path {short_idx}", "is cut short"),
     "pretrain-missing-data-path": ("pretrain", T + " --data-path nowhere/corpus", "nowhere/corpus.bin"),
     "pretrain-data-path-folder": ("pretrain", T + " --data-path {empty_dir}", "is a folder; pass the PREFIX"),
-    "pretrain-masked-lm-data-for-gpt": ("pretrain", T + " --data-path {bert_data}", "without --append-eod"),
+    "pretrain-masked-lm-data-for-gpt": ("pretrain", T + " --data-path {masked_lm_data}", "without --append-eod"),
     "pretrain-data-path-odd-blend": ("pretrain", T + " --data-path 0.5 {data} 0.5",
                                      "pass PREFIX or WEIGHT PREFIX pairs with weights > 0"),
     "pretrain-train-data-path-blend": ("pretrain", T + " --train-data-path 0.5 {data} 0.5 {data}",
@@ -93,7 +97,7 @@ CASES: dict[str, tuple[str, str, str]] = {
                                                 "--train-iters; give --lr-decay-iters"),
     "pretrain-warmup-fraction-and-iters": ("pretrain", T + " --lr-warmup-fraction 0.1",
                                            "--lr-warmup-fraction and --lr-warmup-iters both set the warmup"),
-    "pretrain-optimizer-switch-on-resume": ("pretrain", T + " --load {gpt} --optimizer sgd",
+    "pretrain-optimizer-switch-on-resume": ("pretrain", T + " --load {causal_lm} --optimizer sgd",
                                             "--optimizer sgd cannot take over the adam state of --load"),
     "pretrain-rampup-increment": ("pretrain", T + " --rampup-batch-size 2 4 16", "global batch size 8 - start 2 = 6 "
                                   "must be >= 0 and divisible by the increment 4"),
@@ -107,15 +111,18 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-heads-not-dividing": ("pretrain", T + " --hidden-size 30",
                                     "hidden_size=30 is not divisible by num_attention_heads=4"),
     "pretrain-seq-over-positions": ("pretrain", T + " --seq-length 4096", "exceeds --max-position-embeddings"),
-    "pretrain-preset-other-family": ("pretrain", T + " --preset bert-base", "is a bert model but --model is gpt"),
+    "pretrain-preset-other-family": ("pretrain", T + f" --preset {MASKED_LM_BASE}",
+                                     f"is a {MASKED_LM.family} model but --model is {PRETRAIN_DEFAULT.family}"),
     "pretrain-query-groups-for-gpt": ("pretrain", T + " --num-query-groups 2", "--num-query-groups does not apply"),
-    "pretrain-unknown-model": ("pretrain", T + " --model t5", "argument --model: unknown model family 't5'; known: gpt"),
+    "pretrain-unknown-model": ("pretrain", T + " --model t5",
+                               f"argument --model: unknown model family 't5'; known: {CAUSAL_LM.family}"),
     "pretrain-model-module-missing": ("pretrain", T + " --model no_such_module:FAMILY",
                                       "argument --model: no_such_module:FAMILY: no module 'no_such_module' to import; "
                                       "put the folder holding no_such_module on PYTHONPATH"),
     "pretrain-model-not-a-family": ("pretrain", T + " --model json:dumps", "argument --model: json:dumps: json has "
                                     "no tpzoo.models.Family named 'dumps' (found function)"),
-    "pretrain-unknown-preset": ("pretrain", T + " --preset gpt3", "--preset gpt3: unknown preset; choose one of gpt2"),
+    "pretrain-unknown-preset": ("pretrain", T + " --preset gpt3",
+                                f"--preset gpt3: unknown preset; choose one of {CAUSAL_LM_SMALL}"),
     "pretrain-unknown-flag": ("pretrain", T + " --learning-rate 1", "unrecognized arguments: --learning-rate"),
     "pretrain-bf16-and-fp16": ("pretrain", T + " --bf16 --fp16", "argument --fp16: not allowed with argument --bf16"),
     "pretrain-dropout-one": ("pretrain", T + " --hidden-dropout 1", "expected a number in [0, 1), got 1"),
@@ -156,20 +163,23 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-load-missing": ("pretrain", T + " --load nowhere", "checkpoint nowhere does not exist"),
     "pretrain-load-empty-folder": ("pretrain", T + " --load {empty_dir}", "holds no tpzoo checkpoint"),
     "pretrain-load-file": ("pretrain", T + " --load {a_file}", "holds no tpzoo checkpoint"),
-    "pretrain-load-other-shape": ("pretrain", T + " --load {gpt} --hidden-size 64", "hidden_size: checkpoint 32"),
-    "pretrain-load-other-family": ("pretrain", T + " --load {gpt} --model bert", "holds a gpt model"),
-    "pretrain-load-other-tokenizer": ("pretrain", T + " --load {gpt} --tokenizer-model {other_tok}",
+    "pretrain-load-other-shape": ("pretrain", T + " --load {causal_lm} --hidden-size 64", "hidden_size: checkpoint 32"),
+    "pretrain-load-other-family": ("pretrain", T + f" --load {{causal_lm}} --model {MASKED_LM.family}",
+                                   f"holds a {CAUSAL_LM.family} model"),
+    "pretrain-load-other-tokenizer": ("pretrain", T + " --load {causal_lm} --tokenizer-model {other_tok}",
                                       "holds a model of"),
     "pretrain-load-hf-folder": ("pretrain", T + " --load {hf}", "is a model folder (config.json), not a training"),
     "pretrain-load-bad-latest": ("pretrain", T + " --load {bad_latest}", "iter_0000009"),
     # pretrain.py: Megatron-LM's architecture, speed and checkpoint flags (tpzoo.training.architecture_args,
     # checkpoint_args)
-    "pretrain-architecture-disagrees-with-model": ("pretrain", T + " --model gpt --swiglu",
-                                                   "--model gpt disagrees with the architecture flags: --swiglu"),
+    "pretrain-architecture-disagrees-with-model": ("pretrain", T + f" --model {CAUSAL_LM.family} --swiglu",
+                                                   f"--model {CAUSAL_LM.family} disagrees with the architecture "
+                                                   f"flags: --swiglu"),
     "pretrain-architecture-of-no-family": ("pretrain", T + " --position-embedding-type rope",
                                            "no model family has the architecture these flags describe; the nearest"),
     "pretrain-position-embedding-none": ("pretrain", T + " --position-embedding-type none",
-                                         "--position-embedding-type none (gpt: --position-embedding-type learned_"),
+                                         f"--position-embedding-type none ({CAUSAL_LM.family}: "
+                                         f"--position-embedding-type learned_"),
     "pretrain-rotary-percent": ("pretrain", T + " --rotary-percent 0.5", "tpzoo rotates every feature of a head"),
     "pretrain-rotary-base-without-rope": ("pretrain", T + " --rotary-base 500000",
                                           "--rotary-base applies to rotary positions"),
@@ -228,9 +238,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     "finetune-glue-empty-folder": ("finetune", FT + " --task sst-2 --data-dir {empty_dir}",
                                    "empty_dir/train.tsv' does not exist"),
     "finetune-task-on-causal-lm": ("finetune", FG + " --task demo", "needs a checkpoint of a classifier family"),
-    "finetune-causal-lm-no-text": ("finetune", FG + " --train-data {no_text_jsonl} --valid-data {gpt_texts}",
+    "finetune-causal-lm-no-text": ("finetune", FG + " --train-data {no_text_jsonl} --valid-data {texts}",
                                    "has no field 'text'"),
-    "finetune-causal-lm-empty": ("finetune", FG + " --train-data {empty_jsonl} --valid-data {gpt_texts}",
+    "finetune-causal-lm-empty": ("finetune", FG + " --train-data {empty_jsonl} --valid-data {texts}",
                                  "is empty (0 bytes)"),
     "finetune-save-is-file": ("finetune", FT + " --task demo --save {a_file}", "is a file"),
     "finetune-log-dir-is-file": ("finetune", FT + " --task demo --log-dir {a_file}", "is a file"),
@@ -297,7 +307,7 @@ CASES: dict[str, tuple[str, str, str]] = {
                                      "argument --seq-length: expected an integer >= 1"),
     "data-samples-negative-index": ("data", "samples --data-path {data} --seq-length 16 --indices=-1",
                                     "argument --indices: expected an integer >= 0"),
-    "data-samples-masked-lm-data-for-gpt": ("data", "samples --data-path {bert_data} --seq-length 16",
+    "data-samples-masked-lm-data-for-gpt": ("data", "samples --data-path {masked_lm_data} --seq-length 16",
                                             "without --append-eod"),
     "data-demo-export-is-file": ("data", "demo --export {a_file}", "is a file"),
     "data-no-command": ("data", "", "the following arguments are required: command"),
@@ -313,13 +323,14 @@ CASES: dict[str, tuple[str, str, str]] = {
     "convert-from-hf-no-weights": ("convert", "from-hf {no_weights_hf} out", "has no model.safetensors"),
     "convert-from-hf-garbage-weights": ("convert", "from-hf {garbage_weights_hf} out",
                                         "model.safetensors is not a readable safetensors file"),
-    "convert-from-hf-training-checkpoint": ("convert", "from-hf {gpt} out", "is not a Hugging Face model folder"),
-    "convert-to-hf-of-hf-folder": ("convert", "to-hf {hf} out", "is a Hugging Face config (model_type 'gpt2')"),
+    "convert-from-hf-training-checkpoint": ("convert", "from-hf {causal_lm} out", "is not a Hugging Face model folder"),
+    "convert-to-hf-of-hf-folder": ("convert", "to-hf {hf} out",
+                                   f"is a Hugging Face config (model_type '{CAUSAL_LM.hf_model_type}')"),
     "convert-to-hf-empty-folder": ("convert", "to-hf {empty_dir} out", "holds no tpzoo checkpoint"),
     "convert-to-hf-garbage-config": ("convert", "to-hf {garbage_tz} out", "needs config.json and model.safetensors"),
     # python -m tpzoo.generate
     "generate-no-load": ("generate", "--prompt hi", "the following arguments are required: --load"),
-    "generate-no-prompt": ("generate", "--load {gpt}", "the following arguments are required: --prompt"),
+    "generate-no-prompt": ("generate", "--load {causal_lm}", "the following arguments are required: --prompt"),
     "generate-load-missing": ("generate", "--load nowhere --prompt hi", "nowhere does not exist"),
     "generate-load-empty-folder": ("generate", "--load {empty_dir} --prompt hi", "holds no tpzoo checkpoint"),
     "generate-load-file": ("generate", "--load {a_file} --prompt hi", "holds no tpzoo checkpoint"),
@@ -328,7 +339,7 @@ CASES: dict[str, tuple[str, str, str]] = {
                                    "'nowhere.model' does not exist"),
     "generate-load-hf-folder": ("generate", "--load {hf} --prompt hi",
                                 "convert it with python -m tpzoo.convert from-hf"),
-    "generate-masked-lm": ("generate", "--load {bert} --prompt hi", "generation needs a causal LM"),
+    "generate-masked-lm": ("generate", "--load {masked_lm} --prompt hi", "generation needs a causal LM"),
     "generate-negative-temperature": ("generate", GEN + " --temperature=-1",
                                       "argument --temperature: expected a number >= 0"),
     "generate-nan-temperature": ("generate", GEN + " --temperature nan",
@@ -339,7 +350,7 @@ CASES: dict[str, tuple[str, str, str]] = {
                                          "argument --max-new-tokens: expected an integer >= 0"),
     "generate-word-max-new-tokens": ("generate", GEN + " --max-new-tokens many", "argument --max-new-tokens"),
     "generate-too-long": ("generate", GEN + " --max-new-tokens 100000", "exceeds max_position_embeddings"),
-    "generate-empty-prompt": ("generate", "--load {gpt} --prompt ''", "encodes to no tokens"),
+    "generate-empty-prompt": ("generate", "--load {causal_lm} --prompt ''", "encodes to no tokens"),
     "generate-tp-over-world": ("generate", GEN + " --tp 2", "world size 1 is not divisible"),
     "generate-zero-tp": ("generate", GEN + " --tp 0",
                          "argument --tensor-model-parallel-size/--tp: expected an integer >= 1"),

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from families import CAUSAL_LM, MASKED_LM
 from misuse_cases import CASES, RANK_CASES, TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,24 +48,25 @@ def _folder(path: Path, files: dict[str, str | bytes]) -> str:
 
 
 def prepare(root: Path) -> dict[str, str]:
-    """Every input the cases name, under ``root``: two tiny checkpoints (GPT, BERT; pretrain.py's
-    TINY flags, 2 steps), the demo tokenizer, data and task, and bad files of every kind."""
+    """Every input the cases name, under ``root``: two tiny checkpoints (``causal_lm``, ``masked_lm``:
+    pretrain.py's TINY flags, 2 steps), the demo tokenizer, data and task, and bad files of every kind."""
     import datasets
 
     from tpzoo.data.demo import demo_data, demo_dir, demo_task
     from tpzoo.data.tokenizer import train_tokenizer
 
-    tok, gpt_data = demo_data("causal-lm")
+    tok, causal_data = demo_data("causal-lm")
     train, valid = demo_task()
     f = root / "inputs"
     rows = [json.loads(line) for line in Path(train).read_text().splitlines()[:6]]
-    inputs = dict(tok=str(tok), data=str(gpt_data), bert_data=str(demo_data("masked-lm")[1]), train=str(train),
-                  valid=str(valid), corpus=str(demo_dir() / "corpus.jsonl"), cache=str(root / "cache"),
+    inputs = dict(tok=str(tok), data=str(causal_data), masked_lm_data=str(demo_data("masked-lm")[1]),
+                  train=str(train), valid=str(valid), corpus=str(demo_dir() / "corpus.jsonl"),
+                  cache=str(root / "cache"),
                   empty_dir=_folder(f / "empty_dir", {}), a_file=_write(f / "a_file", "not a folder\n"),
                   empty_jsonl=_write(f / "empty.jsonl", ""),
                   binary_jsonl=_write(f / "binary.jsonl", bytes(range(256)) * 8),
                   no_text_jsonl=_jsonl(f / "no_text.jsonl", [{"body": "the cat sat"}] * 3),
-                  gpt_texts=_jsonl(f / "texts.jsonl", [{"text": "the cat sat on the mat"}] * 3),
+                  texts=_jsonl(f / "texts.jsonl", [{"text": "the cat sat on the mat"}] * 3),
                   corrupt_jsonl=_write(f / "corrupt.jsonl", '{"text": "a b"}\n{"text": "c d"}\n{"text": "e\n'),
                   corrupt_train=_write(f / "corrupt_train.jsonl",
                                        "".join(json.dumps(r) + "\n" for r in rows[:2]) + '{"text": "x", "lab\n'),
@@ -76,14 +78,14 @@ def prepare(root: Path) -> dict[str, str]:
                   task_dir=_folder(f / "task_dir", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows)}),
                   bad_latest=_folder(f / "bad_latest", {"latest": "iter_0000009\n"}),
                   other_tok=train_tokenizer(str(demo_dir() / "corpus.jsonl"), str(f / "other"), 120),
-                  **_bad_indexed_datasets(f, str(gpt_data)))
+                  **_bad_indexed_datasets(f, str(causal_data)))
     inputs["saved_dict"] = str(f / "saved_dict")  # a DatasetDict folder of datasets' save_to_disk
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(inputs["saved_dict"])
-    for name in ("gpt", "bert"):
-        _pretrain(root, name)
+    for name, case in (("causal_lm", CAUSAL_LM), ("masked_lm", MASKED_LM)):
+        _pretrain(root, case.family, name)
         inputs[name] = str(root / name)
     inputs["hf"] = str(root / "hf")
-    assert _call("convert", ["to-hf", inputs["gpt"], inputs["hf"]]) == 0
+    assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
     return {**inputs, **_bad_model_folders(f, Path(inputs["hf"], "config.json").read_text())}
 
 
@@ -112,8 +114,8 @@ def _bad_model_folders(f: Path, hf_config: str) -> dict[str, str]:
                                                                       "model.safetensors": b"\x08" + bytes(64)}))
 
 
-def _pretrain(root: Path, model: str) -> None:
-    flags = ["--model", model, "--save", str(root / model), "--eval-interval", "0"]
+def _pretrain(root: Path, model: str, save: str) -> None:
+    flags = ["--model", model, "--save", str(root / save), "--eval-interval", "0"]
     code = _call("pretrain", shlex.split(TINY) + flags)
     assert code == 0, f"pretrain.py --model {model} failed"
 

@@ -87,12 +87,12 @@ def generate_command(*args: str) -> subprocess.CompletedProcess:
 
 def test_cached_decoding_and_generation_at_tp_1_and_2(tmp_path):
     """tp=1 with --tokenizer-model, tp=2 with the tokenizer copied into the model folder: the same text."""
-    spawn(generation_checks, 2, str(tmp_path / "gpt"), timeout=300)
+    spawn(generation_checks, 2, str(tmp_path / "causal-lm"), timeout=300)
     tokenizer = demo_data()[0]
-    common = ["--load", str(tmp_path / "gpt"), "--prompt", "the small dog", "--max-new-tokens", "8"]
+    common = ["--load", str(tmp_path / "causal-lm"), "--prompt", "the small dog", "--max-new-tokens", "8"]
     one = generate_command(*common, "--tokenizer-model", tokenizer)
     assert one.returncode == 0, one.stderr
-    shutil.copy(tokenizer, tmp_path / "gpt")
+    shutil.copy(tokenizer, tmp_path / "causal-lm")
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "tpzoo.generate", "--tp", "2", *common], capture_output=True, text=True,
                          timeout=120, env=ENV)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from doc_helpers import commands
+from families import CAUSAL_LM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_checkpoint_hash_bench_reports_the_added_cost():
     shown = [c for c in commands("benchmarks.md") if "bench/checkpoint_hash.py" in c]
     assert shown == ["python bench/checkpoint_hash.py"], shown
-    proc = subprocess.run([sys.executable, *shown[0].split()[1:], "--preset", "gpt-tiny", "--repeats", "1"],
+    proc = subprocess.run([sys.executable, *shown[0].split()[1:], "--preset", CAUSAL_LM.preset, "--repeats", "1"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert re.fullmatch(r"gpt-tiny: [\d.]+M parameters, checkpoint [\d.]+ GB, load [\d.]+", lines[0]), proc.stdout
+    assert re.fullmatch(rf"{CAUSAL_LM.preset}: [\d.]+M parameters, checkpoint [\d.]+ GB, load [\d.]+", lines[0]), \
+        proc.stdout
     medians = {kind: float(re.fullmatch(rf"{kind} +median +([\d.]+) s  min +[\d.]+ s  saves [\d.]+", line).group(1))
                for kind, line in zip(("plain", "blocking", "published"), lines[1:4])}
     added = re.fullmatch(r"blocking added (-?[\d.]+)% \(medians\), -?[\d.]+% \(median of each pair's ratio\); "

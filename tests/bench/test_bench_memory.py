@@ -1,7 +1,7 @@
 """bench/memory.py, the docs' commands at CPU size, all at once (one OpenMP thread each): docs/parallelism.md's
 ``--check`` at dp 2 (the table there has dp 4 and 8 too), docs/benchmarks.md's GPT-2 XL command (pending a GPU) at
-gpt-tiny on the CPU (dp 1 with and without FSDP, recompute, timed steps), and a misuse of --check; in the
-background from the start of the session (tests/background.py)."""
+the tiny causal LM's preset on the CPU (dp 1 with and without FSDP, recompute, timed steps), and a misuse of
+--check; in the background from the start of the session (tests/background.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import re
 import background
 import pytest
 from doc_helpers import ROOT, commands, run_as_needed
+from families import CAUSAL_LM, CAUSAL_LM_XL
 
 MODES = ("plain", "zero1", "zero2", "fsdp")
 SHOWN = {"parallelism.md": "python bench/memory.py --check",
-         "benchmarks.md": "python bench/memory.py --preset gpt2-xl --dp 1 --modes plain fsdp --recompute"}
+         "benchmarks.md": f"python bench/memory.py --preset {CAUSAL_LM_XL} --dp 1 --modes plain fsdp --recompute"}
 MISUSE = "python bench/memory.py --check --modes fsdp"
 
 
@@ -34,7 +35,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for doc, command in SHOWN.items():
         assert [c for c in commands(doc) if "bench/memory.py" in c] == [command], doc
     done = run_as_needed([SHOWN["parallelism.md"] + " --device cpu --dp 2",
-                          SHOWN["benchmarks.md"] + " --device cpu --preset gpt-tiny --steps 1", MISUSE],
+                          SHOWN["benchmarks.md"] + f" --device cpu --preset {CAUSAL_LM.preset} --steps 1", MISUSE],
                          ROOT, timeout=300, check=False)
     return dict(zip(("sharding", "xl", "misuse"), done))
 
@@ -48,7 +49,7 @@ def test_sharding_table_meets_the_bounds(runs):
     plain, zero1, zero2, fsdp = (table[2, mode] for mode in MODES)
     assert zero1["gradients MiB"] == plain["gradients MiB"] and zero1["weights MiB"] < plain["weights MiB"]
     assert fsdp["total MiB"] < zero2["total MiB"] < zero1["total MiB"] < plain["total MiB"], proc.stdout
-    # bf16: plain 2 + 4 + 4 + 8 = 18 bytes per parameter, FSDP 16 / dp (gpt-tiny's rows split evenly)
+    # bf16: plain 2 + 4 + 4 + 8 = 18 bytes per parameter, FSDP 16 / dp (the tiny preset's rows split evenly)
     assert fsdp["x plain"] == pytest.approx(16 / 18 / 2, abs=2e-3), proc.stdout
     assert fsdp["gathered MiB"] > 0 and "gathered MiB" not in plain, proc.stdout
 
@@ -56,8 +57,8 @@ def test_sharding_table_meets_the_bounds(runs):
 def test_gpt2_xl_command_runs_at_dp1_with_and_without_fsdp(runs):
     proc = runs["xl"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.match(r"gpt-tiny \([\d.]+M parameters\), bf16, micro-batch 1 x 64 tokens per rank, recompute; CPU",
-                    proc.stdout), proc.stdout
+    assert re.match(rf"{CAUSAL_LM.preset} \([\d.]+M parameters\), bf16, micro-batch 1 x 64 tokens per rank, "
+                    r"recompute; CPU", proc.stdout), proc.stdout
     table = rows(proc.stdout)
     assert list(table) == [(1, "plain"), (1, "fsdp")], proc.stdout
     assert min(f["tokens/s"] for f in table.values()) > 0 and "peak GiB" not in table[1, "plain"]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from doc_helpers import ROOT, clean_env, commands
-from families import CASES, MAIN
+from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, GQA_LM_1B, MAIN, MASKED_LM_LARGE
 
 from tpzoo.models import get_preset
 
@@ -127,7 +127,8 @@ def test_budget_skips_what_does_not_fit_and_runs_the_rest_one_after_another():
 @pytest.mark.parametrize("flags, message", [
     (["--models", "gpt-nano"], "unknown --models gpt-nano"),
     (["--contenders", "tpzoo,jax"], "unknown --contenders jax"),
-    (["--models", "gpt-tiny", "--seq-length", "100000"], "--seq-length 100000 exceeds the positions of gpt-tiny"),
+    (["--models", CAUSAL_LM.preset, "--seq-length", "100000"],
+     f"--seq-length 100000 exceeds the positions of {CAUSAL_LM.preset}"),
     (["--steps", "3", "--num-layers", "0"], "--steps, --warmup and --num-layers must be >= 1, got 3, 1 and 0"),
 ])
 def test_bad_flags_exit_2_naming_the_problem(capsys, flags, message):
@@ -141,9 +142,9 @@ def test_flops_per_token_of_known_shapes():
     """6 N + 12 L h s with N the published parameter counts (Hugging Face's) less the lookup-only tables:
     GPT-2 124M (positions), TinyLlama-1.1B (grouped-query attention; untied input embedding), BERT-large
     with its MLM head (positions and token types)."""
-    gpt2 = 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 768 * 1024
-    assert bench.flops_per_token(get_preset("gpt2"), 1024) == gpt2
-    assert bench.flops_per_token(get_preset("llama-1b"), 2048) == 6 * (1_100_048_384 - 32000 * 2048) + \
+    small = 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 768 * 1024
+    assert bench.flops_per_token(get_preset(CAUSAL_LM_SMALL), 1024) == small
+    assert bench.flops_per_token(get_preset(GQA_LM_1B), 2048) == 6 * (1_100_048_384 - 32000 * 2048) + \
         12 * 22 * 2048 * 2048
-    assert bench.flops_per_token(get_preset("bert-large"), 128) == 6 * (335_174_458 - (512 + 2) * 1024) + \
+    assert bench.flops_per_token(get_preset(MASKED_LM_LARGE), 128) == 6 * (335_174_458 - (512 + 2) * 1024) + \
         12 * 24 * 1024 * 128

@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from tpzoo.checkpoint import latest_iteration, load_checkpoint, load_model, read_meta, resolve_checkpoint, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
-from tpzoo.models import BertForSequenceClassification, BertModel, GPTModel, build_model, full_state_dict, get_preset
+from families import CAUSAL_LM_UNTIED, CLASSIFIER, MASKED_LM, Case, hf_class
+from tpzoo.models import full_state_dict
 from tpzoo.models.pretrained import save_pretrained
 from tpzoo.models.sharding import gather_full, load_full_state_dict, source_name, tp_partitions
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
@@ -35,28 +36,32 @@ from tpzoo.testing import spawn
 
 G, S, SAVE_AT, STEPS = 16, 8, 3, 5
 LR, WD, CLIP, EPS = 3e-3, 0.01, 0.5, 1e-6
-VOCAB = {"gpt": 500, "bert": 101}  # not multiples of 128: the padded vocabulary differs per tp
-# run: (model, precision, ZeRO-1 when saving, dropout); the GPT unties its output layer (a second padded
-# vocabulary tensor), BERT ties it (a copy on the last pipeline stage) and has a vocabulary-parallel bias
-RUNS = {"gpt": ("gpt", "fp32", True, 0.0), "bert": ("bert", "fp16", False, 0.0), "dropout": ("gpt", "bf16", True, 0.1)}
-RESUMES = {(4, 2, 1): {"gpt": False, "bert": False}, (1, 4, 2): {"gpt": False, "bert": True}}  # ZeRO-1 on resume
+# the causal LM unties its output layer (a second padded vocabulary tensor), the masked LM ties it (a copy
+# on the last pipeline stage) and has a vocabulary-parallel bias; runs and folders are named by family
+CAUSAL, MASKED = CAUSAL_LM_UNTIED, MASKED_LM
+VOCAB = {CAUSAL.inputs: 500, MASKED.inputs: 101}  # not multiples of 128: the padded vocabulary differs per tp
+# run: (model, precision, ZeRO-1 when saving, dropout)
+RUNS = {CAUSAL.family: (CAUSAL, "fp32", True, 0.0), MASKED.family: (MASKED, "fp16", False, 0.0),
+        "dropout": (CAUSAL, "bf16", True, 0.1)}
+RESUMES = {(4, 2, 1): {CAUSAL.family: False, MASKED.family: False},  # ZeRO-1 on resume
+           (1, 4, 2): {CAUSAL.family: False, MASKED.family: True}}
 FP16_TOL = 2e-5  # fp16 weights: another tp rounds the matmuls differently (measured 6e-6)
 
 
-def model_config(kind: str, dropout: float = 0.0):
-    return get_preset(f"{kind}-tiny", num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
-                      vocab_size=VOCAB[kind], max_position_embeddings=16, hidden_dropout=dropout,
-                      attention_dropout=dropout, tie_word_embeddings=kind == "bert")
+def model_config(case: Case, dropout: float = 0.0):
+    return case.config(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                       vocab_size=VOCAB[case.inputs], max_position_embeddings=16, hidden_dropout=dropout,
+                       attention_dropout=dropout)
 
 
 def plan(mesh) -> ParallelPlan:
     return ParallelPlan(mesh, kernels="torch")
 
 
-def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
+def batch(case: Case, step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, VOCAB[kind], (G, S), generator=g)
-    if kind == "gpt":
+    ids = torch.randint(0, VOCAB[case.inputs], (G, S), generator=g)
+    if case.inputs == "causal-lm":
         return dict(input_ids=ids, labels=torch.cat([ids[:, 1:], torch.full((G, 1), -100)], 1))
     mask = (torch.arange(S) < torch.randint(S // 2, S + 1, (G, 1), generator=g)).long()
     labels = torch.where((torch.rand(G, S, generator=g) < 0.3) & (mask == 1), ids, -100)
@@ -65,10 +70,9 @@ def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
 
 
 def make_engine(run: str, mesh, zero: bool) -> Engine:
-    kind, precision, _, dropout = RUNS[run]
-    config = model_config(kind, dropout)
-    cls = GPTModel if kind == "gpt" else BertModel
-    return Engine(functools.partial(build_model, cls, config), config,
+    case, precision, _, dropout = RUNS[run]
+    config = model_config(case, dropout)
+    return Engine(functools.partial(case.build, config), config,
                   EngineConfig(micro_batch_size=G // (mesh.dp_size * mesh.pp_size), global_batch_size=G, lr=LR,
                                weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, precision=precision,
                                initial_loss_scale=2.0**10, use_distributed_optimizer=zero), plan(mesh))
@@ -125,7 +129,7 @@ def uninterrupted(root: str) -> dict:
     """The three runs on (2, 2, 2): 5 steps, saved after step 3; their losses and saved states."""
     mesh = init_mesh(tp=2, pp=2, dp=2)
     refs = {}
-    for run, (kind, _, zero, _) in RUNS.items():
+    for run, (_, _, zero, _) in RUNS.items():
         manual_seed(7, mesh)
         engine = make_engine(run, mesh, zero)
         first = train(engine, run, range(SAVE_AT))
@@ -154,40 +158,40 @@ def resume(root: str, run: str, mesh, zero: bool, ref: dict, tol: float, errors:
     return engine
 
 
-def logits(model, kind: str) -> torch.Tensor:
-    b = batch(kind, 99)
+def logits(model, case: Case) -> torch.Tensor:
+    b = batch(case, 99)
     extras = {k: v for k, v in b.items() if k not in ("input_ids", "labels")}
     with torch.no_grad():
         return model.eval()(b["input_ids"], **extras)
 
 
 def check_load_model(root: str, refs: dict) -> dict:
-    """load_model at tp 1 and 2 gives the trained model's logits; pipeline stages; a new head for BERT."""
+    """load_model at tp 1 and 2 gives the trained model's logits; pipeline stages; a new head for the masked LM."""
     out = {}
-    reference = build_model(GPTModel, model_config("gpt"), plan(init_mesh(tp=1)))
-    load_full_state_dict(reference, {k: torch.from_numpy(v) for k, v in refs["gpt"]["state"][0].items()
+    reference = CAUSAL.build(model_config(CAUSAL), plan(init_mesh(tp=1)))
+    load_full_state_dict(reference, {k: torch.from_numpy(v) for k, v in refs[CAUSAL.family]["state"][0].items()
                                      if not k.startswith("head.word")})
-    expected = logits(reference, "gpt")
+    expected = logits(reference, CAUSAL)
     for tp in (1, 2):
-        got = logits(load_model(f"{root}/gpt/iter_0000003", plan(init_mesh(tp=tp))), "gpt")
+        got = logits(load_model(f"{root}/{CAUSAL.family}/iter_0000003", plan(init_mesh(tp=tp))), CAUSAL)
         out[f"load_model tp={tp} logits rel err"] = err = ((got - expected).abs().max() / expected.abs().max()).item()
         assert err <= (0 if tp == 1 else 1e-5), f"tp={tp}: logits differ by {err:.3g}"
-    stage = load_model(f"{root}/bert", plan(init_mesh(tp=2, pp=4, dp=1)))
+    stage = load_model(f"{root}/{MASKED.family}", plan(init_mesh(tp=2, pp=4, dp=1)))
     assert len(stage.layers) == 1 and stage.pre_process == (stage.mesh.pp_rank == 0)
     for name, value in full_state_dict(stage).items():
-        assert np.array_equal(value.numpy(), refs["bert"]["state"][0][source_name(name)]), name
+        assert np.array_equal(value.numpy(), refs[MASKED.family]["state"][0][source_name(name)]), name
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())
     logging.getLogger("tpzoo.checkpoint").addHandler(handler)
-    clf = load_model(f"{root}/bert", plan(init_mesh(tp=2)), model_class=BertForSequenceClassification,
+    clf = load_model(f"{root}/{MASKED.family}", plan(init_mesh(tp=2)), model_class=CLASSIFIER.model_class,
                      config_overrides={"num_labels": 3})
-    assert clf.config.num_labels == 3 and logits(clf, "bert").shape == (G, 3)
+    assert clf.config.num_labels == 3 and logits(clf, MASKED).shape == (G, 3)
     assert len(records) == 1 and "2 parameters" in records[0] and "head.classifier.bias, head.classifier.weight" \
         in records[0], records
     for name, value in full_state_dict(clf).items():
-        if not name.startswith("head.classifier"):  # the pooler comes from BertModel's binary head
-            assert np.array_equal(value.numpy(), refs["bert"]["state"][0][name]), name
+        if not name.startswith("head.classifier"):  # the pooler comes from the masked LM's binary head
+            assert np.array_equal(value.numpy(), refs[MASKED.family]["state"][0][name]), name
     return out
 
 
@@ -198,7 +202,7 @@ def eight_ranks(root: str) -> dict:
     for (tp, pp, dp), zeros in RESUMES.items():
         mesh = init_mesh(tp=tp, pp=pp, dp=dp)
         for run, zero in zeros.items():
-            resume(root, run, mesh, zero, refs[run], 1e-6 if run == "gpt" else FP16_TOL, errors, timing)
+            resume(root, run, mesh, zero, refs[run], 1e-6 if run == CAUSAL.family else FP16_TOL, errors, timing)
     mesh = init_mesh(tp=2, pp=2, dp=2)
     engine = resume(root, "dropout", mesh, False, refs["dropout"], 0.0, errors, timing)
     bf16 = dict(model=sorted({str(p.dtype) for p in engine.params}),
@@ -213,8 +217,8 @@ def one_rank(root: str, refs: dict) -> dict:
     errors: dict = {}
     timing: dict = {}
     mesh = init_mesh()
-    resume(root, "bert", mesh, False, refs["bert"], FP16_TOL, errors, timing)
-    engine = resume(root, "gpt", mesh, True, refs["gpt"], 1e-6, errors, timing)
+    resume(root, MASKED.family, mesh, False, refs[MASKED.family], FP16_TOL, errors, timing)
+    engine = resume(root, CAUSAL.family, mesh, True, refs[CAUSAL.family], 1e-6, errors, timing)
 
     import tpzoo.checkpoint.save as save_module
 
@@ -237,20 +241,20 @@ def one_rank(root: str, refs: dict) -> dict:
     names = sorted(p.name for p in resolve_checkpoint(save_dir).parent.iterdir())
     assert names == ["iter_0000001", "iter_0000003", "latest"], names
 
-    bert = make_engine("bert", mesh, False)
-    with pytest.raises(ValueError, match=r"another model than the engine's \(class: checkpoint GPTModel, model "
-                                         r"BertModel; options: .*; model_type: checkpoint 'gpt', model 'bert'; "
-                                         r"vocab_size: checkpoint 500, model 101"):
-        load_checkpoint(save_dir, bert)
+    masked = make_engine(MASKED.family, mesh, False)
+    with pytest.raises(ValueError, match=rf"another model than the engine's \(class: checkpoint {CAUSAL.model}, model "
+                                         rf"{MASKED.model}; options: .*; model_type: checkpoint '{CAUSAL.family}', "
+                                         rf"model '{MASKED.family}'; vocab_size: checkpoint 500, model 101"):
+        load_checkpoint(save_dir, masked)
     with pytest.raises(FileNotFoundError, match=f"checkpoint {root}/missing does not exist"):
-        load_checkpoint(f"{root}/missing", bert)
+        load_checkpoint(f"{root}/missing", masked)
     with pytest.raises(ValueError, match=f"{root} holds no tpzoo checkpoint; a training checkpoint is"):
         load_model(root)
 
-    folder = save_pretrained(load_model(f"{root}/gpt"), f"{root}/folder")
+    folder = save_pretrained(load_model(f"{root}/{CAUSAL.family}"), f"{root}/folder")
     again = load_model(folder)
     for name, value in full_state_dict(again).items():
-        assert np.array_equal(value.numpy(), refs["gpt"]["state"][0][name]), name
+        assert np.array_equal(value.numpy(), refs[CAUSAL.family]["state"][0][name]), name
     with pytest.raises(ValueError, match="is a model folder .* load its weights with tpzoo.checkpoint.load_model"):
         load_checkpoint(folder, engine)
     return dict(errors=errors, timing=timing)
@@ -268,10 +272,10 @@ def trained(tmp_path_factory) -> tuple:
 def test_resume_on_other_meshes_is_exact(trained):
     root, out = trained
     print("max relative errors:", out["errors"], "\nseconds:", {k: round(v, 2) for k, v in out["timing"].items()})
-    meta = read_meta(root / "gpt")  # no process group needed
+    meta = read_meta(root / CAUSAL.family)  # no process group needed
     assert meta["iteration"] == 3 and meta["checkpoint"]["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
-    assert meta["checkpoint"]["model"]["class"] == "GPTModel" and meta["checkpoint"]["optimizer"]["zero"]
-    assert read_meta(root / "bert")["checkpoint"]["loss_scaler"]["scale"] == 2.0**10
+    assert meta["checkpoint"]["model"]["class"] == CAUSAL.model and meta["checkpoint"]["optimizer"]["zero"]
+    assert read_meta(root / MASKED.family)["checkpoint"]["loss_scaler"]["scale"] == 2.0**10
 
 
 def test_bf16_resume_restores_main_weights_bitwise(trained):
@@ -289,20 +293,19 @@ def test_single_rank_resume_atomic_saves_and_errors(trained):
 
 
 def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
-    """docs/checkpoints.md runs as shown, ``ckpt`` being the GPT saved on (2, 2, 2): generation gives the
-    same greedy text at tp=1 and tp=2, and to-hf writes the checkpoint's weights."""
+    """docs/checkpoints.md runs as shown, ``ckpt`` being the causal LM saved on (2, 2, 2): generation gives
+    the same greedy text at tp=1 and tp=2, and to-hf writes the checkpoint's weights."""
     from doc_helpers import blocks, run
-    from transformers import GPT2LMHeadModel
 
     from real_text import documents, write_jsonl
 
     from tpzoo.data.tokenizer import train_tokenizer
 
     root, out = trained
-    (tmp_path / "ckpt").symlink_to(root / "gpt")
+    (tmp_path / "ckpt").symlink_to(root / CAUSAL.family)
     # a tokenizer of the checkpoint's vocabulary (generate refuses one of another size)
     text = write_jsonl(tmp_path / "text.jsonl", documents())
-    (tmp_path / "tok.model").symlink_to(train_tokenizer([str(text)], str(tmp_path / "tok500"), VOCAB["gpt"]))
+    (tmp_path / "tok.model").symlink_to(train_tokenizer([str(text)], str(tmp_path / "tok500"), VOCAB[CAUSAL.inputs]))
     for code in blocks("checkpoints.md", "python"):
         done = run([sys.executable, "-c", code], tmp_path)
         assert done.returncode == 0, f"python block failed:\n{done.stderr[-3000:]}"
@@ -313,9 +316,9 @@ def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
         outputs[command.split()[0]] = outputs.get(command.split()[0], []) + [done.stdout.strip()]
     one, two = outputs["python"][0], outputs["torchrun"][0]
     assert one.startswith("the cat") and len(one) > len("the cat") and two == one, (one, two)
-    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "ckpt-hf")
+    hf = hf_class(CAUSAL).from_pretrained(tmp_path / "ckpt-hf")
     assert np.array_equal(hf.transformer.wte.weight.detach().numpy(),
-                          out["refs"]["gpt"]["state"][0]["embedding.word_embeddings.weight"])
+                          out["refs"][CAUSAL.family]["state"][0]["embedding.word_embeddings.weight"])
 
 
 def test_convert_misuse_is_one_line(tmp_path, capsys):

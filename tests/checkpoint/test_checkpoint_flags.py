@@ -14,7 +14,7 @@ import torch
 
 import background
 from cases import CaseLog, assert_case
-from families import CASES, batch
+from families import CAUSAL_LM, batch
 from pretrain_helpers import TINY, command, metrics, run
 from tpzoo.checkpoint import load_checkpoint, read_meta, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
@@ -31,7 +31,7 @@ CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "resume-w
 
 
 def engine(config, mesh) -> Engine:
-    case = CASES["gpt"]
+    case = CAUSAL_LM
     return Engine(lambda plan, **stage: case.build(config, plan, **stage), config,
                   EngineConfig(micro_batch_size=2 // mesh.dp_size, global_batch_size=2), ParallelPlan(mesh))
 
@@ -39,7 +39,7 @@ def engine(config, mesh) -> Engine:
 def rank_checks(root: str) -> CaseLog:
     """At tp 2: train a step, save without optimizer and RNG and with both; at tp 1 (dp 2, default padding) load."""
     log, root = CaseLog(), Path(root)
-    case = CASES["gpt"]
+    case = CAUSAL_LM
     config = case.config(**SIZES, make_vocab_size_divisible_by=MULTIPLE)
     g = torch.Generator().manual_seed(0)
     tp2 = engine(config, init_mesh(tp=2))

@@ -19,16 +19,17 @@ import background
 import pytest
 import torch
 from cases import CaseLog, assert_case
+from families import CAUSAL_LM_UNTIED, MASKED_LM
 from test_checkpoint import CLIP, EPS, G, LR, SAVE_AT, STEPS, WD, assert_same_state, batch, gathered_state, model_config
 from torch.distributed.tensor import DTensor
 
 from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
-from tpzoo.models import BertModel, GPTModel, build_model, full_state_dict
+from tpzoo.models import full_state_dict
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 
-KINDS = {"gpt": GPTModel, "bert": BertModel}
+KINDS = {case.family: case for case in (CAUSAL_LM_UNTIED, MASKED_LM)}  # test_checkpoint's models, by family
 TOL = 1e-5  # FSDP sums the gradients over dp in another order than the all-reduce
 SAVED_AT = (1, 2, 4)  # (tp, pp, dp), under FSDP
 PLAIN_AT, FSDP_AT = (2, 1, 4), (2, 2, 2)
@@ -41,14 +42,14 @@ def make_engine(kind: str, shape: tuple[int, int, int], fsdp: bool) -> Engine:
     tp, pp, dp = shape
     mesh = init_mesh(tp=tp, pp=pp, dp=dp)
     manual_seed(7 if fsdp else 99, mesh)  # another seed: only the loaded weights give the same losses
-    config = model_config(kind)
-    return Engine(partial(build_model, KINDS[kind], config), config,
+    config = model_config(KINDS[kind])
+    return Engine(partial(KINDS[kind].build, config), config,
                   EngineConfig(micro_batch_size=G // (dp * pp), global_batch_size=G, lr=LR, weight_decay=WD,
                                adam_eps=EPS, clip_grad=CLIP), ParallelPlan(mesh, kernels="torch", fsdp=fsdp))
 
 
 def train(engine: Engine, kind: str, steps: range) -> list[float]:
-    return [engine.train_step(batch(kind, step)).loss for step in steps]
+    return [engine.train_step(batch(KINDS[kind], step)).loss for step in steps]
 
 
 def check_losses(got: list[float], expected: list[float], tag: str, log: CaseLog) -> None:

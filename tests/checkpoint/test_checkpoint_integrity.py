@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 
 from cases import CaseLog, assert_case
-from families import CASES
+from families import CAUSAL_LM
 from tpzoo.checkpoint import load_checkpoint, load_model, resolve_checkpoint, save_checkpoint, wait_for_save
 from tpzoo.checkpoint.manifest import MANIFEST_FILE, file_entry
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.testing import spawn
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / "gpt"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / CAUSAL_LM.family
 SHARD = "__1_0.distcp"  # rank 1's shard: hashed by rank 1 at load, named on both ranks
 # case -> (damage done to a copy of iter_0000002, what the error says after the copy's path)
 DAMAGES = {
@@ -66,7 +66,7 @@ def _cut(path: Path) -> None:
 
 
 def make_engine(mesh) -> Engine:
-    case = CASES["gpt"]
+    case = CAUSAL_LM
     config = case.config(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=128,
                          max_position_embeddings=16)
     return Engine(lambda plan, **stage: case.build(config, plan, **stage), config,

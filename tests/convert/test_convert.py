@@ -9,35 +9,34 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
-from hf_models import hf_bert, hf_gpt2
+from families import (CAUSAL_LM, CAUSAL_LM_UNTIED, CLASSIFIER, MASKED_LM, MASKED_LM_ONLY, OTHER_HEAD, hf_class,
+                      hf_model)
 
 from tpzoo.convert import ConversionError, hf_to_tpzoo, read_hf, tpzoo_to_hf
 from tpzoo.models.hf_rules import heads_from_qkv, qkv_from_heads
 
 ROOT = Path(__file__).resolve().parents[2]
 D = 32 // 4  # head dim of the tiny models
-
-
-def hf_models() -> dict[str, torch.nn.Module]:
-    return {
-        "GPT2LMHeadModel": hf_gpt2(), "GPT2LMHeadModel untied": hf_gpt2(tie=False),
-        "BertForPreTraining": hf_bert(transformers.BertForPreTraining),
-        "BertForMaskedLM": hf_bert(transformers.BertForMaskedLM),
-        "BertForSequenceClassification": hf_bert(transformers.BertForSequenceClassification),
-    }
+# the cases converted here (test_convert_llama converts the grouped-query ones)
+CONVERTED = (CAUSAL_LM, CAUSAL_LM_UNTIED, MASKED_LM, MASKED_LM_ONLY, CLASSIFIER)
+# the tensors Hugging Face ties to the embedding (tpzoo_to_hf's third output) when the output layer is tied
+TIED = {"causal-lm": {"lm_head.weight"}, "classification": set(),
+        "masked-lm": {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}}
+FUSED_QKV = "transformer.h.1.attn.c_attn.weight"  # layer 1's query, key and value in one Conv1D weight, if fused
 
 
 def test_state_dicts_round_trip_exactly_with_heads_laid_out_per_head():
-    for name, hf in hf_models().items():
+    for case in CONVERTED:
+        hf, name = hf_model(case), case.name
         original = hf.state_dict()
-        class_name, options, config, state = hf_to_tpzoo(hf.config, original, type(hf).__name__)
-        assert config.tie_word_embeddings == ("untied" not in name), name
+        class_name, options, config, state = hf_to_tpzoo(hf.config, original, case.architecture)
+        assert (class_name, options) == (case.model, case.options), name
+        assert config.tie_word_embeddings == case.hf["tie_word_embeddings"], name
         qkv = state["layers.1.self_attention.query_key_value.weight"]
-        if name.startswith("Bert"):
-            q, k, v = (original[f"bert.encoder.layer.1.attention.self.{p}.weight"] for p in ("query", "key", "value"))
+        if FUSED_QKV in original:
+            q, k, v = original[FUSED_QKV].t().chunk(3)
         else:
-            q, k, v = original["transformer.h.1.attn.c_attn.weight"].t().chunk(3)
+            q, k, v = (original[f"bert.encoder.layer.1.attention.self.{p}.weight"] for p in ("query", "key", "value"))
         for head in range(4):  # [q_h k_h v_h] blocks of D rows, head after head
             block = qkv[3 * D * head: 3 * D * (head + 1)]
             rows = slice(D * head, D * (head + 1))
@@ -46,20 +45,18 @@ def test_state_dicts_round_trip_exactly_with_heads_laid_out_per_head():
         assert back.keys() == original.keys(), f"{name}: {sorted(set(back) ^ set(original))}"
         for key in original:
             assert torch.equal(back[key], original[key]), f"{name}: {key} changed"
-        assert tied == ({"lm_head.weight"} if name == "GPT2LMHeadModel" else
-                        {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
-                        if name in ("BertForPreTraining", "BertForMaskedLM") else set()), name
+        assert tied == (TIED[case.inputs] if case.hf["tie_word_embeddings"] else set()), name
     w = torch.randn(3 * 32, 5)
     assert torch.equal(heads_from_qkv(*qkv_from_heads(w, 4), heads=4), w)
 
 
 def test_what_tpzoo_cannot_represent_is_refused():
-    hf = hf_gpt2()
+    hf = hf_model(CAUSAL_LM)
     with pytest.raises(ConversionError, match="unsupported Hugging Face config: scale_attn_by_inverse_layer_idx"):
         hf.config.scale_attn_by_inverse_layer_idx = True
-        hf_to_tpzoo(hf.config, hf.state_dict(), "GPT2LMHeadModel")
-    hf = hf_bert(transformers.BertForMaskedLM)
-    hf.config.architectures = ["BertForMaskedLM"]
+        hf_to_tpzoo(hf.config, hf.state_dict(), CAUSAL_LM.architecture)
+    hf = hf_model(MASKED_LM_ONLY)
+    hf.config.architectures = [MASKED_LM_ONLY.architecture]
     hf.config.hidden_act = "relu"
     with pytest.raises(ConversionError, match="activation 'relu' has no tpzoo equivalent"):
         hf_to_tpzoo(hf.config, hf.state_dict())
@@ -74,8 +71,8 @@ def test_what_tpzoo_cannot_represent_is_refused():
     del state["bert.encoder.layer.1.output.dense.bias"]
     with pytest.raises(ConversionError, match=r"lacks \['bert.encoder.layer.1.output.dense.bias'\]"):
         hf_to_tpzoo(hf.config, state)
-    hf.config.architectures = ["BertForQuestionAnswering"]
-    with pytest.raises(ConversionError, match=r"names architectures \['BertForQuestionAnswering'\]"):
+    hf.config.architectures = [OTHER_HEAD]
+    with pytest.raises(ConversionError, match=rf"names architectures \['{OTHER_HEAD}'\]"):
         hf_to_tpzoo(hf.config, hf.state_dict())
 
 
@@ -93,14 +90,14 @@ def assert_misuse(result: subprocess.CompletedProcess, message: str) -> None:
 
 
 def test_command_line_round_trip_and_misuse(tmp_path):
-    hf = hf_bert(transformers.BertForSequenceClassification)
+    hf = hf_model(CLASSIFIER)
     hf.save_pretrained(tmp_path / "hf")
     done = convert("from-hf", "hf", "tz", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "wrote tpzoo BertForSequenceClassification" in done.stdout
+    assert f"wrote tpzoo {CLASSIFIER.model}" in done.stdout
     done = convert("to-hf", "tz", "hf2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    back = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf2").state_dict()
+    back = hf_class(CLASSIFIER).from_pretrained(tmp_path / "hf2").state_dict()
     assert back.keys() == hf.state_dict().keys()
     assert all(torch.equal(back[k], v) for k, v in hf.state_dict().items())
     assert read_hf(tmp_path / "hf2")[0].num_labels == 3

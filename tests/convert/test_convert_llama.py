@@ -1,8 +1,9 @@
-"""Hugging Face LlamaForCausalLM <-> tpzoo LlamaModel, grouped-query (2 kv heads, untied output) and
-multi-head with a tied output: exact state-dict round trips, by the library and by ``python -m
-tpzoo.convert`` (its main); the configs tpzoo refuses; and on 4 gloo ranks (one spawn, each check its
-own case, see ``cases``) logits, loss and greedy generation equal Hugging Face's at tp 1, 2 and 4,
-where tp 4 of 2 kv heads is refused (kv heads are split across tp ranks, never replicated).
+"""The Llama adapter: Hugging Face <-> tpzoo for the grouped-query causal LM (``families.GQA_LM``: 2 kv
+heads, untied output) and that family multi-head with a tied output (``GQA_LM_TIED_MHA``): exact
+state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); the configs tpzoo
+refuses; and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits, loss and greedy
+generation equal Hugging Face's at tp 1, 2 and 4, where tp 4 of 2 kv heads is refused (kv heads are
+split across tp ranks, never replicated).
 """
 
 from __future__ import annotations
@@ -11,23 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 from cases import CaseLog, assert_case
-from hf_models import VOCAB, hf_llama, mean_loss
+from families import GQA_LM, GQA_LM_TIED_MHA, HF_VOCAB, hf_class, hf_config, hf_model
+from hf_models import mean_loss
 
 from tpzoo.convert import ConversionError, from_hf, hf_to_tpzoo, read_hf, to_hf, tpzoo_to_hf
 from tpzoo.convert.__main__ import main as convert_main
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
-VARIANTS = {"gqa": dict(tie=False, kv_heads=2), "tied-mha": dict(tie=True, kv_heads=4)}
+VARIANTS = {"gqa": GQA_LM, "tied-mha": GQA_LM_TIED_MHA}
 TPS = (1, 2, 4)
 B, S, PROMPT, NEW = 2, 12, 5, 7
 HEADS, D = 4, 64 // 4
 
 
+def kv_heads(variant: str) -> int:
+    return VARIANTS[variant].hf["num_key_value_heads"]
+
+
 def refused(variant: str, tp: int) -> bool:
-    return VARIANTS[variant]["kv_heads"] % tp != 0
+    return kv_heads(variant) % tp != 0
 
 
 def case_names() -> list[str]:
@@ -43,10 +48,11 @@ def case_names() -> list[str]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_llama_state_dict_round_trips_exactly_with_groups_laid_out(variant):
-    hf = hf_llama(**VARIANTS[variant])
-    original, g = hf.state_dict(), VARIANTS[variant]["kv_heads"]
-    class_name, options, config, state = hf_to_tpzoo(hf.config, original, "LlamaForCausalLM")
-    assert (class_name, options) == ("LlamaModel", {})
+    case = VARIANTS[variant]
+    hf = hf_model(case)
+    original, g = hf.state_dict(), kv_heads(variant)
+    class_name, options, config, state = hf_to_tpzoo(hf.config, original, case.architecture)
+    assert (class_name, options) == (case.model, {})
     assert (config.rotary_base, config.layernorm_epsilon, config.num_query_groups, config.ffn_hidden_size,
             config.max_position_embeddings, config.tie_word_embeddings) == (500.0, 1e-4, g, 96, 32, variant != "gqa")
     h = "model.layers.1."
@@ -62,14 +68,14 @@ def test_llama_state_dict_round_trips_exactly_with_groups_laid_out(variant):
     assert torch.equal(up_gate[1::2], original[f"{h}mlp.up_proj.weight"])
     assert ("head.output_layer.weight" in state) == (variant == "gqa")
 
-    hf_config, back, tied = tpzoo_to_hf(class_name, options, config, state)
+    back_config, back, tied = tpzoo_to_hf(class_name, options, config, state)
     assert back.keys() == original.keys(), sorted(set(back) ^ set(original))
     for key in original:
         assert torch.equal(back[key], original[key]), f"{key} changed"
     assert tied == (set() if variant == "gqa" else {"lm_head.weight"})
-    assert hf_to_tpzoo(hf_config, back)[2] == config
-    assert (hf_config.architectures, hf_config.num_key_value_heads, hf_config.rms_norm_eps,
-            hf_config.tie_word_embeddings) == (["LlamaForCausalLM"], g, 1e-4, variant != "gqa")
+    assert hf_to_tpzoo(back_config, back)[2] == config
+    assert (back_config.architectures, back_config.num_key_value_heads, back_config.rms_norm_eps,
+            back_config.tie_word_embeddings) == ([case.architecture], g, 1e-4, variant != "gqa")
 
 
 REFUSED = {
@@ -84,22 +90,21 @@ REFUSED = {
 @pytest.mark.parametrize("setting", REFUSED)
 def test_llama_config_tpzoo_cannot_represent_is_refused(setting):
     change, message = REFUSED[setting]
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=HEADS, num_key_value_heads=2, **change)
+    config = hf_config(GQA_LM, **change)
     with pytest.raises(ConversionError, match=f"unsupported Hugging Face config: {message}"):
-        hf_to_tpzoo(config, {}, "LlamaForCausalLM")
+        hf_to_tpzoo(config, {}, GQA_LM.architecture)
 
 
 def test_llama_command_line_round_trip(tmp_path, capsys):
     """``python -m tpzoo.convert from-hf`` then ``to-hf``, run as the command's ``main`` in this process
     (test_convert runs ``python -m`` itself)."""
-    hf = hf_llama(tie=True)
+    hf = hf_model(GQA_LM, tie_word_embeddings=True)
     hf.save_pretrained(tmp_path / "hf")  # leaves out the tied lm_head.weight
     assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "tz")]) == 0
     assert convert_main(["to-hf", str(tmp_path / "tz"), str(tmp_path / "hf2")]) == 0
     out = capsys.readouterr().out
-    assert "wrote tpzoo LlamaModel" in out and "wrote Hugging Face LlamaForCausalLM" in out, out
-    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf2").state_dict()
+    assert f"wrote tpzoo {GQA_LM.model}" in out and f"wrote Hugging Face {GQA_LM.architecture}" in out, out
+    back = hf_class(GQA_LM).from_pretrained(tmp_path / "hf2").state_dict()
     original = hf.state_dict()
     assert back.keys() == original.keys()
     for key in original:
@@ -128,12 +133,12 @@ def llama_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, torc
     log = CaseLog()
     meshes = {tp: init_mesh(tp=tp) for tp in TPS}
     labels = torch.cat([ids[:, 1:], torch.full((B, 1), -100)], 1)
-    for variant, options in VARIANTS.items():
+    for variant in VARIANTS:
         folder, ref, models = Path(tmp) / variant, expected[variant], {}
         for tp in TPS:
             with log.case(f"{variant}-tp{tp}{'-refused' if refused(variant, tp) else ''}"):
                 if refused(variant, tp):
-                    kv = options["kv_heads"]
+                    kv = kv_heads(variant)
                     with pytest.raises(ValueError, match=f"num_query_groups={kv} is not divisible by the "
                                                          f"tensor-parallel size tp={tp}"):
                         from_hf(folder, meshes[tp])
@@ -159,11 +164,11 @@ def llama_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, torc
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory) -> list[CaseLog]:
-    tmp = tmp_path_factory.mktemp("llama")
-    ids = torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(0))
+    tmp = tmp_path_factory.mktemp("gqa")
+    ids = torch.randint(0, HF_VOCAB, (B, S), generator=torch.Generator().manual_seed(0))
     expected = {}
-    for variant, options in VARIANTS.items():
-        hf = hf_llama(**options)
+    for variant, case in VARIANTS.items():
+        hf = hf_model(case)
         hf.save_pretrained(tmp / variant)
         with torch.no_grad():
             out = hf(ids, labels=ids)

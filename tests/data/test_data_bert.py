@@ -19,7 +19,7 @@ SEQ = 64
 
 @pytest.fixture(scope="module")
 def demo_bert():
-    tok_path, prefix = demo_data("bert")
+    tok_path, prefix = demo_data("masked-lm")
     return load_tokenizer(tok_path), IndexedDataset(prefix)
 
 
@@ -127,7 +127,7 @@ def test_deterministic_by_seed(demo_bert):
 
 def test_misuse(tmp_path, demo_bert):
     tok, data = demo_bert
-    gpt_prefix = str(tmp_path / "gpt")  # documents not split into sentences
+    gpt_prefix = str(tmp_path / "documents")  # documents not split into sentences
     preprocess(corpus_files(), gpt_prefix, small_corpus()["tokenizer"], progress=False)
     small_tok = load_tokenizer(small_corpus()["tokenizer"])
     with pytest.raises(ValueError, match="needs a document of 2\\+ sentences; preprocess with --split-sentences"):
@@ -138,6 +138,6 @@ def test_misuse(tmp_path, demo_bert):
         BertDataset(data, [0], tok, SEQ, 10, seed=1, binary_head="nsp")
     from test_data_tokenizer import make_gpt2_tokenizer
 
-    gpt2 = load_tokenizer(make_gpt2_tokenizer(tmp_path / "gpt2"))
+    bpe = load_tokenizer(make_gpt2_tokenizer(tmp_path / "bpe"))
     with pytest.raises(ValueError, match="lacks the BERT tokens \\['cls', 'sep', 'mask', 'pad'\\]"):
-        BertDataset(data, range(10), gpt2, SEQ, 10, seed=1)
+        BertDataset(data, range(10), bpe, SEQ, 10, seed=1)

@@ -8,6 +8,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from families import MASKED_LM
 
 from tpzoo.data import demo
 from tpzoo.data.cache import cached_build
@@ -27,22 +28,22 @@ SHA256 = {
 def test_first_use_build_is_quick_and_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("TPZOO_CACHE", str(tmp_path))
     start = time.perf_counter()
-    tok_path, gpt = demo.demo_data("gpt")
+    tok_path, gpt = demo.demo_data("causal-lm")
     seconds = time.perf_counter() - start
     print(f"demo first-use build: {seconds:.1f} s")
     assert seconds < 20
     folder = Path(gpt).parent
-    assert folder.parent == tmp_path and demo.demo_data("bert")[1] == str(folder / "bert")
+    assert folder.parent == tmp_path and demo.demo_data(MASKED_LM.family)[1] == str(folder / demo.PREFIXES["masked-lm"])
     for name, digest in SHA256.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
     start = time.perf_counter()
-    assert demo.demo_data("gpt") == (tok_path, gpt) and time.perf_counter() - start < 1  # cached
+    assert demo.demo_data("causal-lm") == (tok_path, gpt) and time.perf_counter() - start < 1  # cached
 
 
 def test_demo_contents():
-    tok_path, gpt_prefix = demo.demo_data("gpt")
+    tok_path, gpt_prefix = demo.demo_data("causal-lm")
     tok = load_tokenizer(tok_path)
-    gpt, bert = IndexedDataset(gpt_prefix), IndexedDataset(demo.demo_data("bert")[1])
+    gpt, bert = IndexedDataset(gpt_prefix), IndexedDataset(demo.demo_data("masked-lm")[1])
     assert tok.vocab_size == 512 and gpt.dtype == np.uint16
     assert gpt.num_documents == bert.num_documents == 12_000 and gpt.num_tokens > 1_000_000
     ends = gpt.tokens[gpt.sequence_pointers[1:] // 2 - 1]

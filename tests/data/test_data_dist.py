@@ -12,7 +12,7 @@ SEQ, GLOBAL_BATCH, ITERS, SEED = 32, 16, 3, 1234
 
 def datasets(train_iters):
     out = {}
-    for model in ("gpt", "bert"):
+    for model in ("causal-lm", "masked-lm"):  # the data kinds
         tok, prefix = resolve_data(model)
         out[model] = build_datasets(model, tok, prefix, SEQ, SEED, (train_iters * GLOBAL_BATCH, 0, 0))[0]
     return out

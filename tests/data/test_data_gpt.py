@@ -17,7 +17,7 @@ from tpzoo.data.tokenizer import load_tokenizer
 
 @pytest.fixture(scope="module")
 def gpt_data(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("gpt") / "gpt")
+    prefix = str(tmp_path_factory.mktemp("causal-lm") / "documents")
     preprocess(corpus_files(), prefix, small_corpus()["tokenizer"], append_eod=True, progress=False)
     return prefix
 
@@ -64,12 +64,12 @@ def test_same_seed_same_samples_and_prefix_stable(gpt_data):
 
 def test_build_datasets_splits(gpt_data):
     tok = load_tokenizer(small_corpus()["tokenizer"])
-    train, valid, test = build_datasets("gpt", tok, gpt_data, 16, 1234, (64, 8, 0), split="90,10,0")
+    train, valid, test = build_datasets("causal-lm", tok, gpt_data, 16, 1234, (64, 8, 0), split="90,10,0")
     assert test is None and (len(train), len(valid)) == (64, 8)
     assert set(train.doc_order) == set(range(144)) and set(valid.doc_order) == set(range(144, 160))
     assert not torch.equal(train[0]["input_ids"], valid[0]["input_ids"])
     with pytest.raises(ValueError, match="the test split .* has no documents; change --split"):
-        build_datasets("gpt", tok, gpt_data, 16, 1234, (64, 8, 8), split="90,10,0")
+        build_datasets("causal-lm", tok, gpt_data, 16, 1234, (64, 8, 8), split="90,10,0")
     with pytest.raises(ValueError, match="model must be one of"):
         build_datasets("t5", tok, gpt_data, 16, 1234, (64, 8, 8))
 
@@ -79,7 +79,7 @@ def test_gpt_needs_end_of_document_tokens(tmp_path):
     preprocess(corpus_files()[0], prefix, small_corpus()["tokenizer"], progress=False)
     tok = load_tokenizer(small_corpus()["tokenizer"])
     with pytest.raises(ValueError, match="without --append-eod.*again with --append-eod"):
-        build_datasets("gpt", tok, prefix, 16, 1234, (64, 0, 0))
+        build_datasets("causal-lm", tok, prefix, 16, 1234, (64, 0, 0))
 
 
 def test_split_helpers():

@@ -61,7 +61,7 @@ def expected(texts: list[str]) -> list[list[int]]:
 
 
 def tokenized(source: DatasetSource, cache: Path) -> str:
-    return resolve_data("gpt", None, source, str(DEMO_TOKENIZER), str(cache))[1]
+    return resolve_data("causal-lm", None, source, str(DEMO_TOKENIZER), str(cache))[1]
 
 
 def test_save_to_disk_dataset_is_tokenized_once_and_again_when_it_changes(tmp_path):

@@ -7,6 +7,7 @@ import struct
 import numpy as np
 import pytest
 from data_helpers import corpus_docs, corpus_files, small_corpus
+from families import MASKED_LM
 
 from tpzoo.data.build import build_datasets, resolve_data
 from tpzoo.data.indexed import IndexedDataset, IndexedDatasetBuilder, token_dtype
@@ -88,7 +89,7 @@ def test_preprocess_round_trip(tmp_path):
     """Every format is read; decoding gives back each document's tokens and sentences exactly."""
     tok = load_tokenizer(small_corpus()["tokenizer"])
     docs = corpus_docs()
-    gpt, bert = str(tmp_path / "gpt"), str(tmp_path / "bert")
+    gpt, bert = str(tmp_path / "documents"), str(tmp_path / "sentences")
     stats = preprocess(corpus_files(), gpt, tok, append_eod=True, progress=False)
     preprocess(corpus_files(), bert, tok, split_sentences=True, progress=False)
     g, b = IndexedDataset(gpt), IndexedDataset(bert)
@@ -151,14 +152,14 @@ def test_preprocess_misuse(tmp_path):
 
 def test_tokenizer_must_match_the_dataset(tmp_path):
     tok = load_tokenizer(small_corpus()["tokenizer"])
-    prefix = str(tmp_path / "gpt")
+    prefix = str(tmp_path / "documents")
     preprocess(corpus_files()[0], prefix, tok, append_eod=True, progress=False)
-    found, _ = resolve_data("gpt", data_path=prefix)  # the recorded tokenizer is found
+    found, _ = resolve_data("causal-lm", data_path=prefix)  # the recorded tokenizer is found
     assert found.sha256 == tok.sha256
     other = load_tokenizer(train_tokenizer(corpus_files(), str(tmp_path / "other"), 280))
     with pytest.raises(ValueError, match="was tokenized with .*tok.model.*other.model.*matching --tokenizer-model"):
-        resolve_data("gpt", data_path=prefix, tokenizer_model=other.path)
+        resolve_data("causal-lm", data_path=prefix, tokenizer_model=other.path)
     with pytest.raises(ValueError, match="was tokenized with"):
-        build_datasets("gpt", other, prefix, 16, 1, (4, 0, 0))
+        build_datasets("causal-lm", other, prefix, 16, 1, (4, 0, 0))
     with pytest.raises(ValueError, match="was tokenized with .*demo/tokenizer.model"):
-        resolve_data("bert", tokenizer_model=other.path)  # the demo data with another tokenizer
+        resolve_data(MASKED_LM.family, tokenizer_model=other.path)  # the demo data with another tokenizer

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from doc_helpers import ROOT, blocks
+from families import MASKED_LM
 from megatron_vocab import megatron_files
 
 from tpzoo.data.__main__ import main
@@ -22,6 +23,9 @@ from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.mock import mock_documents
 from tpzoo.data.tokenizer_types import BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer
 from tpzoo.training.args import command_parser
+
+
+VOCAB_JSON, MERGES = "gpt2-vocab.json", "gpt2-merges.txt"  # Megatron-LM's GPT-2 BPE files, as docs/data.md names them
 
 
 def texts(key: str) -> list[str]:
@@ -34,7 +38,7 @@ def made(tmp_path_factory) -> Path:
     holding its inputs, and the GPT-2 one again for two json keys with 1 worker (prefix ``w1``)."""
     root = tmp_path_factory.mktemp("megatron-data")
     f = megatron_files()
-    for key, name in (("corpus", "corpus.jsonl"), ("vocab_json", "gpt2-vocab.json"), ("merges", "gpt2-merges.txt"),
+    for key, name in (("corpus", "corpus.jsonl"), ("vocab_json", VOCAB_JSON), ("merges", MERGES),
                       ("vocab_txt", "vocab.txt")):
         shutil.copy(f[key], root / name)
     lines = [line for block in blocks("data.md", "sh") for line in block.splitlines() if line.strip()]
@@ -59,13 +63,13 @@ def run_flags(row: str) -> list[str]:
 
 
 def test_docs_run_flags_read_the_data(made):
-    for row, model, cls in (("GPT", "gpt", GPT2BPETokenizer), ("BERT", "bert", BertWordPieceLowerCase)):
-        flags = [a for a in run_flags(row) if a not in ("--model", "bert")]
+    for row, kind, cls in (("GPT", "causal-lm", GPT2BPETokenizer), ("BERT", "masked-lm", BertWordPieceLowerCase)):
+        flags = [a for a in run_flags(row) if a not in ("--model", MASKED_LM.family)]
         cwd = os.getcwd()
         try:
             os.chdir(made)
-            tok, prefix, _ = run_data(parse(*flags), model)
-            train, _, _ = build_datasets(model, tok, prefix, 32, 7, (4, 0, 0), "949,50,1")
+            tok, prefix, _ = run_data(parse(*flags), kind)
+            train, _, _ = build_datasets(kind, tok, prefix, 32, 7, (4, 0, 0), "949,50,1")
         finally:
             os.chdir(cwd)
         assert type(tok) is cls and train[3]["input_ids"].shape == (32,)
@@ -74,9 +78,9 @@ def test_docs_run_flags_read_the_data(made):
 def test_megatron_names_and_documents_decode(made):
     outputs = [f"{p}.{s}" for p in ("my-gpt2_text_document", "w1_title_document", "w1_text_document",
                                     "my-bert_text_sentence") for s in ("bin", "idx")]
-    inputs = ["corpus.jsonl", "gpt2-merges.txt", "gpt2-vocab.json", "vocab.txt"]
+    inputs = ["corpus.jsonl", MERGES, VOCAB_JSON, "vocab.txt"]
     assert sorted(p.name for p in made.iterdir()) == sorted(outputs + inputs)
-    tok = GPT2BPETokenizer(str(made / "gpt2-vocab.json"), str(made / "gpt2-merges.txt"))
+    tok = GPT2BPETokenizer(str(made / VOCAB_JSON), str(made / MERGES))
     for key in ("text", "title"):
         data = IndexedDataset(str(made / f"w1_{key}_document"))
         assert data.metadata["tokenizer"] == tok.reference()
@@ -117,28 +121,28 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
     f = megatron_files()
     prefix = strip_metadata(str(made / "w1_text_document"), tmp_path)
     with pytest.raises(ValueError, match="names no tokenizer .*--vocab-file vocab.json --merge-file merges.txt"):
-        run_data(parse("--data-path", prefix), "gpt")
+        run_data(parse("--data-path", prefix), "causal-lm")
     tok, found, sources = run_data(parse("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
-                                         "--merge-file", f["merges"]), "gpt")
+                                         "--merge-file", f["merges"]), "causal-lm")
     assert (type(tok), found, sources) == (GPT2BPETokenizer, prefix, None)
-    train, valid, _ = build_datasets("gpt", tok, prefix, 32, 7, (8, 4, 0), "949,50,1")
+    train, valid, _ = build_datasets("causal-lm", tok, prefix, 32, 7, (8, 4, 0), "949,50,1")
     assert train[0]["input_ids"].shape == (32,) and len(valid) == 4
     null, _, _ = run_data(parse("--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
-                                str(tok.vocab_size)), "gpt")  # the ids as they are
+                                str(tok.vocab_size)), "causal-lm")  # the ids as they are
     assert null.vocab_size == tok.vocab_size and null.eod == tok.vocab_size - 1
 
 
 def test_one_prefix_per_split(made):
     gpt = str(made / "w1_text_document")
     args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w1_title_document"))
-    tok, prefix, sources = run_data(args, "gpt")
+    tok, prefix, sources = run_data(args, "causal-lm")
     assert prefix == gpt and sources.per_split == (gpt, str(made / "w1_title_document"), None)
-    train, valid, test = build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 0), args.split, sources)
+    train, valid, test = build_datasets("causal-lm", tok, prefix, 16, 7, (4, 4, 0), args.split, sources)
     titles = IndexedDataset(sources.per_split[1])
     assert set(np.concatenate([valid[i]["input_ids"].numpy() for i in range(4)])) <= set(titles.tokens)
     assert test is None
     with pytest.raises(ValueError, match="4 samples are asked of a split without data: pass --test-data-path"):
-        build_datasets("gpt", tok, prefix, 16, 7, (4, 4, 4), args.split, sources)
+        build_datasets("causal-lm", tok, prefix, 16, 7, (4, 4, 4), args.split, sources)
 
 
 @pytest.mark.parametrize("kind", ["causal-lm", "masked-lm"])
@@ -154,13 +158,12 @@ def test_mock_data(kind, tmp_path):
         assert tokens.min() >= 0 and tokens.max() == tok.eod
     else:
         assert not set(tokens) & set(tok.special_ids) and all(sum(d[1]) == len(d[0]) for d in docs)
-    model = "gpt" if kind == "causal-lm" else "bert"
     extra = ("--tokenizer-type", "NullTokenizer", "--vocab-size", "64") if kind == "causal-lm" else (
         "--vocab-file", megatron_files()["vocab_txt"])
     args = parse("--mock-data", "--data-cache-path", str(tmp_path), *extra)
-    tok, prefix, _ = run_data(args, model)
-    assert run_data(args, model)[1] == prefix  # built once, then found
-    train, valid, _ = build_datasets(model, tok, prefix, 32, 7, (8, 4, 0), args.split)
+    tok, prefix, _ = run_data(args, kind)
+    assert run_data(args, kind)[1] == prefix  # built once, then found
+    train, valid, _ = build_datasets(kind, tok, prefix, 32, 7, (8, 4, 0), args.split)
     sample = train[5]
     assert sample["input_ids"].shape == (32,) and int(sample["input_ids"].max()) < tok.vocab_size
     with pytest.raises(ValueError, match="needs \\[CLS\\], \\[SEP\\] and \\[MASK\\] ids"):
@@ -175,8 +178,8 @@ def test_num_workers_read_the_same_batches(tmp_path):
 
     args = parse("--mock-data", "--data-cache-path", str(tmp_path), "--vocab-file", megatron_files()["vocab_txt"],
                  "--num-workers", "2")
-    tok, prefix, _ = run_data(args, "bert")
-    train, _, _ = build_datasets("bert", tok, prefix, 32, 7, (64, 0, 0), args.split)
+    tok, prefix, _ = run_data(args, "masked-lm")
+    train, _, _ = build_datasets("masked-lm", tok, prefix, 32, 7, (64, 0, 0), args.split)
 
     def ramp(consumed: int) -> int:  # 2, 2, 4, 4, ... as a batch ramp-up
         return 2 if consumed < 4 else 4
@@ -211,17 +214,17 @@ def test_blending_follows_megatrons_greedy_order():
 
 def test_data_path_blend(made):
     gpt, titles = str(made / "w1_text_document"), str(made / "w1_title_document")
-    args = parse("--data-path", "0.3", gpt, "0.7", titles, "--vocab-file", str(made / "gpt2-vocab.json"),
-                 "--merge-file", str(made / "gpt2-merges.txt"))
-    tok, prefix, sources = run_data(args, "gpt")
+    args = parse("--data-path", "0.3", gpt, "0.7", titles, "--vocab-file", str(made / VOCAB_JSON),
+                 "--merge-file", str(made / MERGES))
+    tok, prefix, sources = run_data(args, "causal-lm")
     assert prefix == gpt and sources.blend == ((0.3, gpt), (0.7, titles))
-    train, valid, _ = build_datasets("gpt", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)
+    train, valid, _ = build_datasets("causal-lm", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)
     assert len(train) == 20 and len(valid) == 10 and train.dataset_index.tolist().count(0) == 6
     title_tokens = set(IndexedDataset(titles).tokens)
     for i in range(20):  # each sample is a window of the prefix the blend names
         from_titles = set(train[i]["input_ids"].tolist()) <= title_tokens
         assert from_titles or train.dataset_index[i] == 0
-    again = build_datasets("gpt", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)[0]
+    again = build_datasets("causal-lm", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)[0]
     assert all(torch.equal(again[i]["input_ids"], train[i]["input_ids"]) for i in range(20))
     for bad in (["0.5", gpt, "0.5"], ["0.5", gpt, "-1", titles]):
         with pytest.raises(SystemExit):

@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from families import HUB_NAME
 from megatron_vocab import BERT_VOCAB, GPT2_VOCAB, megatron_files
 from real_text import documents
 
@@ -140,7 +141,7 @@ def test_flags_pick_megatrons_tokenizer(tmp_path):
         ("--vocab-size", "9"): "--vocab-size is NullTokenizer's; add --tokenizer-type NullTokenizer",
         ("--vocab-file", "v.json", "--merge-file", "m", "--null-tokenizer-eod-id", "0"):
             "GPT2BPETokenizer does not read --null-tokenizer-eod-id",
-        ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "gpt2"): "tpzoo downloads nothing",
+        ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", HUB_NAME): "tpzoo downloads nothing",
     }
     for argv, fragment in errors.items():
         with pytest.raises((ValueError, FileNotFoundError), match=fragment):

@@ -46,7 +46,7 @@ def no_default_cache(tmp_path, monkeypatch):
 
 def test_dataset_tokenized_into_cache_path_says_where_and_how_much(corpus, tmp_path, no_default_cache, capsys):
     cache = tmp_path / "my-cache"
-    prefix = tokenized(corpus, "gpt", cache)
+    prefix = tokenized(corpus, "causal-lm", cache)
     err = capsys.readouterr().err.splitlines()
     folder = Path(prefix).parent
     assert folder.parent == cache / "datasets" and Path(prefix + ".bin").is_file()
@@ -61,25 +61,25 @@ def test_dataset_tokenized_into_cache_path_says_where_and_how_much(corpus, tmp_p
 
 
 def test_dataset_found_in_cache_names_its_path_on_rank_0_only(corpus, tmp_path, no_default_cache, capsys, monkeypatch):
-    built = tokenized(corpus, "bert", tmp_path / "my-cache")
+    built = tokenized(corpus, "masked-lm", tmp_path / "my-cache")
     assert "tokenizing" in capsys.readouterr().err
-    found = tokenized(corpus, "bert", tmp_path / "my-cache")  # one line, and no tokenizing
+    found = tokenized(corpus, "masked-lm", tmp_path / "my-cache")  # one line, and no tokenizing
     assert found == built
     assert capsys.readouterr().err == f"tokenized dataset: {found} (cached; delete {Path(found).parent} to rebuild)\n"
     monkeypatch.setenv("RANK", "1")
-    assert tokenized(corpus, "bert", tmp_path / "my-cache") == found and capsys.readouterr().err == ""
+    assert tokenized(corpus, "masked-lm", tmp_path / "my-cache") == found and capsys.readouterr().err == ""
 
 
 def test_slow_samples_index_steps_report_on_rank_0(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    gpt, bert = tokenized(corpus, "gpt", tmp_path), tokenized(corpus, "bert", tmp_path)
+    gpt, bert = tokenized(corpus, "causal-lm", tmp_path), tokenized(corpus, "masked-lm", tmp_path)
     tok = load_tokenizer(corpus["tokenizer"])
     capsys.readouterr()
 
     def build(rank: str) -> list[str]:
         monkeypatch.setenv("RANK", rank)
-        build_datasets("gpt", tok, gpt, 64, 1, (5000, 0, 0), "100,0,0")
-        build_datasets("bert", tok, bert, 64, 1, (100, 0, 0), "100,0,0")
+        build_datasets("causal-lm", tok, gpt, 64, 1, (5000, 0, 0), "100,0,0")
+        build_datasets("masked-lm", tok, bert, 64, 1, (100, 0, 0), "100,0,0")
         return capsys.readouterr().err.splitlines()
 
     assert build("0") == []  # quicker than QUIET_SECONDS: silent

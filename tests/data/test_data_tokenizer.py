@@ -6,6 +6,7 @@ import os
 
 import pytest
 from data_helpers import corpus_docs, corpus_files, small_corpus
+from families import CAUSAL_LM
 
 from tpzoo.data.tokenizer import SPECIAL_PIECES, load_tokenizer, train_tokenizer
 
@@ -71,7 +72,7 @@ def make_gpt2_tokenizer(folder):
     bpe.train_from_iterator(corpus_docs(), vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False)
     os.makedirs(folder, exist_ok=True)
     bpe.save_model(str(folder))  # vocab.json + merges.txt
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (folder / "config.json").write_text(json.dumps({"model_type": CAUSAL_LM.hf_model_type}))
     return folder
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import CaseLog, assert_case
-from families import CASES, MAIN, batch
+from families import CASES, CAUSAL_LM, MAIN, batch
 
 from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import optimizer_state_bytes
@@ -337,13 +337,13 @@ def bad_token_ids() -> list[str]:
     """A token id past the vocabulary, in the input and then in the labels: the engine's host-side check
     names each before any forward runs."""
     plan = ParallelPlan(init_mesh(), kernels="torch")
-    config = config_of("gpt", 1)
-    engine = Engine(lambda plan, **stage: CASES["gpt"].build(config, plan, **stage), config,
+    config = config_of(CAUSAL_LM.name, 1)
+    engine = Engine(lambda plan, **stage: CAUSAL_LM.build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=2, global_batch_size=2), plan)
     before = [p.detach().clone() for p in engine.params]
     messages = []
     for key in ("input_ids", "labels"):
-        good = batch(CASES["gpt"], torch.randint(0, VOCAB, (2, S)), torch.Generator().manual_seed(0))
+        good = batch(CAUSAL_LM, torch.randint(0, VOCAB, (2, S)), torch.Generator().manual_seed(0))
         good[key][1, 3] = VOCAB + 4
         try:
             engine.train_step(good)

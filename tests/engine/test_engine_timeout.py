@@ -12,10 +12,10 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as dist
+from families import CAUSAL_LM
 
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.train_step import Engine
-from tpzoo.models import GPTModel, build_model, get_preset
 from tpzoo.parallel import init_mesh
 from tpzoo.parallel.health import roll_call
 from tpzoo.testing import spawn
@@ -25,9 +25,9 @@ TIMEOUT_S = 3.0
 
 def tiny_engine(pp: int, dp: int) -> Engine:
     mesh = init_mesh(pp=pp, dp=dp, timeout=timedelta(seconds=TIMEOUT_S))
-    config = get_preset("gpt-tiny", num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=101,
-                        max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
-    return Engine(partial(build_model, GPTModel, config), config,
+    config = CAUSAL_LM.config(num_layers=2, hidden_size=16, num_attention_heads=2, vocab_size=101,
+                              max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
+    return Engine(partial(CAUSAL_LM.build, config), config,
                   EngineConfig(micro_batch_size=1, global_batch_size=2 * dp, timeout_s=TIMEOUT_S), mesh)
 
 

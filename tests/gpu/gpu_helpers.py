@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from doc_helpers import ROOT, clean_env
+from families import CAUSAL_LM, MASKED_LM
 from pretrain_helpers import PRETRAIN
 
 DEVICES = ("cuda", "cpu")
@@ -27,8 +28,8 @@ PRETRAIN_FLAGS = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq
                   "--micro-batch-size 8 --hidden-dropout 0 --attention-dropout 0 --lr-warmup-iters 2 "
                   "--log-interval 1 --train-iters 40 --eval-interval 20 --eval-iters 2 --save-interval 20").split()
 # (model, precision) -> attention backend: each model runs the fused softmax kernels once and sdpa once
-PRETRAIN_RUNS = {("gpt", "bf16"): "auto", ("gpt", "fp16"): "fused-softmax", ("bert", "bf16"): "fused-softmax",
-                 ("bert", "fp16"): "auto"}
+PRETRAIN_RUNS = {(CAUSAL_LM.family, "bf16"): "auto", (CAUSAL_LM.family, "fp16"): "fused-softmax",
+                 (MASKED_LM.family, "bf16"): "fused-softmax", (MASKED_LM.family, "fp16"): "auto"}
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -64,7 +65,8 @@ def compiled_kernels(cache_dir: Path) -> set[str]:
 
 class Pretrained:
     """The pretrain.py runs of PRETRAIN_RUNS, each started when first asked for and kept for the session:
-    ``pretrained("gpt", "bf16")`` -> its --save folder ``work/gpt-bf16`` (iter_0000020, iter_0000040, metrics.jsonl)."""
+    ``pretrained(CAUSAL_LM.family, "bf16")`` -> its --save folder ``work/<family>-bf16`` (iter_0000020,
+    iter_0000040, metrics.jsonl)."""
 
     def __init__(self, work: Path) -> None:
         self.work = work

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import transformers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: families
 
-from tpzoo.checkpoint import load_model
-from tpzoo.parallel import init_mesh
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+from families import MASKED_LM  # noqa: E402
+
+from tpzoo.checkpoint import load_model  # noqa: E402
+from tpzoo.parallel import init_mesh  # noqa: E402
 
 BATCH, SEQ, PAD = 2, 24, 7  # the last row ends in PAD padding tokens
 
@@ -38,7 +42,7 @@ def main(checkpoint: str, hf_dir: str, tpzoo_dir: str) -> None:
     mask[-1, SEQ - PAD:] = 0
     types = (torch.arange(SEQ, device=mesh.device) >= SEQ // 2).long().expand(BATCH, SEQ)
     real = mask.bool()
-    if config.model_type == "bert":
+    if config.model_type == MASKED_LM.hf_model_type:
         expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
         theirs = {"logits": expected.prediction_logits[real], "binary": expected.seq_relationship_logits}
 

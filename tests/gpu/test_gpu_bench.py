@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 
 from doc_helpers import ROOT
+from families import CASES, MAIN
 from gpu_helpers import DEVICE, GPU_DIR, compiled_kernels, run
 
 # bench/models.py: one tiny preset per family (the CPU smoke run's), every contender
-BENCH_MODELS = ("gpt-tiny", "bert-tiny", "llama-tiny")
+BENCH_MODELS = tuple(dict.fromkeys(CASES[name].preset for name in MAIN))
 BENCH_CONTENDERS = ("tpzoo", "tpzoo-compile", "plain", "plain-compile", "hf", "hf-compile")
 KERNELS = {"scaled_masked_softmax", "scaled_causal_softmax", "layer_norm", "rms_norm", "gelu", "bias_gelu"}
 BENCH_COLUMNS = ["Triton us", "GB/s", "% of copy", "eager / Triton", "compile / Triton", "rel diff"]

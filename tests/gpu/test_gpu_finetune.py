@@ -8,6 +8,7 @@ import math
 
 import pytest
 from doc_helpers import ROOT
+from families import CAUSAL_LM, MASKED_LM
 from gpu_helpers import jsonl, run
 
 FINETUNE = str(ROOT / "finetune.py")
@@ -21,8 +22,8 @@ def datasets_installed() -> None:
 
 
 def test_finetune_bert_classifier_validates_on_the_device(pretrained, work):
-    run([FINETUNE, "--load", str(pretrained("bert", "bf16")), "--task", "demo", "--seq-length", "32", "--epochs", "1",
-         "--bf16", "--save", "bert-classifier"], work)
+    run([FINETUNE, "--load", str(pretrained(MASKED_LM.family, "bf16")), "--task", "demo", "--seq-length", "32",
+         "--epochs", "1", "--bf16", "--save", "bert-classifier"], work)
     log = jsonl(work / "bert-classifier" / "metrics.jsonl")
     scores = [r for r in log if "epoch" in r]
     print("validation:", scores)
@@ -34,9 +35,10 @@ def test_finetune_bert_classifier_validates_on_the_device(pretrained, work):
 
 
 def test_finetune_gpt_causal_lm_on_the_demo_text(pretrained, demo_files, work):
-    run([FINETUNE, "--load", str(pretrained("gpt", "bf16")), "--train-data", str(demo_files / "sentiment_train.jsonl"),
-         "--valid-data", str(demo_files / "sentiment_valid.jsonl"), "--epochs", "1", "--seq-length", "32",
-         "--lr", "1e-3", "--fp16", "--save", "gpt-causal-lm"], work)
+    run([FINETUNE, "--load", str(pretrained(CAUSAL_LM.family, "bf16")),
+         "--train-data", str(demo_files / "sentiment_train.jsonl"), "--valid-data",
+         str(demo_files / "sentiment_valid.jsonl"), "--epochs", "1", "--seq-length", "32", "--lr", "1e-3", "--fp16",
+         "--save", "gpt-causal-lm"], work)
     log = jsonl(work / "gpt-causal-lm" / "metrics.jsonl")
     scores = [r for r in log if "epoch" in r]
     print("train losses:", [round(r["loss"], 3) for r in log], "validation:", scores)

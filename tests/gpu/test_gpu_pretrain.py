@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from families import CAUSAL_LM, MASKED_LM
 from gpu_helpers import DEVICE, PRETRAIN, PRETRAIN_RUNS, compiled_kernels, run
 from pretrain_helpers import metrics, rel
 
 from tpzoo.training.metrics import PEAK_FLOPS
 
 RUNS = pytest.mark.parametrize("model, precision", PRETRAIN_RUNS, ids=[f"{m}-{p}" for m, p in PRETRAIN_RUNS])
+RESUMED = [(CAUSAL_LM.family, "bf16"), (MASKED_LM.family, "fp16")]  # the runs resumed from their checkpoint
 # mean of the last 5 losses below the mean of the first 5, in nats (CPU, same flags: gpt 1.4, bert 0.55)
 LOSS_DROP = 0.25
 # a resumed run vs the uninterrupted one, loss by loss: on the CPU they are equal; on a GPU
@@ -61,7 +63,7 @@ def test_pretrain_runs_triton_kernels_compiled_for_the_gpu(pretrained, model, pr
     assert expected <= compiled, f"not compiled: {sorted(expected - compiled)}; compiled: {sorted(compiled)}"
 
 
-@pytest.mark.parametrize("model, precision", [("gpt", "bf16"), ("bert", "fp16")], ids=["gpt-bf16", "bert-fp16"])
+@pytest.mark.parametrize("model, precision", RESUMED, ids=[f"{m}-{p}" for m, p in RESUMED])
 def test_resume_from_a_checkpoint_continues_the_run(pretrained, work, model, precision):
     """--load <run>/iter_0000020 with the run's flags logs iterations 21-40 as the whole run did
     (restored weights, AdamW state, fp16 loss scale, RNG and data position)."""

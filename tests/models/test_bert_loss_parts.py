@@ -13,16 +13,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from families import CAUSAL_LM, MASKED_LM
 from pretrain_helpers import TINY, metrics, pretrain
 
-from tpzoo.models import BertModel, GPTModel
-
-BERT = TINY + "--model bert --eval-interval 2 --eval-iters 1".split()
+BERT = TINY + f"--model {MASKED_LM.family} --eval-interval 2 --eval-iters 1".split()
 
 
 @pytest.fixture(scope="module")
 def bert_run(tmp_path_factory) -> tuple[Path, str]:
-    root = tmp_path_factory.mktemp("bert")
+    root = tmp_path_factory.mktemp("masked-lm")
     done = pretrain(BERT + ["--train-iters", "4", "--save", "run"], root)
     return root, done.stdout
 
@@ -63,8 +62,9 @@ def test_train_iters_0_saves_the_untrained_model_and_a_run_continues_from_it(ber
 
 
 def test_loss_names_come_from_the_model_family():
-    assert BertModel.loss_names(SimpleNamespace(binary_head="sop")) == {"labels": "mlm_loss",
-                                                                        "next_sentence_label": "sop_loss"}
-    assert BertModel.loss_names(SimpleNamespace(binary_head="nsp"))["next_sentence_label"] == "nsp_loss"
-    assert BertModel.loss_names(SimpleNamespace(binary_head=None)) == {"labels": "mlm_loss"}
-    assert GPTModel.loss_names(SimpleNamespace()) == {}  # GPT logs its loss alone, as ``loss``
+    masked, causal = MASKED_LM.model_class, CAUSAL_LM.model_class
+    assert masked.loss_names(SimpleNamespace(binary_head="sop")) == {"labels": "mlm_loss",
+                                                                     "next_sentence_label": "sop_loss"}
+    assert masked.loss_names(SimpleNamespace(binary_head="nsp"))["next_sentence_label"] == "nsp_loss"
+    assert masked.loss_names(SimpleNamespace(binary_head=None)) == {"labels": "mlm_loss"}
+    assert causal.loss_names(SimpleNamespace()) == {}  # GPT logs its loss alone, as ``loss``

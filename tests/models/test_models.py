@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import CaseLog, assert_case
-from families import CASES, MAIN, Case, batch, without_labels
+from families import CASES, CAUSAL_LM, GQA_LM, MAIN, MASKED_LM, MASKED_LM_ONLY, Case, batch, without_labels
 
 from tpzoo.models import full_grads, full_state_dict, num_parameters
 from tpzoo.models.pretrained import from_pretrained, save_pretrained
@@ -158,10 +158,10 @@ def hf_inputs() -> dict[str, torch.Tensor]:
 
 
 def check_binary_loss(mesh) -> None:
-    """BertModel given next_sentence_label: (per-token MLM loss, per-sequence cross entropy of the binary
+    """The masked LM given next_sentence_label: (per-token MLM loss, per-sequence cross entropy of the binary
     logits, 0 where ignored); a label of the wrong shape raises naming the sizes."""
     x = hf_inputs()
-    model = CASES["bert"].build(config_of(CASES["bert"]), mesh).eval()
+    model = MASKED_LM.build(config_of(MASKED_LM), mesh).eval()
     y = torch.tensor([1, -100])
     mlm, nsp = model(x["ids"], x["types"], x["mask"], labels=x["mlm"], next_sentence_label=y)
     _, logits = model(x["ids"], x["types"], x["mask"], return_binary_logits=True)
@@ -174,30 +174,32 @@ def check_binary_loss(mesh) -> None:
 
 def check_misuse(mesh) -> None:
     """At tp=4: sizes tp cannot split, and inputs the model cannot take, raise errors naming the numbers."""
-    gpt, bert, llama = CASES["gpt"], CASES["bert-mlm"], CASES["llama"]
+    causal, masked, gqa = CAUSAL_LM, MASKED_LM_ONLY, GQA_LM
     with pytest.raises(ValueError, match="num_attention_heads=2 is not divisible by the tensor-parallel size tp=4"):
-        gpt.build(config_of(gpt, num_attention_heads=2), mesh)
+        causal.build(config_of(causal, num_attention_heads=2), mesh)
     with pytest.raises(ValueError, match="ffn_hidden_size=66 is not divisible by the tensor-parallel size tp=4"):
-        gpt.build(config_of(gpt, ffn_hidden_size=66), mesh)
+        causal.build(config_of(causal, ffn_hidden_size=66), mesh)
     with pytest.raises(ValueError, match="num_query_groups=2 is not divisible by the tensor-parallel size tp=4"):
-        llama.build(config_of(llama), mesh)
+        gqa.build(config_of(gqa), mesh)
     with pytest.raises(ValueError, match=r"layers must be consecutive layer numbers within 0\.\.1 "
                                          r"\(num_layers=2\), got \[1, 2\]"):
-        gpt.build(config_of(gpt), mesh, layers=range(1, 3))
-    with pytest.raises(ValueError, match="needs a config with model_type='gpt', got model_type='bert'"):
-        gpt.build(config_of(bert), mesh)
-    with pytest.raises(TypeError, match="LlamaModel takes a LlamaConfig, got TransformerConfig"):
-        llama.build(config_of(gpt), mesh)
-    model = gpt.build(config_of(gpt), ParallelPlan(mesh, sequence_parallel=True))
+        causal.build(config_of(causal), mesh, layers=range(1, 3))
+    with pytest.raises(ValueError, match=f"needs a config with model_type='{causal.family}', "
+                                         f"got model_type='{masked.family}'"):
+        causal.build(config_of(masked), mesh)
+    with pytest.raises(TypeError, match=f"{gqa.model} takes a {type(config_of(gqa)).__name__}, got "
+                                        f"{type(config_of(causal)).__name__}"):
+        gqa.build(config_of(causal), mesh)
+    model = causal.build(config_of(causal), ParallelPlan(mesh, sequence_parallel=True))
     with pytest.raises(ValueError, match="sequence length 6 is not divisible by tp=4"):
         model(torch.zeros(1, 6, dtype=torch.long))
     with pytest.raises(ValueError, match="sequence length 20 exceeds max_position_embeddings=16"):
         model(torch.zeros(1, 20, dtype=torch.long))
-    model = bert.build(config_of(bert, attention_dropout=0.1), mesh)
+    model = masked.build(config_of(masked, attention_dropout=0.1), mesh)
     with pytest.raises(KeyError, match="RNG stream 'tp' was never added"):  # dropout needs manual_seed first
         model(torch.zeros(1, 4, dtype=torch.long))
     model.eval()
-    with pytest.raises(ValueError, match="needs a BertModel built with add_binary_head=True"):
+    with pytest.raises(ValueError, match=f"needs a {masked.model} built with add_binary_head=True"):
         model(torch.zeros(1, 4, dtype=torch.long), return_binary_logits=True)
     with pytest.raises(ValueError, match=r"attention_mask must be \[batch, seq\]"):
         model(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(4))
@@ -224,7 +226,7 @@ def case_names() -> list[str]:
         names += [f"{name}-tp{tp}-stages" for name in MAIN if fits(name, tp)]
         names += [f"hf-tp{tp}"] if tp < 4 else []
     return (names + [f"{name}-recompute" for name in MAIN] + ["reshard"] + [f"{n}-parameters" for n in CASES]
-            + ["bert-binary-loss", "misuse"])
+            + [f"{MASKED_LM.name}-binary-loss", "misuse"])
 
 
 def all_model_checks(tmp: str) -> CaseLog:
@@ -261,7 +263,7 @@ def all_model_checks(tmp: str) -> CaseLog:
     for name in CASES:
         with log.case(f"{name}-parameters"):
             check_parameter_count(init_mesh(tp=2), name)
-    with log.case("bert-binary-loss"):
+    with log.case(f"{MASKED_LM.name}-binary-loss"):
         check_binary_loss(init_mesh(tp=4))
     with log.case("misuse"):
         check_misuse(init_mesh(tp=4))

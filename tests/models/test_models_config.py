@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
+from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, CAUSAL_LM_XL, MASKED_LM, MASKED_LM_BASE
 
-from tpzoo.models import (PRESETS, BertModel, TransformerConfig, family, format_presets, get_preset, list_presets,
-                          num_parameters)
+from tpzoo.models import PRESETS, TransformerConfig, family, format_presets, get_preset, list_presets, num_parameters
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -25,7 +26,8 @@ from tpzoo.models import (PRESETS, BertModel, TransformerConfig, family, format_
     (dict(tie_word_embeddings=1), "TransformerConfig.tie_word_embeddings must be True or False, got int 1"),
     (dict(num_labels=1), "TransformerConfig.num_labels must be >= 2, got 1"),
     (dict(hidden_size=100, num_attention_heads=12), "hidden_size=100 is not divisible by num_attention_heads=12"),
-    (dict(model_type="bert", type_vocab_size=0), r"a bert config needs type_vocab_size >= 1 \(segments A/B\), got 0"),
+    (dict(model_type=MASKED_LM.family, type_vocab_size=0),
+     rf"a {MASKED_LM.family} config needs type_vocab_size >= 1 \(segments A/B\), got 0"),
 ])
 def test_config_rejects_bad_values_naming_them(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -33,10 +35,10 @@ def test_config_rejects_bad_values_naming_them(changes, message):
 
 
 def test_config_round_trips_through_a_plain_dict():
-    config = get_preset("bert-base", hidden_dropout=0.0)
+    config = get_preset(MASKED_LM_BASE, hidden_dropout=0.0)
     data = json.loads(json.dumps(config.to_dict()))
     assert TransformerConfig.from_dict(data) == config
-    assert config.ffn_size == 3072 and config.head_dim == 64 and not BertModel.causal
+    assert config.ffn_size == 3072 and config.head_dim == 64 and not MASKED_LM.model_class.causal
     # the older layout, which held the run options (now the ParallelPlan's), still reads
     assert TransformerConfig.from_dict({**data, "sequence_parallel": True, "kernels": "torch", "seed": 3}) == config
     with pytest.raises(ValueError, match=r"unknown TransformerConfig field\(s\) \['hidden'\]"):
@@ -46,19 +48,14 @@ def test_config_round_trips_through_a_plain_dict():
     with pytest.raises(ValueError, match="TransformerConfig.num_layers must be >= 1, got 0"):
         config.replace(num_layers=0)
     # ffn_hidden_size=None follows hidden_size when a preset is overridden (4 h)
-    assert get_preset("gpt2", hidden_size=256, num_attention_heads=4).ffn_size == 1024
+    assert get_preset(CAUSAL_LM_SMALL, hidden_size=256, num_attention_heads=4).ffn_size == 1024
 
 
 def test_unknown_preset_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown preset 'gpt3'; choose one of gpt2, gpt2-medium"):
+    with pytest.raises(ValueError, match=re.escape(f"unknown preset 'gpt3'; choose one of {', '.join(PRESETS)}")):
         get_preset("gpt3")
-    with pytest.raises(ValueError, match="head 'lm' does not apply to a bert config"):
-        num_parameters(get_preset("bert-base"), "lm")
-
-
-# num_parameters' head of each Hugging Face architecture
-HEADS = {"GPT2LMHeadModel": "lm", "LlamaForCausalLM": "lm", "BertForPreTraining": "pretraining",
-         "BertForMaskedLM": "mlm", "BertForSequenceClassification": "classification"}
+    with pytest.raises(ValueError, match=f"head 'lm' does not apply to a {MASKED_LM.family} config"):
+        num_parameters(get_preset(MASKED_LM_BASE), "lm")
 
 
 def hf_counts(name: str) -> dict[str, int]:
@@ -68,9 +65,10 @@ def hf_counts(name: str) -> dict[str, int]:
 
     c = get_preset(name)
     adapter = family(c.model_type).spec.hf
+    heads = {case.architecture: case.head for case in CASES.values()}  # num_parameters' head of each
     with torch.device("meta"):
         models = {arch: getattr(transformers, arch)(adapter.config_to_hf(c, arch)) for arch in adapter.architectures}
-    return {HEADS[arch]: sum(p.numel() for p in model.parameters()) for arch, model in models.items()}
+    return {heads[arch]: sum(p.numel() for p in model.parameters()) for arch, model in models.items()}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -78,14 +76,15 @@ def test_preset_parameter_counts_equal_hugging_face(name):
     config = get_preset(name)
     for head, count in hf_counts(name).items():
         assert num_parameters(config, head) == count, f"{name} {head}"
-    if name == "gpt2":
+    if name == CAUSAL_LM_SMALL:
         assert num_parameters(config) == 124_439_808
 
 
 def test_list_presets_shows_every_preset_with_its_parameters():
     rows = list_presets()
     assert [r["name"] for r in rows] == list(PRESETS)
-    assert {r["name"]: r["parameters"] for r in rows}["gpt2"] == 124_439_808
+    assert {r["name"]: r["parameters"] for r in rows}[CAUSAL_LM_SMALL] == 124_439_808
     table = format_presets().splitlines()
     assert table[0].split() == list(rows[0])
-    assert table[4].split() == ["gpt2-xl", "gpt", "48", "1600", "25", "6400", "50257", "1024", "1,557,611,200"]
+    assert table[4].split() == [CAUSAL_LM_XL, CAUSAL_LM.family, "48", "1600", "25", "6400", "50257", "1024",
+                                "1,557,611,200"]

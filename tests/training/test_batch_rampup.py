@@ -21,7 +21,7 @@ import background
 import pytest
 import torch
 from doc_helpers import blocks
-from families import CASES, batch
+from families import CAUSAL_LM, batch
 from pretrain_helpers import metrics, pretrain, rel, script
 
 from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
@@ -130,15 +130,15 @@ def engine_losses(pp: int) -> list[float]:
     from tpzoo.parallel import ParallelPlan, init_mesh
 
     plan = ParallelPlan(init_mesh(1, pp, 1), kernels="torch")
-    config = CASES["gpt"].config(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
-                                 max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
-    engine = Engine(lambda plan, **stage: CASES["gpt"].build(config, plan, **stage), config,
+    config = CAUSAL_LM.config(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
+                              max_position_embeddings=8, hidden_dropout=0.0, attention_dropout=0.0)
+    engine = Engine(lambda plan, **stage: CAUSAL_LM.build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=1, global_batch_size=10, lr=1e-2, adam_beta1=0.8,
                                  adam_beta2=0.95), plan)
     losses = []
     for step, size in enumerate(STEP_SIZES):
         g = torch.Generator().manual_seed(step)
-        losses.append(engine.train_step(batch(CASES["gpt"], torch.randint(0, 64, (size, 8), generator=g), g)).loss)
+        losses.append(engine.train_step(batch(CAUSAL_LM, torch.randint(0, 64, (size, 8), generator=g), g)).loss)
     assert engine.optimizer.param_groups[0]["betas"] == (0.8, 0.95)
     return losses
 

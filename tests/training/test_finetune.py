@@ -23,6 +23,7 @@ import background
 import pytest
 
 from doc_helpers import ROOT, blocks, run, run_as_needed
+from families import CLASSIFIER
 from test_finetune_units import stdlib_paragraphs, write_labelled
 from tpzoo.testing import spawn
 
@@ -92,7 +93,7 @@ def test_pretrained_bert_reaches_the_stated_accuracy(docs_dir):
 
 def test_gpt_causal_lm_validation_loss_falls(docs_dir):
     scores = epochs(docs_dir / "gpt-demo" / "metrics.jsonl")
-    print("gpt", [(r["epoch"], r["val_loss"], r["perplexity"]) for r in scores])
+    print("causal LM", [(r["epoch"], r["val_loss"], r["perplexity"]) for r in scores])
     losses = [r["val_loss"] for r in scores]
     assert losses[1] < losses[0], scores
     assert abs(scores[1]["perplexity"] - 2.718281828 ** losses[1]) < 1e-6 * scores[1]["perplexity"]
@@ -115,7 +116,7 @@ def test_best_checkpoint_is_the_best_epoch_and_loads(docs_dir):
     assert sorted(p.name for p in save.glob("iter_*")) == sorted({f"iter_{r['iteration']:07d}"
                                                                   for r in (best, scores[-1])})
     out = spawn(load_best, 2, str(save / "best"))[0]
-    assert out["class"] == "BertForSequenceClassification" and out["num_labels"] == 2
+    assert out["class"] == CLASSIFIER.model and out["num_labels"] == 2
     assert out["meta"]["epoch"] == best["epoch"] and out["meta"]["scores"]["accuracy"] == best["accuracy"]
 
 

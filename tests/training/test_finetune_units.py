@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from families import CAUSAL_LM, CLASSIFIER
 from real_text import paragraphs
 
 from tpzoo.checkpoint.tokenizer import model_tokenizer
@@ -22,7 +23,6 @@ from tpzoo.data.causal_lm import CausalLMDataset
 from tpzoo.data.demo import demo_data
 from tpzoo.data.tasks import Example, TaskDataset
 from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
-from tpzoo.models import get_preset
 from tpzoo.training import finetune_loop
 from tpzoo.training.finetune_lengths import auto_seq_length, length_report, percentile, seq_length_flag
 from tpzoo.training.finetune_setup import finetune_data
@@ -129,7 +129,7 @@ def test_sparse_integer_labels_are_six_classes_and_long_samples_reported(tmp_pat
     default 64 tokens, and the report says how many are cut; auto picks the training p95."""
     rows = stdlib_paragraphs()
     train, valid = rows[::2], rows[1::2]
-    config = get_preset("bert-tiny")
+    config = CLASSIFIER.config()
     args = data_args(tmp_path, train, valid)
     ds_train, ds_valid, names, report = finetune_data(args, "classification", demo_tokenizer, config, {})
     assert names == ["1", "2", "3", "5", "7", "8"] and report[0] == "6 classes: 1 2 3 5 7 8"
@@ -157,14 +157,14 @@ def test_string_labels_sorted_and_causal_lm_documents_reported(tmp_path, demo_to
     rows = [(text, {1: "formats", 2: "files", 3: "math", 5: "iteration", 7: "text", 8: "processes"}[label])
             for text, label in stdlib_paragraphs()]
     args = data_args(tmp_path, rows[::2], rows[1::2], seq_length="auto")
-    _, _, names, report = finetune_data(args, "classification", demo_tokenizer, get_preset("bert-tiny"), {})
+    _, _, names, report = finetune_data(args, "classification", demo_tokenizer, CLASSIFIER.config(), {})
     assert names == ["files", "formats", "iteration", "math", "processes", "text"]
     assert report[0] == "6 classes: files formats iteration math processes text"
-    gpt = get_preset("gpt-tiny")
+    causal = CAUSAL_LM.config()
     train, _, names, report = finetune_data(data_args(tmp_path, rows[::2], rows[1::2], seq_length="auto"),
-                                            "causal-lm", demo_tokenizer, gpt, {})
+                                            "causal-lm", demo_tokenizer, causal, {})
     assert names is None and report[0].startswith("--seq-length auto: ")
-    assert train.seq_length == min(percentile(train.lengths, 95), gpt.max_position_embeddings)
+    assert train.seq_length == min(percentile(train.lengths, 95), causal.max_position_embeddings)
     assert report[1].startswith(f"training documents: {len(rows[::2])}, ")
     assert report[1].endswith("span several windows")
 
@@ -176,10 +176,10 @@ def test_saved_label_mapping_is_reused(tmp_path, demo_tokenizer):
     rows = [(text, label) for text, label in stdlib_paragraphs() if label in (2, 7)]
     meta = {"label_names": ["1", "2", "3", "5", "7", "8"]}
     args = data_args(tmp_path, rows[::2], rows[1::2])
-    train, valid, names, report = finetune_data(args, "classification", demo_tokenizer, get_preset("bert-tiny"), meta)
+    train, valid, names, report = finetune_data(args, "classification", demo_tokenizer, CLASSIFIER.config(), meta)
     assert names == meta["label_names"] and report[0] == "6 classes (the labels of --load ckpt): 1 2 3 5 7 8"
     assert [e.label for e in train.examples] == [{2: 1, 7: 4}[y] for _, y in rows[::2]]
     with pytest.raises(ValueError, match=r"'.*valid.jsonl' has labels \['4'\] that the classifier --load ckpt was "
                                          r"not fine-tuned on \(its labels: \['1', '2', '3', '5', '7', '8'\]\)"):
         finetune_data(data_args(tmp_path, rows, [(rows[0][0], 4)]), "classification", demo_tokenizer,
-                      get_preset("bert-tiny"), meta)
+                      CLASSIFIER.config(), meta)

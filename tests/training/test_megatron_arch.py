@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from families import CASES, batch
+from families import CASES, CAUSAL_LM, GQA_LM, MASKED_LM, PRETRAIN_DEFAULT, batch
 from pretrain_helpers import script
 
 from tpzoo.models.attention import CoreAttention
@@ -36,7 +36,7 @@ RUNS = {"none": ([1, 1, 1], 1), "per-layer": ([2, 2, 2], 2), "full-uniform-2": (
         "full-block-2": ([2, 2, 1], 2), "selective": ([1, 1, 1], 2)}
 
 
-def resolved(line: str, script_model: str = "gpt"):
+def resolved(line: str, script_model: str = PRETRAIN_DEFAULT.family):
     """pretrain.py's flags of ``line`` (``script_model``: the script's default family), resolved."""
     args = pretrain.parser(model=script_model).parse_args(line.split())
     resolve_architecture(args)
@@ -48,10 +48,13 @@ def built(args, vocab_size: int):
     return model_config(args, vocab_size=vocab_size, **args.architecture_changes)
 
 
-@pytest.mark.parametrize("case, line, script", [("llama", LLAMA, "gpt"), ("llama", f"--model llama {LLAMA}", "gpt"),
-                                                ("gpt", GPT, "gpt"), ("gpt", "", "gpt"), ("bert", GPT, "bert")])
+@pytest.mark.parametrize("case, line, script", [
+    (GQA_LM.name, LLAMA, CAUSAL_LM.family), (GQA_LM.name, f"--model {GQA_LM.family} {LLAMA}", CAUSAL_LM.family),
+    (CAUSAL_LM.name, GPT, CAUSAL_LM.family), (CAUSAL_LM.name, "", CAUSAL_LM.family),
+    (MASKED_LM.name, GPT, MASKED_LM.family)])
 def test_megatron_architecture_flags_build_the_family_preset(case, line, script):
-    """The flags pick the family they describe (the script's default among gpt and bert) and build its preset."""
+    """The flags pick the family they describe (the script's default among the causal and the masked LM's,
+    as pretrain_gpt.py and pretrain_bert.py have) and build its preset."""
     preset = CASES[case].config()
     args = resolved(line, script)
     assert args.model == preset.model_type
@@ -59,21 +62,22 @@ def test_megatron_architecture_flags_build_the_family_preset(case, line, script)
 
 
 def test_megatron_architecture_flags_set_config_fields():
-    llama = CASES["llama"].config()
+    gqa = GQA_LM.config()
     args = resolved(f"{LLAMA} --norm-epsilon 1e-6 --rotary-base 500000 --make-vocab-size-divisible-by 7 "
                     f"--kv-channels 32 --rotary-percent 1.0 --attention-softmax-in-fp32")
-    assert built(args, 512) == llama.replace(layernorm_epsilon=1e-6, rotary_base=500000.0,
-                                             make_vocab_size_divisible_by=7)
+    assert built(args, 512) == gqa.replace(layernorm_epsilon=1e-6, rotary_base=500000.0,
+                                           make_vocab_size_divisible_by=7)
     # described by the flags, Megatron-LM's meaning: tied unless untied, one kv head per head unless grouped
     plain = built(resolved(LLAMA.replace(" --untie-embeddings-and-output-weights", "").split(" --group")[0]), 512)
-    assert plain == llama.replace(tie_word_embeddings=True, num_query_groups=None)
-    assert built(resolved("--model llama --group-query-attention"), 512).num_query_groups == 1  # Megatron's default
-    assert built(resolved("--model llama"), 512) == llama  # --model alone: the preset, as before
+    assert plain == gqa.replace(tie_word_embeddings=True, num_query_groups=None)
+    grouped = resolved(f"--model {GQA_LM.family} --group-query-attention")
+    assert built(grouped, 512).num_query_groups == 1  # Megatron's default
+    assert built(resolved(f"--model {GQA_LM.family}"), 512) == gqa  # --model alone: the preset, as before
 
 
 def test_make_vocab_size_divisible_by_pads_the_vocabulary():
     """V' = V rounded up to a multiple of m x tp (tp 1 here; tp 2 in tests/checkpoint/test_checkpoint_flags.py)."""
-    case = CASES["gpt"]
+    case = CAUSAL_LM
     for multiple, rows in ((128, 128), (7, 105), (1, 100)):
         model = case.build(case.config(**SIZES, make_vocab_size_divisible_by=multiple), init_mesh())
         assert model.embedding.word_embeddings.weight.shape[0] == rows, multiple
@@ -129,7 +133,7 @@ def recomputed(name: str, method: str) -> tuple[dict[str, torch.Tensor], dict]:
     return train_step(case.build(case.config(**SIZES), plan), case, counts), counts
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", [CAUSAL_LM.name, GQA_LM.name])
 @pytest.mark.parametrize("method", ["none", *RECOMPUTE])
 def test_recompute_gives_the_same_loss_and_gradients(name, method):
     """With dropout on, each recompute reruns the layers it says and changes no loss or gradient bit."""

@@ -33,6 +33,7 @@ from pathlib import Path
 import background
 import pytest
 from doc_helpers import ROOT, clean_env
+from families import CAUSAL_LM
 from pretrain_helpers import script
 from real_text import documents, write_jsonl
 
@@ -275,7 +276,7 @@ def gpt3(tmp_path_factory) -> Journey:
 @background.fixture
 def bert(tmp_path_factory) -> Journey:
     from tokenizers import BertWordPieceTokenizer
-    root, texts = corpus(tmp_path_factory, "bert")
+    root, texts = corpus(tmp_path_factory, "bert340m")
     wordpiece = BertWordPieceTokenizer(lowercase=True)
     wordpiece.train_from_iterator(texts, vocab_size=600)
     (vocab,) = wordpiece.save_model(str(root))  # vocab.txt
@@ -356,7 +357,7 @@ def check_current_line(journey: Journey) -> None:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
-            args = pretrain.parser("pretrain_gpt.py", "gpt").parse_args(argv)
+            args = pretrain.parser("pretrain_gpt.py", CAUSAL_LM.family).parse_args(argv)  # its default --model
         except SystemExit:
             raise AssertionError(f"the current script's line is refused: {err.getvalue()}") from None
     pretrain.check_flags(args)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from doc_helpers import ROOT
+from families import CAUSAL_LM
 from pretrain_helpers import PRETRAIN, TINY, command, env, metrics
 from test_preemption import write_text_files
 
@@ -25,7 +26,7 @@ from tpzoo.training.args import check_output_folder
 
 FLAGS = TINY + "--train-iters 6 --save-interval 2 --eval-interval 0".split()
 SHARD = "__0_0.distcp"
-OLD_CHECKPOINT = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / "gpt"
+OLD_CHECKPOINT = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / CAUSAL_LM.family
 # runs the script PROGRAM with the disk full (ENOSPC on opening a file to write) inside checkpoint MARKER
 FULL_DISK = """
 import builtins, errno, io, runpy, sys
