@@ -10,6 +10,7 @@ no flag for that, so ``cases`` is wrapped: each case of its CPU list, built on t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from functools import partial
@@ -34,9 +35,10 @@ if __name__ == "__main__":
     bench = load_bench()
     cpu_cases = bench.cases
 
-    def small_cases(dtype: torch.dtype, device: torch.device) -> list[partial]:
-        """The CPU list's case builders with ``device`` in place of the CPU (every builder takes it last)."""
-        return [partial(c.func, *c.args[:-1], device) for c in cpu_cases(dtype, torch.device("cpu"))]
+    def small_cases(dtype: torch.dtype, device: torch.device) -> list:
+        """The CPU list's rows, each built on ``device`` in place of the CPU (every case builder takes it last)."""
+        return [dataclasses.replace(row, build=partial(row.build.func, *row.build.args[:-1], device))
+                for row in cpu_cases(dtype, torch.device("cpu"))]
 
     bench.cases = small_cases
     bench.main()
