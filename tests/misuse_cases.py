@@ -180,7 +180,8 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-position-embedding-none": ("pretrain", T + " --position-embedding-type none",
                                          f"--position-embedding-type none ({CAUSAL_LM.family}: "
                                          f"--position-embedding-type learned_"),
-    "pretrain-rotary-percent": ("pretrain", T + " --rotary-percent 0.5", "tpzoo rotates every feature of a head"),
+    "pretrain-rotary-percent": ("pretrain", T + " --rotary-percent 0.5",
+                                f"--model {PRETRAIN_DEFAULT.family} rotates every feature of a head"),
     "pretrain-rotary-base-without-rope": ("pretrain", T + " --rotary-base 500000",
                                           "--rotary-base applies to rotary positions"),
     "pretrain-kv-channels": ("pretrain", T + " --kv-channels 16", "hidden size / heads = 32 / 4 features each"),

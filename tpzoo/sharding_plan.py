@@ -17,6 +17,12 @@ At most one pattern may match a path. The styles (what each does: ``tpzoo.parall
     scatter       replicated; under sequence parallelism its output is cut to this rank's sequence slice
     gather        under sequence parallelism its input is gathered: it and all below it see whole sequences
 
+The sequence-parallel region is a matter of paths: ``gather`` takes its module and all below it out,
+and nothing else. A module that runs after a gathered one and so sees whole sequences too (a pooler
+beside a gathered head's first layer, say) is a sibling, still inside by path: style it
+``replicated``, or a parameter there would be taken for a partial sum (the engine's first-step check
+of replicated gradients stops such a run, naming the parameter).
+
 ``tp_divides`` names the config sizes tensor parallelism splits (``ModelConfig.size``): they are
 checked against tp before anything is built, with the size's name in the error.
 

@@ -172,7 +172,7 @@ class FakeStage(nn.Module):
 
 def test_build_chunks_hands_the_plan_to_the_builder():
     """pp rank 1 of pp=2 with 4 stages (interleaved): stages 1 and 3, each built from the plan; a builder
-    that returns something else than a pipeline stage is refused by name."""
+    that returns something else than a pipeline stage, or a stage not built for the plan, is refused by name."""
     plan = SimpleNamespace(mesh=SimpleNamespace(pp_rank=1, pp_size=2))
     layers = [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
     chunks = build_chunks(FakeStage, layers, plan)
@@ -180,3 +180,6 @@ def test_build_chunks_hands_the_plan_to_the_builder():
         [(plan, False, False, [1]), (plan, False, True, [3])]
     with pytest.raises(TypeError, match="the builder returned a Linear, not a pipeline stage"):
         build_chunks(lambda plan, **stage: nn.Linear(2, 2), layers, plan)
+    with pytest.raises(TypeError, match="returned a FakeStage not built for this plan; build stages with "
+                                        "tpzoo.models.build_model"):  # a plain model, say: nothing split
+        build_chunks(lambda plan, **stage: FakeStage(None, **stage), layers, plan)

@@ -229,7 +229,8 @@ def check_misuse(tp_group) -> None:
 
 
 def check_rng_streams(mesh) -> None:
-    """Dropout under fork("tp") differs across tp ranks; the default stream agrees and is left untouched."""
+    """Dropout under fork("tp") differs across tp ranks; the default stream agrees and is left untouched; a
+    nested fork draws on from where the outer one stands."""
     manual_seed(1234, mesh)
     with mesh.rng.fork():
         tp_mask = F.dropout(torch.ones(64), 0.5)
@@ -242,6 +243,15 @@ def check_rng_streams(mesh) -> None:
     default_masks = all_gather(default_mask[None], 0, mesh.tp_group)
     assert all(torch.equal(m, default_masks[0]) for m in default_masks), "default stream differs across tp"
     assert len({tuple(m.tolist()) for m in tp_masks}) == mesh.tp_size, "tp stream repeats across tp ranks"
+    manual_seed(1234, mesh)
+    with mesh.rng.fork():  # a fork inside a fork of the same stream (a dropout in a module run in it) runs on
+        outer = F.dropout(torch.ones(64), 0.5)
+        with mesh.rng.fork():
+            inner = F.dropout(torch.ones(64), 0.5)
+    assert torch.equal(F.dropout(torch.ones(64), 0.5), default_mask), "a nested fork disturbed the default stream"
+    manual_seed(1234, mesh)
+    with mesh.rng.fork():
+        assert torch.equal(F.dropout(torch.ones(64), 0.5), outer) and torch.equal(F.dropout(torch.ones(64), 0.5), inner)
 
 
 def check_mesh_layout() -> None:

@@ -70,14 +70,18 @@ def test_parallelize_swaps_in_parallel_layers_and_kernels_keeping_the_parameters
 
 
 @pytest.mark.parametrize("styles, error, message", [
-    ({"norm": "column"}, TypeError, "norm: the sharding plan styles it 'column', which takes an nn.Linear, got LayerNorm"),
+    ({"norm": "column"}, TypeError,
+     "norm: the sharding plan styles it 'column', which takes an nn.Linear, got LayerNorm"),
     ({"up": "partial", "up.weight": "replicated"}, ValueError, "up.weight lies inside up"),
     ({"gamma": "column"}, ValueError, "parameter gamma has style 'column'; a parameter takes partial or replicated"),
     ({"down": "vocab_output"}, TypeError, "down: 'vocab_output' takes a module without parameters"),
-], ids=["column-of-a-norm", "styled-twice", "parameter-style", "vocab-output-of-a-linear"])
+    ({"emb": "vocab"}, TypeError, r"emb: 'vocab' splits a plain nn.Embedding lookup, but this one has padding_idx=0"),
+], ids=["column-of-a-norm", "styled-twice", "parameter-style", "vocab-output-of-a-linear", "embedding-padding-idx"])
 def test_parallelize_refuses_a_plan_that_does_not_fit(styles, error, message):
+    block = Block()
+    block.emb = nn.Embedding(16, 8, padding_idx=0)  # its padding row's gradient would not stay zero once split
     with pytest.raises(error, match=message):
-        parallelize(Block(), init_mesh(), ShardingPlan(styles))
+        parallelize(block, init_mesh(), ShardingPlan(styles))
 
 
 def _at_tp2() -> dict[str, object]:
@@ -96,6 +100,11 @@ def _at_tp2() -> dict[str, object]:
     block = parallelize(Block(), ParallelPlan(mesh, sequence_parallel=True), PLAN | ShardingPlan({"down": "gather"}))
     out["in region"] = {n: facts(p).tp_partial for n, p in block.named_parameters() if facts(p).tp_split_dim is None}
     out["dropout"] = type(block.drop).__name__
+    heads = nn.Module()  # a heads module with a parameter of its own stays itself; its dropout draws per rank
+    heads.core = nn.Module()
+    heads.core.tau, heads.core.drop = nn.Parameter(torch.ones(1)), nn.Dropout(0.1)
+    heads = parallelize(heads, ParallelPlan(mesh), ShardingPlan({"core": "heads"}))
+    out["heads dropout"] = (type(heads.core).__name__, type(heads.core.drop).__name__, facts(heads.core.tau).tp_partial)
     return out
 
 
@@ -106,3 +115,4 @@ def test_parallel_attention_and_the_sequence_parallel_region_at_tp2():
         assert found["in region"] == {"norm.weight": True, "norm.bias": True, "down.weight": False, "down.bias": False,
                                       "gamma": True}
         assert found["dropout"] == "TPRandom"
+        assert found["heads dropout"] == ("Module", "TPRandom", True), found["heads dropout"]

@@ -132,6 +132,9 @@ def build_chunks(build: Callable[..., PipelineStage], layers: list[range], plan:
             raise TypeError(f"the builder returned a {type(model).__name__}, not a pipeline stage: it needs "
                             f"label_keys, pre_process, post_process, layer_numbers and boundary_shape() "
                             f"(see tpzoo.models.base.PipelineStage)")
+        if getattr(model, "plan", None) is not plan:  # a plain model: unsplit, without its parameters' facts
+            raise TypeError(f"the builder returned a {type(model).__name__} not built for this plan; build stages "
+                            f"with tpzoo.models.build_model (e.g. functools.partial(build_model, cls, config))")
         chunks.append(StageModule(model))
     return chunks
 

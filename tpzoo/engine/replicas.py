@@ -20,6 +20,8 @@ computed alike on every rank are bitwise equal; ``RTOL`` allows what nondetermin
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -28,7 +30,8 @@ from tpzoo.parallel.fsdp import local
 from tpzoo.parallel.mesh import ParallelMesh
 from tpzoo.parallel.param_facts import facts
 
-RTOL = 1e-4  # a replicated gradient may differ across tp by this much of its largest entry
+RTOL = 1e-4  # a replicated gradient may differ across tp by this much of its largest entry (float32; the engine
+             # allows 8 ulps of a lower precision's largest entry, what nondeterministic kernels may add)
 
 
 class PlanError(ValueError):
@@ -47,39 +50,44 @@ def _spread(grads: list[Tensor], mesh: ParallelMesh) -> list[tuple[float, float]
     return list(zip(spread.tolist(), size.tolist()))
 
 
-def check_replicas(named: list[tuple[str, nn.Parameter]], mesh: ParallelMesh) -> None:
+def check_replicas(named: list[tuple[str, nn.Parameter]], mesh: ParallelMesh, rtol: float = RTOL) -> bool:
     """``PlanError`` on every rank unless every replicated parameter of ``named`` (name, parameter holding the
-    gradient, before the tp sum) has the gradient its facts say (module docstring). Collective over the whole
-    mesh (each tp group checks its own parameters; every rank then raises the first problem found on any, so
-    no pipeline stage goes on alone); nothing to do at tp 1."""
+    gradient, before the tp sum) has the gradient its facts say (module docstring; ``rtol``: the spread allowed,
+    a share of the gradient's largest entry). Collective over the whole mesh (each tp group checks its own
+    parameters; every rank then raises the first problem found on any, so no pipeline stage goes on alone);
+    nothing to do at tp 1. Returns whether the check was made: not when a gradient is not finite (a step the
+    engine skips), which leaves it to the next step."""
     if mesh.tp_size == 1:
-        return
+        return True
     # a dp shard of FSDP may be empty on this rank (and on its tp peers alike: they shard the same shapes)
     named = [(n, p) for n, p in named if facts(p).tp_split_dim is None and p.grad is not None and local(p.grad).numel()]
-    problem = _problem(named, mesh) if named else ""
-    found: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(found, problem)
-    problem = next((p for p in found if p), "")
+    mine = _problem(named, mesh, rtol) if named else ("", True)
+    found: list[tuple[str, bool]] = [("", True)] * dist.get_world_size()
+    dist.all_gather_object(found, mine)
+    problem = next((p for p, _ in found if p), "")
     if problem:
         raise PlanError(problem)
+    return all(finite for _, finite in found)
 
 
-def _problem(named: list[tuple[str, nn.Parameter]], mesh: ParallelMesh) -> str:
-    """What is wrong with this tp group's replicated gradients (module docstring), or ""."""
+def _problem(named: list[tuple[str, nn.Parameter]], mesh: ParallelMesh, rtol: float) -> tuple[str, bool]:
+    """(What is wrong with this tp group's replicated gradients (module docstring), or ""; whether they are finite)."""
     spreads = _spread([local(p.grad) for _, p in named], mesh)
-    unsummed = [n for (n, p), (spread, size) in zip(named, spreads) if not facts(p).tp_partial and spread > RTOL * size]
+    if not all(math.isfinite(spread) and math.isfinite(size) for spread, size in spreads):
+        return "", False
+    unsummed = [n for (n, p), (spread, size) in zip(named, spreads) if not facts(p).tp_partial and spread > rtol * size]
     oversummed = [n for (n, p), (spread, size) in zip(named, spreads) if facts(p).tp_partial and size and not spread]
     tp = mesh.tp_size
     if unsummed:
         return (f"{_shown(unsummed)}: replicated, but the gradient differs across the {tp} tensor-parallel ranks (it "
                 f"meets activations split over tp) and the sharding plan keeps it whole; give it the style \"partial\" "
                 f"in the model's sharding plan (e.g. '{_pattern(unsummed[0])}': 'partial'), or the style of the layer "
-                f"it belongs to")
+                f"it belongs to"), True
     if oversummed:
         return (f"{_shown(oversummed)}: the sharding plan sums its gradient over the {tp} tensor-parallel ranks, but "
                 f"every rank holds the same gradient (it meets activations every rank holds whole); give it the style "
-                f"\"replicated\" (e.g. '{_pattern(oversummed[0])}': 'replicated')")
-    return ""
+                f"\"replicated\" (e.g. '{_pattern(oversummed[0])}': 'replicated')"), True
+    return "", True
 
 
 def _shown(names: list[str]) -> str:

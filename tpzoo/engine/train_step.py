@@ -64,9 +64,9 @@ from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
 from tpzoo.engine.loss_scale import loss_scaler
-from tpzoo.engine.mixed_precision import MainParams
-from tpzoo.engine.replicas import check_replicas
+from tpzoo.engine.mixed_precision import DTYPES, MainParams
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
+from tpzoo.engine.replicas import RTOL, check_replicas
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import ModelConfig
@@ -235,10 +235,10 @@ class Engine:
             if self.reducer is not None:
                 self.reducer.sync()
             self.tied.sync()
-            if not self.replicas_checked:  # the first step: before the tp sum and any update
-                check_replicas([(n, main.main_of(p)) for c in self.chunks for n, p in c.model.named_parameters()],
-                               mesh)
-                self.replicas_checked = True
+            if not self.replicas_checked:  # the first step (with finite gradients): before the tp sum and any update
+                self.replicas_checked = check_replicas(
+                    [(n, main.main_of(p)) for c in self.chunks for n, p in c.model.named_parameters()], mesh,
+                    max(RTOL, 8 * torch.finfo(DTYPES[self.config.precision]).eps))
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             self.timers.stop("grads-sync")

@@ -133,7 +133,7 @@ class RowParallelLinear(nn.Module):
     (``reduce_from_tp_region``) and the replicated bias b added once. ``input_is_parallel``:
     X arrives as [..., in/tp] (the output of a ColumnParallelLinear); otherwise [..., in] is split
     here. With ``sequence_parallel`` the sum is reduce-scattered along the sequence to
-    [b, s/tp, out], and the bias is marked ``sequence_parallel`` (its gradient is a partial sum
+    [b, s/tp, out], and the bias is marked ``tp_partial`` (its gradient is a partial sum
     over the sequence shards: ``sync_sequence_parallel_grads`` completes it).
     """
 

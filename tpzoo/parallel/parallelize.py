@@ -1,28 +1,41 @@
 """``parallelize``: a plain single-device module made this rank's part of a tensor-parallel one, by a
 ``ShardingPlan`` (data next to the model) and a ``ParallelPlan`` (the mesh and the run options).
 
-    model = parallelize(GPTModel(config), ParallelPlan(mesh, sequence_parallel=True), GPTModel.sharding)
+    attention = parallelize(Attention(h, n), plan, ShardingPlan(ATTENTION_PLAN))   # one block
+    model = tpzoo.models.build_model(GPTModel, config, plan)   # a whole model: piece by piece, through here
 
 In order:
 
-1. each module or parameter a pattern matches gets its style (``tpzoo.parallel.styles``): sharded
-   linear and embedding layers, hooks at the sequence-parallel region's edges, the tp stream for
-   modules computing on this rank's heads;
-2. every other parameter is replicated, and its gradient taken as a partial sum over tp exactly
-   when it lies in the sequence-parallel region (sequence parallelism on, no ``gather`` above it): there
-   every activation a replicated weight meets is split over tp (sequence shards, or heads and features
-   inside the split linears), so a LayerScale vector an author adds trains right with no plan entry;
-   the engine checks every replicated gradient across tp on the first step (``tpzoo.engine.replicas``),
-   so a parameter used on split activations outside that region is refused, never silently wrong;
-3. dropout modules in the sequence region draw from the tp stream (sequence parallelism only);
-4. the run options: torch's LayerNorm, RMSNorm and GELU become ``tpzoo.kernels``' (the same
+1. the run options: torch's LayerNorm, RMSNorm and GELU become ``tpzoo.kernels``' (the same
    parameters), and a module's ``kernels`` and ``attention_backend`` attributes take the plan's;
+2. each module a pattern matches gets its style (``tpzoo.parallel.styles``): sharded linear and
+   embedding layers, hooks at the sequence-parallel region's edges, the tp stream for modules
+   computing on this rank's heads;
+3. every other parameter is replicated, and its gradient taken as a partial sum over tp exactly
+   when it lies in the sequence-parallel region (sequence parallelism on, no ``gather`` or
+   ``replicated`` above it): there every activation a replicated weight meets is split over tp
+   (sequence shards, or heads and features inside the split linears), so a LayerScale vector an
+   author adds trains right with no plan entry; the engine checks every replicated gradient across
+   tp on the first step (``tpzoo.engine.replicas``), so a parameter used on split activations
+   outside that region is refused, never silently wrong;
+4. dropout on split activations draws from the tp stream: inside a ``heads`` module, and under
+   sequence parallelism anywhere in the region;
 5. the module moves to the mesh's device.
 
 ``prefix`` is the module's path inside the model (a pipeline piece: "embedding", "layers.3", "head"),
 so that the patterns match whole-model paths. ``vocab_multiple``: the vocabulary is padded to a
 multiple of it x tp (Megatron-LM's make-vocab-size-divisible-by). Returns what stands at the root (a
-style may replace the module itself); parameters' facts (``param_facts``) are all set.
+style may replace the module itself); parameters' facts (``param_facts``) are all set. A whole model
+goes through ``tpzoo.models.build_model``, which also checks the plan's sizes, draws each piece's
+weights under its seed, marks the pipeline's tied copies and applies recompute and compile.
+
+Why not torch's ``parallelize_module`` (DTensor's Colwise/RowwiseParallel by path), which this
+resembles: its styles turn parameters into DTensors, while tpzoo's engine works on plain tensors with
+facts (the pipeline's static stage shapes, the ZeRO-2 bucketed reduce-scatter, float32 main weights,
+FSDP2 over dp of the tp shards, DCP checkpoints resharded by the facts), its layouts are Megatron-LM's
+(a grouped fused QKV, interleaved gate/up rows, a vocabulary padded to a multiple of tp with a
+vocab-parallel cross entropy and Triton kernel), and each weight is drawn whole before it is split so
+that every mesh holds the same weights. The layers were there; the plan only says where they go.
 """
 
 from __future__ import annotations
@@ -61,47 +74,18 @@ def parallelize(module: nn.Module, plan: ParallelPlan | ParallelMesh | None, sha
     """``module`` sharded over ``plan``'s tp group by ``sharding`` and given the plan's run options (see
     the module docstring); in place where it can be, the new root returned."""
     plan = as_plan(plan)
-    root, styled, gathered = module, [], []
-    for path, sub in list(module.named_modules(prefix=prefix)):
-        style = sharding.style_of(path) if path else None
-        if style is None:
-            continue
-        outer = [p for p, s in styled if s != "gather" and _within(path, [p])]
-        if outer:
-            raise ValueError(f"sharding plan: {path} lies inside {outer[0]}, which its style already covers; drop "
-                             f"one of the two patterns")
-        parent = module.get_submodule(_relative(path, prefix).rpartition(".")[0]) if path != prefix else None
-        sequence = plan.sequence_parallel and not _within(path, gathered)
-        site = Site(path, parent, plan, sequence, vocab_multiple)
-        root = _put(root, prefix, path, STYLE_FUNCTIONS[style](sub, site))
-        styled.append((path, style))
-        if style in ("gather", "replicated"):
-            gathered.append(path)
-    covered = [p for p, s in styled if s not in ("gather",)]
-    for name, p in root.named_parameters(prefix=prefix, remove_duplicate=False):
-        style = sharding.style_of(name)
-        if style is not None and style not in PARAMETER_STYLES:
-            raise ValueError(f"sharding plan: parameter {name} has style {style!r}; a parameter takes "
-                             f"{' or '.join(PARAMETER_STYLES)} (give the style to its module)")
-        owner = name.rpartition(".")[0]
-        if style is not None and _within(owner, covered):
-            raise ValueError(f"sharding plan: {name} lies inside {next(c for c in covered if _within(owner, [c]))}, "
-                             f"which its style already covers; drop one of the two patterns")
-        if style is not None:
-            mark(p, tp_partial=style == "partial")
-        elif not _within(owner, covered) and facts(p) == ParamFacts():
-            mark(p, tp_partial=plan.sequence_parallel and not _within(name, gathered))
-    root = _run_options(root, prefix, plan, gathered)
+    root = _kernels(module, prefix, plan)
+    root, styled = _styles(root, prefix, plan, sharding, vocab_multiple)
+    _facts(root, prefix, plan, sharding, styled)
+    root = _tp_random(root, prefix, plan, styled)
     return root.to(plan.mesh.device)
 
 
-def _run_options(root: nn.Module, prefix: str, plan: ParallelPlan, gathered: list[str]) -> nn.Module:
-    """Steps 3 and 4 of the module docstring."""
+def _kernels(root: nn.Module, prefix: str, plan: ParallelPlan) -> nn.Module:
+    """Step 1: torch's LayerNorm, RMSNorm and GELU become tpzoo.kernels' (the same parameters); ``kernels`` and
+    ``attention_backend`` attributes take the plan's."""
     backend = resolve_attention_backend(plan.attention_backend)
     for path, sub in list(root.named_modules(prefix=prefix)):
-        if isinstance(sub, nn.Dropout) and sub.p > 0 and plan.sequence_parallel and not _within(path, gathered):
-            root = _put(root, prefix, path, TPRandom(sub, plan.mesh.rng))
-            continue
         kernel = from_torch(sub, plan.kernels)
         if kernel is not None:
             root = _put(root, prefix, path, kernel)
@@ -109,4 +93,60 @@ def _run_options(root: nn.Module, prefix: str, plan: ParallelPlan, gathered: lis
             sub.kernels = plan.kernels
         if hasattr(sub, "attention_backend"):
             sub.attention_backend = backend
+    return root
+
+
+def _out_of_region(styled: list[tuple[str, str]]) -> list[str]:
+    """The paths below which nothing is sequence-split: the modules styled "gather" or "replicated"."""
+    return [p for p, s in styled if s in ("gather", "replicated")]
+
+
+def _styles(root: nn.Module, prefix: str, plan: ParallelPlan, sharding: ShardingPlan, vocab_multiple: int
+            ) -> tuple[nn.Module, list[tuple[str, str]]]:
+    """Step 2: each module a pattern matches takes its style, top down; (the new root, [(path, style)])."""
+    styled: list[tuple[str, str]] = []
+    for path, sub in list(root.named_modules(prefix=prefix)):
+        style = sharding.style_of(path) if path else None
+        if style is None:
+            continue
+        outer = [p for p, s in styled if s != "gather" and _within(path, [p])]
+        if outer:
+            raise ValueError(f"sharding plan: {path} lies inside {outer[0]}, which its style already covers; drop "
+                             f"one of the two patterns")
+        parent = root.get_submodule(_relative(path, prefix).rpartition(".")[0]) if path != prefix else None
+        sequence = plan.sequence_parallel and not _within(path, _out_of_region(styled))
+        root = _put(root, prefix, path, STYLE_FUNCTIONS[style](sub, Site(path, parent, plan, sequence, vocab_multiple)))
+        styled.append((path, style))
+    return root, styled
+
+
+def _facts(root: nn.Module, prefix: str, plan: ParallelPlan, sharding: ShardingPlan,
+           styled: list[tuple[str, str]]) -> None:
+    """Step 3: a parameter a pattern names takes its style; one no style covers is a partial sum exactly in the
+    sequence-parallel region."""
+    covered, outside = [p for p, s in styled if s != "gather"], _out_of_region(styled)
+    for name, p in root.named_parameters(prefix=prefix, remove_duplicate=False):
+        style, owner = sharding.style_of(name), name.rpartition(".")[0]
+        if style is not None and style not in PARAMETER_STYLES:
+            raise ValueError(f"sharding plan: parameter {name} has style {style!r}; a parameter takes "
+                             f"{' or '.join(PARAMETER_STYLES)} (give the style to its module)")
+        if style is not None and _within(owner, covered):
+            raise ValueError(f"sharding plan: {name} lies inside {next(c for c in covered if _within(owner, [c]))}, "
+                             f"which its style already covers; drop one of the two patterns")
+        if style is not None:
+            mark(p, tp_partial=style == "partial")
+        elif not _within(owner, covered) and facts(p) == ParamFacts():
+            mark(p, tp_partial=plan.sequence_parallel and not _within(name, outside))
+
+
+def _tp_random(root: nn.Module, prefix: str, plan: ParallelPlan, styled: list[tuple[str, str]]) -> nn.Module:
+    """Step 4: a dropout on activations split over tp draws from the tp stream: inside a "heads" module, and
+    under sequence parallelism anywhere in the sequence region (not already inside a ``TPRandom``)."""
+    heads, outside = [p for p, s in styled if s == "heads"], _out_of_region(styled)
+    modules = list(root.named_modules(prefix=prefix))
+    drawn = [path for path, sub in modules if isinstance(sub, TPRandom)]
+    for path, sub in modules:
+        split = _within(path, heads) or (plan.sequence_parallel and not _within(path, outside))
+        if isinstance(sub, nn.Dropout) and sub.p > 0 and split and not _within(path, drawn):
+            root = _put(root, prefix, path, TPRandom(sub, plan.mesh.rng))
     return root

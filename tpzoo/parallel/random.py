@@ -45,6 +45,7 @@ class RNGStatesTracker:
 
     def __init__(self) -> None:
         self.states: dict[str, tuple[torch.device, torch.Tensor]] = {}
+        self.active: str | None = None  # the stream a fork runs in now
 
     def add(self, name: str, seed: int, device: torch.device | str = "cpu") -> None:
         """Register stream ``name`` seeded with ``seed`` for the default generator of ``device``."""
@@ -55,16 +56,22 @@ class RNGStatesTracker:
 
     @contextmanager
     def fork(self, name: str = TP_STREAM) -> Iterator[None]:
-        """Run the block with the default generator swapped for stream ``name``; resume it after."""
+        """Run the block with the default generator swapped for stream ``name``; resume it after. Inside a fork
+        of the same stream (a dropout within a module already run in it) the block just runs on."""
         if name not in self.states:
             raise KeyError(f"RNG stream {name!r} was never added; known: {sorted(self.states)}. "
                            f"Call tpzoo.parallel.manual_seed(seed) after init_mesh")
+        if self.active == name:
+            yield
+            return
         device, state = self.states[name]
-        outer = _get_state(device)
+        outer, around = _get_state(device), self.active
         _set_state(device, state)
+        self.active = name
         try:
             yield
         finally:
+            self.active = around
             self.states[name] = (device, _get_state(device))
             _set_state(device, outer)
 

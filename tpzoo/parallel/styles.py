@@ -105,13 +105,21 @@ def grouped_qkv(module: nn.Module, site: Site) -> nn.Module:
         if n is None:
             raise TypeError(f"{site.path}: 'grouped_qkv' needs a parent attention with {size} (tpzoo.models.Attention)")
         if n % site.tp:
-            raise ValueError(f"{size}={n} is not divisible by the tensor-parallel size tp={site.tp}: each tp rank holds "
-                             f"whole query groups and their key/value heads; choose tp dividing {n}")
+            raise ValueError(f"{size}={n} is not divisible by the tensor-parallel size tp={site.tp}: each tp rank "
+                             f"holds whole query groups and their key/value heads; choose tp dividing {n}")
     return column(module, site)
 
 
 def vocab(module: nn.Module, site: Site) -> nn.Module:
     mesh = site.plan.mesh
+    if isinstance(module, nn.Embedding):
+        options = {"padding_idx": module.padding_idx, "max_norm": module.max_norm,
+                   "scale_grad_by_freq": module.scale_grad_by_freq or None, "sparse": module.sparse or None}
+        given = ", ".join(f"{k}={v}" for k, v in options.items() if v is not None)
+        if given:
+            raise TypeError(f"{site.path}: 'vocab' splits a plain nn.Embedding lookup, but this one has {given}, "
+                            f"which its vocab-parallel form does not honour; drop the option (mask padding in "
+                            f"the loss)")
     if isinstance(module, (nn.Embedding, nn.Linear)) and getattr(module, "bias", None) is None:
         rows, h = module.weight.shape
         return VocabParallelEmbedding(rows, h, _copy(module.weight), pad_vocab_to_multiple_of=site.vocab_multiple,
@@ -133,7 +141,7 @@ def vocab_output(module: nn.Module, site: Site) -> nn.Module:
     if list(module.parameters()) or not hasattr(module, "vocab_size"):
         raise TypeError(f"{site.path}: 'vocab_output' takes a module without parameters that computes logits and "
                         f"loss over vocab_size tokens (tpzoo.models.LMOutput), got {type(module).__name__}")
-    return VocabParallelOutput(module.vocab_size, site.sequence, site.plan.mesh.tp_group)
+    return VocabParallelOutput(module.vocab_size, site.sequence, site.plan.mesh.tp_group, site.plan.kernels)
 
 
 def _mark_all(module: nn.Module, **facts: Any) -> nn.Module:
