@@ -10,7 +10,7 @@ import argparse
 
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
-from tpzoo.models.families import model_flag
+from tpzoo.models.family_flag import add_model_flag
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
                                  check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
                                  exit_on_misuse, exit_on_run_error, positive_int, probability)
@@ -25,8 +25,7 @@ def parser() -> CommandParser:
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--load", metavar="CKPT", help="pretrained checkpoint (pretrain.py's --save dir or an iter "
                    "folder) or tpzoo model folder (python -m tpzoo.convert from-hf); required")
-    g.add_argument("--model", metavar="MODULE:NAME", type=model_flag, help="the family of a checkpoint from outside "
-                   "tpzoo (a tpzoo.models.Family, imported first; docs/new-model.md)")
+    add_model_flag(g)
     g.add_argument("--task", choices=TASKS, help="a named classification task (GLUE ones read --data-dir)")
     g.add_argument("--data-dir", metavar="DIR", help="the GLUE task's folder (train.tsv, dev.tsv)")
     g.add_argument("--train-data", metavar="FILE", help="csv/tsv/jsonl: text, optional text_b, label (BERT); "

@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.data_args import add_data_args, check_data_flags  # noqa: E402
-from tpzoo.models.families import FAMILIES, TrainDefaults  # noqa: E402
+from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
@@ -26,7 +26,7 @@ from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint
 from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
-from tpzoo.training.optimizer_args import add_optimizer_args, fill_schedule_defaults  # noqa: E402
+from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, fill_schedule_defaults  # noqa: E402
 
 PROG = "pretrain.py"
 # Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpzoo.models import CausalLM, KVCache
-from tpzoo.models.families import FAMILIES, family, model_flag
+from tpzoo.models.families import FAMILIES, family
+from tpzoo.models.family_flag import add_model_flag
 
 PROG = "python -m tpzoo.generate"
 
@@ -48,7 +49,7 @@ def generate(model: CausalLM, input_ids: Tensor, max_new_tokens: int, *, tempera
     temperature 0 is greedy (argmax); otherwise sample softmax(logits / temperature) after top-k /
     top-p filtering, from a generator seeded with ``seed``.
     """
-    if model.plan.sequence_parallel:
+    if getattr(model, "plan", None) is not None and model.plan.sequence_parallel:  # a plain model: one device
         raise ValueError("generation decodes one token at a time: build the model with a plan of "
                          "sequence_parallel=False")
     if not temperature >= 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:  # NaN fails too
@@ -98,8 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                         "tpzoo model folder (config.json + model.safetensors)")
     parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
                         "one the checkpoint records, or the one in the model folder)")
-    parser.add_argument("--model", metavar="MODULE:NAME", type=model_flag, help="the family of a model from outside "
-                        "tpzoo (a tpzoo.models.Family, imported first; docs/new-model.md)")
+    add_model_flag(parser)
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=32)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")

@@ -143,8 +143,8 @@ def checks(folder: str, refs: dict[str, list[float]]) -> CaseLog:
     mesh = init_mesh(tp=2)
     with log.case("tau-tp2-refused"):
         refused(log, lambda: train(tau_model(folder), folder, mesh, False),
-                r"layers\.0\.self_attention\.tau, .*: replicated, but the gradient differs across the 2 tensor-parallel "
-                r"ranks .* 'layers\.\*\.self_attention\.tau': 'partial'")
+                r"layers\.0\.self_attention\.tau, .*: replicated, but the gradient differs across the 2 "
+                r"tensor-parallel ranks .* 'layers\.\*\.self_attention\.tau': 'partial'")
     with log.case("tau-tp2-sp"):
         equal(log, train(tau_model(folder), folder, mesh, True), refs["tau"])
     with log.case("tau-tp2-partial"):
@@ -153,8 +153,8 @@ def checks(folder: str, refs: dict[str, list[float]]) -> CaseLog:
     with log.case("norm-partial-refused"):
         cls = tau_model(folder, {"layers.*.self_attention.tau": "partial", "layers.*.attention_norm": "partial"})
         refused(log, lambda: train(cls, folder, mesh, False),
-                r"layers\.0\.attention_norm\.weight, .*: the sharding plan sums its gradient over the 2 tensor-parallel "
-                r"ranks, but every rank holds the same gradient .* 'replicated'")
+                r"layers\.0\.attention_norm\.weight, .*: the sharding plan sums its gradient over the 2 "
+                r"tensor-parallel ranks, but every rank holds the same gradient .* 'replicated'")
     return log
 
 
@@ -187,7 +187,7 @@ def test_new_model_matches_single_process(logs, name):
 
 def _save_and_resume(folder: str, tmp: str) -> tuple[list[float], list[float], str]:
     """The page's model, never registered: the engine trains 4 steps saving after 2; a new engine loads that and
-    trains steps 3-4 again; load_model by name refuses it."""
+    trains steps 3-4 again; load_model by its class loads the weights (step 3's loss again), by name refuses it."""
     from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
 
     mesh, cls, c = init_mesh(), neox(folder).NeoXModel, config(folder)
@@ -202,7 +202,12 @@ def _save_and_resume(folder: str, tmp: str) -> tuple[list[float], list[float], s
     losses += [first.train_step(batch(step)).loss for step in (2, 3)]
     second = engine()
     load_checkpoint(f"{tmp}/ckpt", second)
+    loaded = load_model(f"{tmp}/ckpt", mesh, model_class=cls)  # the class's config_class reads the config
+    b = batch(2)
+    with torch.no_grad():
+        loss = (loaded(**b).sum() / (b["labels"] != -100).sum()).item()
     again = [second.train_step(batch(step)).loss for step in (2, 3)]
+    assert abs(loss - again[0]) < 1e-6 * abs(loss), (loss, again[0])
     try:
         load_model(f"{tmp}/ckpt", mesh)
         refused = ""

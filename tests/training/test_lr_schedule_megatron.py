@@ -134,3 +134,9 @@ def test_optimizer_flags_reach_the_optimizer():
     for bad, match in ((dict(optimizer="lion"), "optimizer"), (dict(adam_beta2=1.0), "adam_beta2 must be < 1")):
         with pytest.raises(ValueError, match=match):
             EngineConfig(**bad)
+
+
+def test_train_defaults_naming_no_flag_refused():
+    # an outside family's train_defaults keys are the flags' destinations: another name is one clear error
+    with pytest.raises(ValueError, match="train_defaults of model 'm' name learning_rate, which are no flags"):
+        flags("--global-batch-size 4", {"train_iters": 10, "learning_rate": 1e-3})

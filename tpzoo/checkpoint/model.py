@@ -31,9 +31,10 @@ def model_record(model: StagedModel) -> dict[str, Any]:
             "plan": model.plan.options(), "source": SOURCES.get(model.config.model_type)}
 
 
-def recorded_config(record: dict[str, Any]) -> ModelConfig:
-    """The config of a model record (``model_record``), its family registered (else one line naming it)."""
-    return config_from_dict(record["config"], record.get("source"))
+def recorded_config(record: dict[str, Any], model: type | None = None) -> ModelConfig:
+    """The config of a model record (``model_record``), its family registered (else one line naming it) or
+    ``model`` a class of it (``config_from_dict``)."""
+    return config_from_dict(record["config"], record.get("source"), model)
 
 
 def check_model_matches(record: dict[str, Any], model: StagedModel, folder: Path) -> None:
@@ -71,6 +72,11 @@ def _build(class_name: str, options: dict[str, Any], config: ModelConfig, plan: 
     return build_model(wanted, config, plan, **options, **stage)
 
 
+def _strict(model: StagedModel, saved_class: str, config_overrides: dict[str, Any] | None) -> bool:
+    """Whether every parameter must load: the saved class with the saved config."""
+    return type(model).__name__ == saved_class and not config_overrides
+
+
 def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None, *,
                model_class: type | str | None = None, config_overrides: dict[str, Any] | None = None,
                **stage: Any) -> StagedModel:
@@ -82,24 +88,25 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
     tpzoo model folder (config.json + model.safetensors). Any tp; with pp > 1 this pp rank's stage of
     an even split, or the stage that ``stage`` (pre_process, post_process, layers) names.
     ``model_class`` (a class, or a class name of a registered family) replaces the saved class
-    (BertModel -> BertForSequenceClassification) and/or ``config_overrides`` change the config (e.g.
+    (BertModel -> BertForSequenceClassification; a class of a family never registered reads the config
+    with its ``config_class``) and/or ``config_overrides`` change the config (e.g.
     {"num_labels": 3}); then parameters whose names and
-    shapes match load and the others keep their seeded init, listed in a warning. Without either, every
-    parameter must load.
+    shapes match load and the others keep their seeded init, listed in a warning. Without either (or with
+    the saved class itself), every parameter must load.
     """
     plan = as_plan(plan)
     mesh = plan.mesh
-    strict = model_class is None and not config_overrides
-    path = Path(path)
+    path, given = Path(path), model_class if isinstance(model_class, type) else None
     if (path / CONFIG_FILE).is_file():
-        class_name, options, config, state = read_pretrained(path)
+        class_name, options, config, state = read_pretrained(path, given)
         model = _build(class_name, options, config, plan, model_class, config_overrides, stage)
-        fresh = load_state(model, state, strict=strict)
+        fresh = load_state(model, state, strict=_strict(model, class_name, config_overrides))
     else:
         folder = resolve_checkpoint(path, collective=True)
         record = read_meta(folder)["checkpoint"]["model"]
-        model = _build(record["class"], record["options"], recorded_config(record), plan,
+        model = _build(record["class"], record["options"], recorded_config(record, given), plan,
                        model_class, config_overrides, stage)
+        strict = _strict(model, record["class"], config_overrides)
         saved = read_dcp_metadata(folder).state_dict_metadata
         entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)
         if strict and rest:

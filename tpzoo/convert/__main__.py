@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
 from tpzoo.convert.mapping import ConversionError, architectures
-from tpzoo.models.families import model_flag
+from tpzoo.models.family_flag import add_model_flag
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.pretrained import CONFIG_FILE, model_options, read_pretrained, write_pretrained
 
@@ -42,8 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("source", metavar=src, type=Path, help="folder to read")
         p.add_argument("out", metavar="OUT_DIR", type=Path, help="folder to write (new or empty)")
         p.add_argument("--overwrite", action="store_true", help="write into OUT_DIR even if it holds files")
-        p.add_argument("--model", metavar="MODULE:NAME", type=model_flag, help="the family of a model from outside "
-                       "tpzoo (a tpzoo.models.Family, imported first; docs/new-model.md)")
+        add_model_flag(p)
     return parser
 
 

@@ -23,7 +23,8 @@ from typing import Sequence
 from tpzoo.data.build import add_cache_arg, data_kind
 from tpzoo.data.data_args import add_data_args
 from tpzoo.data.tokenizer_types import add_tokenizer_args
-from tpzoo.models.families import FAMILIES, model_flag
+from tpzoo.models.families import FAMILIES
+from tpzoo.models.family_flag import add_model_flag
 from tpzoo.flag_types import non_negative_int, positive_int
 from tpzoo.training.args import check_output_folder, command_parser
 
@@ -68,8 +69,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
     add_data_args(p, loader=False)
-    p.add_argument("--model", type=model_flag, default="gpt", help=f"the family ({', '.join(FAMILIES)}, or "
-                   f"module:NAME of your own); its data kind decides the samples (default: %(default)s)")
+    add_model_flag(p, metavar="FAMILY", default="gpt", help=f"the family ({', '.join(FAMILIES)}, or module:NAME of "
+                   f"your own); its data kind decides the samples (default: %(default)s)")
     p.add_argument("--seq-length", type=positive_int, default=64)
     p.add_argument("--seed", type=non_negative_int, default=1234)
     p.add_argument("--indices", type=non_negative_int, nargs="+", default=[0])

@@ -49,14 +49,14 @@ def check_tp_divides(sharding: ShardingPlan, config: ModelConfig, tp: int) -> No
 def build_model(model: str | type[StagedModel], config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None,
                 **options: Any) -> StagedModel:
     """``cls(config, **options)`` with ``plan`` applied (see module docstring); ``cls`` is ``model`` or, for a
-    name, that model class of any registered family. ``options``: the class's constructor options and, for
+    name, that model class of the config's family. ``options``: the class's constructor options and, for
     one pipeline stage, ``pre_process``, ``post_process`` and ``layers``. ``plan``: a ``ParallelPlan``, a
     bare mesh (default run options) or None (``get_mesh()``).
 
     An engine's builder is ``functools.partial(build_model, cls, config, **options)``: the engine calls it
     as ``build(plan, pre_process=..., post_process=..., layers=...)``.
     """
-    cls = model_class(model) if isinstance(model, str) else model
+    cls = model_class(model, config.model_type) if isinstance(model, str) else model
     if not (isinstance(cls, type) and issubclass(cls, StagedModel)):
         raise TypeError(f"model must be a model class name or a StagedModel subclass, got {model!r}")
     plan = as_plan(plan)

@@ -105,7 +105,7 @@ class ModelConfig:
     num_layers: int = _field(12, _int(1), "transformer layers", "--num-layers")
     hidden_size: int = _field(768, _int(1), "width h of the residual stream", "--hidden-size")
     num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each", "--num-attention-heads")
-    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None: the family's own (GPT, BERT: 4 h)",
+    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None: the family's (GPT, BERT: 4 h)",
                                          "--ffn-hidden-size")
     vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
     make_vocab_size_divisible_by: int = _field(128, _int(1), "the vocabulary is padded with unused rows to "

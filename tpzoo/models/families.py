@@ -19,8 +19,6 @@ registered is refused with that name in the message (``config_from_dict``), neve
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Callable
@@ -136,39 +134,47 @@ SOURCES: dict[str, str] = {}  # family name -> "module:NAME" it came from, for t
 
 def register_family(fam: Family, source: str | None = None) -> Family:
     """Make ``fam`` known to every lookup (``--model``, checkpoints, conversion, generation), with the
-    ``module:NAME`` it came from (recorded in checkpoints). Registering the same family again is a no-op;
-    a name or preset another family has is a ValueError."""
+    ``module:NAME`` it came from (recorded in checkpoints). Registering the same family again only adds a
+    source it lacked; a name or preset another family has is a ValueError."""
     if not isinstance(fam, Family):
         raise TypeError(f"register_family takes a tpzoo.models.Family, got {type(fam).__name__}")
-    if FAMILIES.get(fam.name) == fam:
-        return fam
-    if fam.name in FAMILIES:
-        raise ValueError(f"a model family named {fam.name!r} is registered already ({FAMILIES[fam.name].module}); "
-                         f"give yours another name")
-    taken = sorted(set(fam.presets) & set(PRESETS))
-    if taken:
-        raise ValueError(f"family {fam.name}: presets {taken} belong to another family; rename them")
-    FAMILIES[fam.name] = fam
-    PRESETS.update(fam.presets)
+    if FAMILIES.get(fam.name) != fam:
+        if fam.name in FAMILIES:
+            raise ValueError(f"a model family named {fam.name!r} is registered already "
+                             f"({FAMILIES[fam.name].module}); give yours another name")
+        taken = sorted(set(fam.presets) & set(PRESETS))
+        if taken:
+            raise ValueError(f"family {fam.name}: presets {taken} belong to another family; rename them")
+        FAMILIES[fam.name] = fam
+        PRESETS.update(fam.presets)
     if source:
-        SOURCES[fam.name] = source
+        SOURCES.setdefault(fam.name, source)
     return fam
+
+
+def _registered(model: str) -> Family | None:
+    """The registered family named ``model``, or registered from the ``module:NAME`` ``model``."""
+    if model in FAMILIES:
+        return FAMILIES[model]
+    return next((FAMILIES[name] for name, source in SOURCES.items() if source == model), None)
 
 
 def resolve_family(model: str) -> Family:
     """The family ``model`` names: a registered name, or ``module:NAME`` (the module imported, its ``NAME`` a
     ``Family``, registered). ValueError naming what is wrong and the fix."""
-    if ":" not in model:
+    if ":" not in model or _registered(model) is not None:
         return family(model)
-    registered = next((FAMILIES[name] for name, source in SOURCES.items() if source == model), None)
-    if registered is not None:
-        return registered
     module_name, _, attribute = model.partition(":")
     try:
         module = import_module(module_name)
     except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise ValueError(f"{model}: importing {module_name} needs module {e.name!r}, which is not "
+                             f"installed") from None
         raise ValueError(f"{model}: no module {e.name!r} to import; put the folder holding {module_name} on "
                          f"PYTHONPATH or install it") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed as it ran: one line, not a traceback
+        raise ValueError(f"{model}: importing {module_name} failed: {type(e).__name__}: {e}") from None
     fam = getattr(module, attribute, None)
     if not isinstance(fam, Family):
         raise ValueError(f"{model}: {module_name} has no tpzoo.models.Family named {attribute!r} "
@@ -176,46 +182,23 @@ def resolve_family(model: str) -> Family:
     return register_family(fam, model)
 
 
-def model_flag(value: str) -> str:
-    """The argparse type of every command's ``--model``: a registered family, or module:NAME, imported and
-    registered now (``resolve_family``); the value stays as given."""
-    try:
-        resolve_family(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return value
-
-
 def family(name: str) -> Family:
     """The registered family ``name`` (a config's ``model_type``, ``--model``; or the ``module:NAME`` it was
     registered from)."""
-    if name in FAMILIES:
-        return FAMILIES[name]
-    for registered, source in SOURCES.items():
-        if source == name:
-            return FAMILIES[registered]
-    raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}, or a module:NAME of your own")
+    found = _registered(name)
+    if found is None:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}, or a module:NAME of your own")
+    return found
 
 
-class TrainDefaults(Mapping):
-    """Each registered family's ``train_defaults``, by any name ``family`` takes (pretrain.py's per-model
-    schedule defaults); iterates over the registered families."""
-
-    def __getitem__(self, model: str) -> dict[str, Any]:
-        return family(model).train_defaults
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(FAMILIES)
-
-    def __len__(self) -> int:
-        return len(FAMILIES)
-
-
-def config_from_dict(data: dict[str, Any], source: str | None = None) -> ModelConfig:
+def config_from_dict(data: dict[str, Any], source: str | None = None, model: type | None = None) -> ModelConfig:
     """The config a checkpoint recorded, as its family's config class (older layouts included). ``source``:
     the ``module:NAME`` the checkpoint's family came from; a family not registered here is refused naming
-    it (never imported: only the user's --model imports)."""
+    it (never imported: only the user's --model imports). ``model``: a model class the caller holds; its
+    ``config_class`` reads a config of its ``model_type``, registered or not."""
     name = data.get("model_type", "gpt")
+    if model is not None and getattr(model, "model_type", None) == name:
+        return model.config_class.from_dict(data)
     if name not in FAMILIES:
         where = f" (defined in {source})" if source else ""
         fix = f"pass --model {source}" if source else "register its family (tpzoo.models.register_family)"
@@ -224,11 +207,13 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> ModelCo
     return FAMILIES[name].config_class.from_dict(data)
 
 
-def model_class(class_name: str) -> type:
-    """The model class of any family named ``class_name`` (what checkpoints record)."""
-    for f in FAMILIES.values():
-        models = f.spec.models
-        if class_name in models:
-            return models[class_name]
-    known = [name for f in FAMILIES.values() for name in f.spec.models]
+def model_class(class_name: str, family_name: str | None = None) -> type:
+    """The model class named ``class_name`` (what checkpoints record): of family ``family_name`` (a config's
+    model_type) when given and it has one by that name, else of any registered family."""
+    own = _registered(family_name) if family_name is not None else None
+    searched = ([own] if own is not None else []) + [f for f in FAMILIES.values() if f is not own]
+    for f in searched:
+        if class_name in f.spec.models:
+            return f.spec.models[class_name]
+    known = [name for f in searched for name in f.spec.models]
     raise ValueError(f"unknown model class {class_name!r}; known: {', '.join(known)}")

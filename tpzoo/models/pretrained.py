@@ -26,7 +26,7 @@ from tpzoo.models.base import StagedModel
 from tpzoo.models.build import build_model
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, SOURCES, config_from_dict
-from tpzoo.models.sharding import full_state_dict, load_full_state_dict, source_name
+from tpzoo.models.sharding import full_state_dict, load_full_state_dict, model_mesh, source_name
 from tpzoo.parallel import ParallelMesh, ParallelPlan
 
 FORMAT = "tpzoo-model"
@@ -41,8 +41,9 @@ def model_options(model: nn.Module) -> dict[str, Any]:
     return fam.spec.model_options(model) if fam is not None else {}
 
 
-def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig, dict[str, Tensor]]:
-    """(class name, options, config, full state dict) of a tpzoo model folder."""
+def read_pretrained(path: str | Path, model: type | None = None) -> tuple[str, dict[str, Any], ModelConfig,
+                                                                         dict[str, Tensor]]:
+    """(class name, options, config, full state dict) of a tpzoo model folder; ``model``: as ``config_from_dict``."""
     path = Path(path)
     meta_file = path / CONFIG_FILE
     if not meta_file.is_file() or not (path / WEIGHTS_FILE).is_file():
@@ -52,7 +53,7 @@ def read_pretrained(path: str | Path) -> tuple[str, dict[str, Any], ModelConfig,
         hint = (f"it is a Hugging Face config (model_type {meta['model_type']!r}): convert it with "
                 f"python -m tpzoo.convert from-hf" if "model_type" in meta else f"expected format {FORMAT!r}")
         raise ValueError(f"{meta_file} is not a tpzoo model config; {hint}")
-    config = config_from_dict(meta["config"], meta.get("source"))
+    config = config_from_dict(meta["config"], meta.get("source"), model)
     return meta["class"], meta.get("options", {}), config, load_file(str(path / WEIGHTS_FILE))
 
 
@@ -76,7 +77,7 @@ def write_once(model: StagedModel, write: Callable[[dict[str, Tensor]], object])
         raise ValueError(f"{type(model).__name__} here is a pipeline stage (layers {model.layer_numbers}); "
                          f"saving takes the whole model")
     state = full_state_dict(model)
-    mesh = model.mesh
+    mesh = model_mesh(model)
     if mesh.tp_rank == 0 and mesh.dp_rank == 0 and mesh.pp_rank == 0:
         write(state)
     dist.barrier()

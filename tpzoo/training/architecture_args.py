@@ -61,7 +61,8 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES,
                    help="learned_absolute (gpt, bert) or rope (llama); the others: no family has them")
     config_flag(g, "rotary_base", help="rope families; default: the preset's")
-    g.add_argument("--rotary-percent", type=float, help="only 1.0: every feature of a head is rotated")
+    g.add_argument("--rotary-percent", type=positive_float, help="the share of each head's features rotary "
+                   "positions turn: 1.0, or less for a family whose config has rotary_percent (GPT-NeoX's)")
     g.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (gpt, bert) or RMSNorm (llama)")
     g.add_argument("--norm-epsilon", type=positive_float, help="epsilon of the norms (default: the preset's)")
     g.add_argument("--swiglu", action="store_true", default=None, help="SwiGLU MLP (llama)")
@@ -117,7 +118,8 @@ def _takes(config_class: type, trait: str, value: Any) -> bool:
         field, wanted = _field(config_class, "activation"), [a for a in ACTIVATIONS if (a == "swiglu") == value]
     else:
         field, wanted = _field(config_class, trait), [value]
-    return any(field.metadata["check"](v) is None for v in wanted)
+    check = field.metadata.get("check") or (lambda v: None if v == field.default else "other")  # a plain default
+    return any(check(v) is None for v in wanted)
 
 
 def _family_value(config_class: type, trait: str) -> Any:
@@ -152,9 +154,6 @@ def resolve_architecture(args: argparse.Namespace) -> None:
     ValueError naming the flags and the family for a combination it cannot build."""
     if getattr(args, "architecture_changes", None) is not None:
         return
-    if args.rotary_percent not in (None, 1.0):
-        raise ValueError(f"--rotary-percent {args.rotary_percent}: tpzoo rotates every feature of a head; "
-                         f"drop it or pass 1.0")
     given = {t: getattr(args, t) for t in TRAITS if getattr(args, t) is not None}
     described = args.model is None
     if described:
@@ -185,6 +184,11 @@ def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]
     changes: dict[str, Any] = {}
     if args.norm_epsilon is not None:
         changes["layernorm_epsilon"] = args.norm_epsilon
+    if args.rotary_percent not in (None, 1.0):
+        if _field(config_class, "rotary_percent") is None:
+            raise ValueError(f"--rotary-percent {args.rotary_percent}: --model {args.model} rotates every feature of a "
+                             f"head; drop it or pass 1.0 (partial rotary: a family whose config has rotary_percent)")
+        changes["rotary_percent"] = args.rotary_percent
     if args.rotary_base is not None and _field(config_class, "rotary_base") is None:  # model_config sets it
         raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
                          f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")

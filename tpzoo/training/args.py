@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 from tpzoo.engine.config import SCHEDULES, EngineConfig
 from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
 from tpzoo.models.config import ModelConfig, field_names
-from tpzoo.models.families import FAMILIES, PRESETS, family, model_flag
+from tpzoo.models.families import FAMILIES, PRESETS, family
+from tpzoo.models.family_flag import add_model_flag
 from tpzoo.models.presets import get_preset
 from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS
 
@@ -168,7 +169,7 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
     stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
     the architecture flags describe, ``default_model`` first when several do)."""
     g = parser.add_argument_group("model")
-    g.add_argument("--model", metavar="FAMILY", type=model_flag, help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
+    add_model_flag(g, metavar="FAMILY", help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
                    f"tpzoo.models.Family of your own (docs/new-model.md) (default: the one Megatron-LM's architecture "
                    f"flags describe, {default_model} without them)")
     parser.set_defaults(default_model=default_model)
@@ -216,6 +217,10 @@ def set_model_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, d
 
 def fill_model_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
     """Set each flag of ``defaults[args.model]`` that is None (not given) to the model's default."""
+    unknown = sorted(set(defaults[args.model]) - set(vars(args)))
+    if unknown:
+        raise ValueError(f"the train_defaults of model {args.model!r} name {', '.join(unknown)}, which are no flags "
+                         f"of this command; use the flags' destinations (e.g. train_iters, lr, min_lr)")
     for name, value in defaults[args.model].items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -15,10 +15,11 @@ This module imports without torch.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from tpzoo.models.families import FAMILIES, family
 from tpzoo.training.args import config_flag, fill_model_defaults
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
@@ -94,6 +95,20 @@ def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None
     g.add_argument("--clip-grad", type=non_negative_float, default=d["clip_grad"], help="global gradient norm; 0 = off")
     config_flag(g, "init_method_std", help="default: the model's")
     g.add_argument("--seed", type=non_negative_int, default=d["seed"])
+
+
+class TrainDefaults(Mapping):
+    """Each registered family's ``train_defaults``, by any name ``--model`` takes (pretrain.py's per-model
+    schedule defaults); iterates over the registered families."""
+
+    def __getitem__(self, model: str) -> dict[str, Any]:
+        return family(model).train_defaults
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
 
 
 def fill_schedule_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
