@@ -44,7 +44,7 @@ def __getattr__(name: str) -> object:
         return _exported(name)
     except AttributeError:
         if name.startswith("__") or find_spec(f"{__name__}.{name}") is not None:
-            raise  # a submodule (``from tpzoo.models import fused``): Python imports it next
+            raise  # a submodule (``from tpzoo.models import rope``): Python imports it next
         from tpzoo.models.families import FAMILIES
 
         for f in FAMILIES.values():

@@ -128,13 +128,11 @@ class StagedModel(nn.Module):
         if post_process:
             with building(seed, "head"):
                 head = self.build_head()
-                if self.ties_output_to_embedding and not config.tie_word_embeddings:  # split as the word embedding
-                    head.output_layer = place("embedding.word_embeddings",
-                                              linear(config.hidden_size, config.vocab_size, False,
-                                                     config.init_method_std))
+                if self.ties_output_to_embedding and not config.tie_word_embeddings:
+                    head.output_layer = linear(config.hidden_size, config.vocab_size, False, config.init_method_std)
             if self.holds_tied_copy:
                 with building(seed, "embedding"):
-                    head.word_embeddings = place("embedding.word_embeddings", self.build_embedding().word_embeddings)
+                    head.word_embeddings = self.build_embedding().word_embeddings
             self.head = place("head", head)
 
     @classmethod

@@ -33,16 +33,17 @@ from tpzoo.models.config import TransformerConfig
 from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
 from tpzoo.models.bert_hf import HF, num_parameters
 from tpzoo.models.families import FamilySpec
-from tpzoo.models.heads import MLM_HEAD_PLAN, ClassificationHead, MLMHead, Pooler, output_weight
+from tpzoo.models.heads import MLM_HEAD_PLAN, OUTPUT_WEIGHT_PLAN, ClassificationHead, MLMHead, Pooler, output_weight
 from tpzoo.models import weights
-from tpzoo.models.mlp import MLP
+from tpzoo.models.mlp import MLP, gelu_approximation
 from tpzoo.models.norms import norm
 from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
 from tpzoo.sharding_plan import ShardingPlan, prefixed
 
 ENCODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN)},
                             tp_divides=("num_attention_heads", "ffn_hidden_size"))
-BERT_PLAN = ENCODER_PLAN | ShardingPlan({**prefixed("head.lm_head", MLM_HEAD_PLAN), "head.pooler": "gather",
+BERT_PLAN = ENCODER_PLAN | ShardingPlan({**prefixed("head.lm_head", MLM_HEAD_PLAN),
+                                         **prefixed("head", OUTPUT_WEIGHT_PLAN), "head.pooler": "gather",
                                          "head.binary_head": "replicated"})
 CLASSIFIER_PLAN = ENCODER_PLAN | ShardingPlan({"head": "gather"})
 
@@ -54,7 +55,7 @@ class BertHead(nn.Module):
         super().__init__()
         c = config
         self.lm_head = MLMHead(c.hidden_size, c.vocab_size, norm(c.normalization, c.hidden_size, c.layernorm_epsilon),
-                               approximate="tanh" if c.activation == "gelu_tanh" else "none", init_std=c.init_method_std)
+                               approximate=gelu_approximation(c.activation), init_std=c.init_method_std)
         if add_binary_head:
             self.pooler = Pooler(c.hidden_size, c.init_method_std)
             self.binary_head = weights.linear(c.hidden_size, 2, True, c.init_method_std)
@@ -92,7 +93,7 @@ class _BertBase(StagedModel):
 
     def build_layer(self, layer_number: int) -> nn.Module:
         c = self.config
-        attention = Attention(c.hidden_size, c.num_attention_heads, causal=False, dropout=c.attention_dropout,
+        attention = Attention(c.hidden_size, c.num_attention_heads, causal=self.causal, dropout=c.attention_dropout,
                               init_std=c.init_method_std, out_init_std=c.init_method_std, layer_number=layer_number)
         mlp = MLP(c.hidden_size, c.ffn_size, activation=c.activation, init_std=c.init_method_std,
                   out_init_std=c.init_method_std)

@@ -60,9 +60,14 @@ class CausalLM(StagedModel):
 
     def build_layer(self, layer_number: int) -> nn.Module:
         c, out_std = self.config, self.output_init_std()
-        rotary = (RotaryEmbedding(c.head_dim, c.rotary_base, c.max_position_embeddings)
-                  if c.position_embedding_type == "rope" else None)
-        attention = Attention(c.hidden_size, c.num_attention_heads, num_query_groups=c.query_groups, causal=True,
+        rotary = None
+        if c.position_embedding_type == "rope":
+            if getattr(c, "rotary_base", None) is None:
+                raise ValueError(f"{type(c).__name__} has rotary positions but no rotary_base; give the config a "
+                                 f"rotary_base field (Hugging Face's rope_theta, e.g. 10000.0)")
+            rotary = RotaryEmbedding(c.head_dim, c.rotary_base, c.max_position_embeddings,
+                                     fraction=getattr(c, "rotary_percent", 1.0))
+        attention = Attention(c.hidden_size, c.num_attention_heads, num_query_groups=c.query_groups, causal=self.causal,
                               dropout=c.attention_dropout, qkv_bias=c.add_bias_linear, out_bias=c.add_bias_linear,
                               rotary=rotary, init_std=c.init_method_std, out_init_std=out_std,
                               layer_number=layer_number)

@@ -61,7 +61,8 @@ class Embedding(nn.Module):
             positions = torch.arange(position_offset, position_offset + s, device=input_ids.device)
             extra = self.position_embeddings(positions[None])                 # [1, s, h]
         if self.token_type_embeddings is not None:
-            types = self.token_type_embeddings(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
+            types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            types = self.token_type_embeddings(types)
             extra = types if extra is None else types + extra                 # [b, s, h]
         if extra is not None:
             x = x + extra

@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from tpzoo.models.weights import linear
 
-LM_HEAD_PLAN = {"final_layernorm": "norm", "output": "vocab_output"}
+# the output weight a head holds (untied, or a last stage's copy of the word embedding) is split as the vocabulary
+OUTPUT_WEIGHT_PLAN = {"output_layer": "vocab", "word_embeddings": "vocab"}
+LM_HEAD_PLAN = {"final_layernorm": "norm", "output": "vocab_output", **OUTPUT_WEIGHT_PLAN}
 MLM_HEAD_PLAN = {"layernorm": "norm", "output_bias": "vocab", "output": "vocab_output"}
 
 
@@ -40,7 +42,8 @@ class LMOutput(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
 
-    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
         logits = F.linear(hidden, weight, bias)
         if labels is None:
             return logits

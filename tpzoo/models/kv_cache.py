@@ -17,7 +17,7 @@ from torch import Tensor
 class KVCache:
     keys: dict[int, Tensor] = field(default_factory=dict)
     values: dict[int, Tensor] = field(default_factory=dict)
-    length: int = 0  # tokens every layer has seen; GPTModel advances it after each forward
+    length: int = 0  # tokens every layer has seen; the model (CausalLM) advances it after each forward
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append this step's k, v [b, n/tp, s, d] for ``layer``; return all of them [b, n/tp, t + s, d]."""

@@ -22,6 +22,11 @@ GATES = {"swiglu": F.silu, "geglu": F.gelu}
 MLP_PLAN = {"dense_h_to_4h": "column", "dense_4h_to_h": "row"}
 
 
+def gelu_approximation(activation: str) -> str:
+    """The ``approximate`` of torch's GELU for activation "gelu" (erf: "none") or "gelu_tanh" ("tanh")."""
+    return "tanh" if activation == "gelu_tanh" else "none"
+
+
 class MLP(nn.Module):
     """[b, s, h] -> [b, s, h]. ``activation``: one of ``ACTIVATIONS``; ``bias``: biases on both linears;
     weights ~ N(0, ``init_std``^2), the second linear's ``out_init_std``."""
@@ -33,7 +38,7 @@ class MLP(nn.Module):
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.ffn_hidden_size, self.gate = ffn_hidden_size, GATES.get(activation)
         self.dense_h_to_4h = linear(hidden_size, ffn_hidden_size * (2 if self.gate else 1), bias, init_std)
-        self.activation = None if self.gate else nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.activation = None if self.gate else nn.GELU(approximate=gelu_approximation(activation))
         self.dense_4h_to_h = linear(ffn_hidden_size, hidden_size, bias, out_init_std)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -54,4 +54,5 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, rotated={self.rotated}, base={self.base:g}, max_positions={self.max_positions}"
+        return (f"head_dim={self.head_dim}, rotated={self.rotated}, base={self.base:g}, "
+                f"max_positions={self.max_positions}")

@@ -24,13 +24,18 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from tpzoo.parallel import ParallelMesh
+from tpzoo.parallel import ParallelMesh, get_mesh
 from tpzoo.parallel.collectives import all_gather
 from tpzoo.parallel.param_facts import facts
 
 # A last pipeline stage's copy of the tied word embedding (``embedding.add_output_weight``): saved
 # state holds only the first stage's weight, and the copy is loaded from it.
 TIED_COPY, TIED_SOURCE = "head.word_embeddings.weight", "embedding.word_embeddings.weight"
+
+
+def model_mesh(model: nn.Module) -> ParallelMesh:
+    """The mesh ``model`` was built for (``build_model`` keeps it), or for a plain model ``get_mesh()``."""
+    return getattr(model, "mesh", None) or get_mesh()
 
 
 def source_name(name: str) -> str:
@@ -68,14 +73,14 @@ def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int
 
 def full_state_dict(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """The model's state dict with every shard gathered and padding dropped (see module docstring)."""
-    mesh = mesh or model.mesh
+    mesh = mesh or model_mesh(model)
     return gather_full(model.state_dict(), tp_partitions(model, mesh.tp_size), mesh)
 
 
 def full_grads(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """Each parameter's gradient gathered like ``full_state_dict`` (parameters without one are left out)."""
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    mesh = mesh or model.mesh
+    mesh = mesh or model_mesh(model)
     return gather_full(grads, tp_partitions(model, mesh.tp_size), mesh)
 
 
@@ -115,7 +120,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
     ``strict``: the keys must match exactly and the shapes fit. Otherwise the parameters that ``state``
     lacks or holds in another full shape keep their values, and their names are returned (sorted).
     """
-    mesh = mesh or model.mesh
+    mesh = mesh or model_mesh(model)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if strict and (missing or unexpected):
