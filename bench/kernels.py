@@ -21,6 +21,7 @@ A row whose tensors would not fit in the GPU's free memory (estimated before all
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import time
@@ -202,7 +203,8 @@ def note_row(row: Row, dname: str, note: str) -> str:
     return f"| {row.kernel} | {row.shape} | {dname} | {note} |" + " |" * (len(COLUMNS) - 4)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no options
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":  # before torch.compile imports triton (see docs/kernels.md)
         os.environ.setdefault("TRITON_INTERPRET", "1")

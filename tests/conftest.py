@@ -21,6 +21,8 @@ if TESTS not in sys.path:
 
 import background  # noqa: E402 - after the environment and sys.path above
 import pytest  # noqa: E402
+from tiers import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_call,  # noqa: E402, F401
+                   pytest_runtest_setup)
 
 
 @pytest.fixture(scope="session", autouse=True)

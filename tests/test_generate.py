@@ -24,6 +24,10 @@ from tpzoo.models.pretrained import save_pretrained
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ROOT = Path(__file__).resolve().parents[1]
 CAUSAL = [name for name in MAIN if CASES[name].inputs == "causal-lm"]  # one case per causal-LM family
 SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=32, hidden_dropout=0.0,
@@ -106,6 +110,7 @@ def test_cached_decoding_and_generation_at_tp_1_and_2(tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1 and "nope" in bad.stderr, bad.stderr
 
 
+@pytest.mark.tier("unit")
 def test_filter_logits_keeps_top_k_and_the_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isfinite(filter_logits(logits, top_k=2)).tolist() == [[True, True, False, False]]

@@ -18,6 +18,10 @@ from misuse_runner import run_on_rank
 
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
@@ -42,6 +46,7 @@ def assert_misuse(outcome: dict, command: str, fragment: str) -> None:
     assert outcome["changed"] == [], f"misuse must write nothing, but changed {outcome['changed']}"
 
 
+@pytest.mark.tier("unit")
 def test_at_least_80_distinct_cases():
     assert len(CASES) + len(RANK_CASES) >= 80
     assert len({(command, argv) for command, argv, _ in CASES.values()}) == len(CASES)

@@ -9,6 +9,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,6 +29,7 @@ def readme_command(heading: str) -> str:
     return lines[0]
 
 
+@pytest.mark.tier("unit")
 def test_ci_runs_exactly_the_readme_test_command():
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith("#")]

@@ -14,6 +14,10 @@ import pytest
 from doc_helpers import ROOT, commands
 from tpzoo import plot
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 DOC_PICTURE = ROOT / "docs" / "img" / "curves.png"
 
 

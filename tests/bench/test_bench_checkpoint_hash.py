@@ -8,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from doc_helpers import commands
 from families import CAUSAL_LM
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

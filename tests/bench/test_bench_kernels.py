@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"scaled_masked_softmax", "scaled_causal_softmax", "layer_norm", "rms_norm", "gelu", "bias_gelu"}
@@ -39,6 +44,7 @@ def load_bench():
     return module
 
 
+@pytest.mark.tier("unit")
 def test_bench_skips_rows_that_do_not_fit_in_free_memory():
     bench = load_bench()
     gib = 2**30

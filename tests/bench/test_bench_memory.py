@@ -12,6 +12,10 @@ import pytest
 from doc_helpers import ROOT, commands, run_as_needed
 from families import CAUSAL_LM, CAUSAL_LM_XL
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 MODES = ("plain", "zero1", "zero2", "fsdp")
 SHOWN = {"parallelism.md": "python bench/memory.py --check",
          "benchmarks.md": f"python bench/memory.py --preset {CAUSAL_LM_XL} --dp 1 --modes plain fsdp --recompute"}

@@ -18,6 +18,10 @@ from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, GQA_LM_1B, MAIN, MASKED_
 
 from tpzoo.models import get_preset
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 BENCH = ROOT / "bench"
 if str(BENCH) not in sys.path:
     sys.path.append(str(BENCH))  # its modules import each other (baselines, flops) as the script does
@@ -53,6 +57,7 @@ def smoke() -> tuple[subprocess.CompletedProcess, dict]:
     return done, rows(done.stdout)
 
 
+@pytest.mark.tier("unit")
 def test_smoke_covers_every_family():
     assert set(bench.DEFAULT_MODELS) == {CASES[name].preset for name in MAIN}
 
@@ -124,6 +129,7 @@ def test_budget_skips_what_does_not_fit_and_runs_the_rest_one_after_another():
     assert f"{big}: the contenders ran one after another" not in done.stdout, done.stdout
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("flags, message", [
     (["--models", "gpt-nano"], "unknown --models gpt-nano"),
     (["--contenders", "tpzoo,jax"], "unknown --contenders jax"),
@@ -138,6 +144,7 @@ def test_bad_flags_exit_2_naming_the_problem(capsys, flags, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.tier("unit")
 def test_flops_per_token_of_known_shapes():
     """6 N + 12 L h s with N the published parameter counts (Hugging Face's) less the lookup-only tables:
     GPT-2 124M (positions), TinyLlama-1.1B (grouped-query attention; untied input embedding), BERT-large

@@ -8,6 +8,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,6 +34,10 @@ from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.parallel.fsdp import local
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 G, S, SAVE_AT, STEPS = 16, 8, 3, 5
 LR, WD, CLIP, EPS = 3e-3, 0.01, 0.5, 1e-6
 # the causal LM unties its output layer (a second padded vocabulary tensor), the masked LM ties it (a copy
@@ -292,6 +296,7 @@ def test_single_rank_resume_atomic_saves_and_errors(trained):
     print("max relative errors:", result["errors"], "\nseconds:", result["timing"])
 
 
+@pytest.mark.tier("journey")
 def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
     """docs/checkpoints.md runs as shown, ``ckpt`` being the causal LM saved on (2, 2, 2): generation gives
     the same greedy text at tp=1 and tp=2, and to-hf writes the checkpoint's weights."""
@@ -321,6 +326,7 @@ def test_doc_commands_generate_and_convert_a_checkpoint(trained, tmp_path):
                           out["refs"][CAUSAL.family]["state"][0]["embedding.word_embeddings.weight"])
 
 
+@pytest.mark.tier("unit")
 def test_convert_misuse_is_one_line(tmp_path, capsys):
     from tpzoo.convert.__main__ import main
 
@@ -331,6 +337,7 @@ def test_convert_misuse_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2 and len(lines) == 1 and "empty holds no tpzoo checkpoint" in lines[0], lines
 
 
+@pytest.mark.tier("unit")
 def test_loaded_adamw_step_lives_where_a_fused_update_reads_it():
     """A fused or capturable AdamW (the engine's on CUDA) reads ``step`` on the parameter's device: the
     loaded one goes there (meta stands in for the GPU), a plain group's stays on the host."""

@@ -21,6 +21,10 @@ from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=500,
              max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)
 MULTIPLE = 7  # 500 tokens: padded to 504 at tp 2 (a multiple of 14), to 512 at tp 1 with the default 128

@@ -29,6 +29,10 @@ from tpzoo.models import full_state_dict
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 KINDS = {case.family: case for case in (CAUSAL_LM_UNTIED, MASKED_LM)}  # test_checkpoint's models, by family
 TOL = 1e-5  # FSDP sums the gradients over dp in another order than the all-reduce
 SAVED_AT = (1, 2, 4)  # (tp, pp, dp), under FSDP

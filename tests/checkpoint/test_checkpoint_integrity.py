@@ -29,6 +29,10 @@ from tpzoo.engine import Engine, EngineConfig
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / CAUSAL_LM.family
 SHARD = "__1_0.distcp"  # rank 1's shard: hashed by rank 1 at load, named on both ranks
 # case -> (damage done to a copy of iter_0000002, what the error says after the copy's path)

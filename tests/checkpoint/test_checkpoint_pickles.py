@@ -22,6 +22,10 @@ from pretrain_helpers import TINY, pretrain
 from tpzoo.checkpoint.manifest import MANIFEST_FILE, write_manifest
 from tpzoo.checkpoint.reader import UnsafeCheckpointError, read_dcp_metadata
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 
 
 class Payload:

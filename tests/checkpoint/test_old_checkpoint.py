@@ -39,6 +39,10 @@ from tpzoo.models import full_state_dict
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # the saved runs (fixture/run) and the inputs their forward takes besides input_ids
 BERT_INPUTS = ("token_type_ids", "attention_mask")
@@ -124,6 +128,7 @@ def test_load_model_gives_the_same_logits_at_tp_1_and_2(loaded, run):
     assert err <= LOGITS_TOL
 
 
+@pytest.mark.tier("journey")
 @pytest.mark.parametrize("run", RUNS)
 def test_resume_logs_the_saved_runs_losses(run, tmp_path):
     shutil.copytree(FIXTURES / run, tmp_path / run)

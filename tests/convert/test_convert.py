@@ -15,6 +15,10 @@ from families import (CAUSAL_LM, CAUSAL_LM_UNTIED, CLASSIFIER, MASKED_LM, MASKED
 from tpzoo.convert import ConversionError, hf_to_tpzoo, read_hf, tpzoo_to_hf
 from tpzoo.models.hf_rules import heads_from_qkv, qkv_from_heads
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 ROOT = Path(__file__).resolve().parents[2]
 D = 32 // 4  # head dim of the tiny models
 # the cases converted here (test_convert_llama converts the grouped-query ones)
@@ -89,6 +93,7 @@ def assert_misuse(result: subprocess.CompletedProcess, message: str) -> None:
     assert message in lines[0], lines[0]
 
 
+@pytest.mark.tier("journey")
 def test_command_line_round_trip_and_misuse(tmp_path):
     hf = hf_model(CLASSIFIER)
     hf.save_pretrained(tmp_path / "hf")

@@ -21,6 +21,10 @@ from tpzoo.convert.__main__ import main as convert_main
 from tpzoo.parallel import init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 VARIANTS = {"gqa": GQA_LM, "tied-mha": GQA_LM_TIED_MHA}
 TPS = (1, 2, 4)
 B, S, PROMPT, NEW = 2, 12, 5, 7
@@ -178,10 +182,12 @@ def logs(tmp_path_factory) -> list[CaseLog]:
     return out
 
 
+@pytest.mark.tier("distributed")
 def test_llama_every_check_has_a_case(logs):
     assert logs[0].ran == case_names()
 
 
+@pytest.mark.tier("distributed")
 @pytest.mark.parametrize("name", case_names())
 def test_llama_matches_hugging_face(logs, name):
     assert_case(logs, name)

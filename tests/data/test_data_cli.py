@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from data_helpers import corpus_files, small_corpus
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 DOCS = Path(__file__).parents[2] / "docs" / "data.md"
 
 

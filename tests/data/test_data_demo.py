@@ -8,12 +8,17 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 from families import MASKED_LM
 
 from tpzoo.data import demo
 from tpzoo.data.cache import cached_build
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.tier("unit")
+
+
 
 # The same bytes on every machine: the generator uses only random.Random.random().
 SHA256 = {
@@ -84,6 +89,7 @@ def _build_once(_):
     return str(cached_build("race", _build_counting))
 
 
+@pytest.mark.tier("distributed")
 def test_cached_build_runs_once_across_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("TPZOO_CACHE", str(tmp_path))
     with ProcessPoolExecutor(3, mp.get_context("fork")) as pool:

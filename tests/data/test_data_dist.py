@@ -2,10 +2,15 @@
 taking its slice of every global batch, they equal the samples one process reads."""
 
 import numpy as np
+import pytest
 import torch
 
 from tpzoo.data.build import build_datasets, resolve_data
 from tpzoo.testing import spawn
+
+pytestmark = pytest.mark.tier("distributed")
+
+
 
 SEQ, GLOBAL_BATCH, ITERS, SEED = 32, 16, 3, 1234
 

@@ -14,6 +14,10 @@ from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.preprocess import preprocess
 from tpzoo.data.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 @pytest.fixture(scope="module")
 def gpt_data(tmp_path_factory):

@@ -24,6 +24,10 @@ from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.sources import DatasetSource, absolute_specs
 from tpzoo.data.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 NAME, CONFIG = "tpzoo-tests/stories", "small"
 SPLITS = {"train": [f"the cat sat on mat number {i}." for i in range(5)],
           "validation": ["a dog ran home.", "", "the bird sang twice."]}

@@ -14,6 +14,10 @@ from tpzoo.data.indexed import IndexedDataset, IndexedDatasetBuilder, token_dtyp
 from tpzoo.data.preprocess import preprocess, split_sentences
 from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 @pytest.mark.parametrize("vocab_size, dtype", [(256, np.uint8), (60_000, np.uint16), (70_000, np.int32)])
 def test_builder_round_trip(tmp_path, vocab_size, dtype):
@@ -105,6 +109,7 @@ def test_preprocess_round_trip(tmp_path):
     assert tok.decode(g.tokens[: len(g.document(0)) - 1]) == docs[0]
 
 
+@pytest.mark.tier("distributed")
 def test_workers_do_not_change_the_output(tmp_path):
     tok = small_corpus()["tokenizer"]
     for workers in (1, 2):

@@ -24,6 +24,10 @@ from tpzoo.data.mock import mock_documents
 from tpzoo.data.tokenizer_types import BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer
 from tpzoo.training.args import command_parser
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 
 VOCAB_JSON, MERGES = "gpt2-vocab.json", "gpt2-merges.txt"  # Megatron-LM's GPT-2 BPE files, as docs/data.md names them
 
@@ -145,6 +149,7 @@ def test_one_prefix_per_split(made):
         build_datasets("causal-lm", tok, prefix, 16, 7, (4, 4, 4), args.split, sources)
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("kind", ["causal-lm", "masked-lm"])
 def test_mock_data(kind, tmp_path):
     tok = BertWordPieceLowerCase(megatron_files()["vocab_txt"]) if kind == "masked-lm" else NullTokenizer(64)
@@ -198,6 +203,7 @@ def test_num_workers_read_the_same_batches(tmp_path):
     assert not workers & set(multiprocessing.active_children())  # the workers stopped and joined
 
 
+@pytest.mark.tier("unit")
 def test_blending_follows_megatrons_greedy_order():
     from tpzoo.data.blended import blend_sizes, blending_indices
 

@@ -17,6 +17,10 @@ from tpzoo.data.tokenizer import HFTokenizer, SentencePieceTokenizer, load_token
 from tpzoo.data.tokenizer_types import (BertWordPieceCase, BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer,
                                         add_tokenizer_args, tokenizer_from_args)
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 ODD = " ünïcode ✓ <|endoftext|> two  spaces\n\nand [MASK] Café ÀB 中文"
 
 

@@ -18,6 +18,10 @@ from tpzoo.data.build import build_datasets, resolve_data
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -123,6 +127,7 @@ def test_progress_of_a_quick_or_failed_step_says_nothing_of_it(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.tier("journey")
 def test_data_cache_path_flag_and_help(corpus, tmp_path):
     env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path / "home"),
            "TPZOO_CACHE": str(tmp_path / "env-cache"), "OMP_NUM_THREADS": "1"}

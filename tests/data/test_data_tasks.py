@@ -13,6 +13,10 @@ from tpzoo.data.demo import demo_data, demo_task
 from tpzoo.data.tasks import Example, TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 # One training and one dev row per task, in GLUE's own layouts (CoLA has no header row).
 GLUE_FILES = {
     "CoLA": (

@@ -10,6 +10,10 @@ from families import CAUSAL_LM
 
 from tpzoo.data.tokenizer import SPECIAL_PIECES, load_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 TEXT = "The clever fox hides near the river. Do two owls sleep? Yes, they do."
 
 

@@ -33,6 +33,10 @@ from tpzoo.models import full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 G, S, VOCAB, STEPS, CLASSES = 16, 8, 101, 10, 3
 TOL = 1e-5
 # The final weights are compared per tensor: max |w - w_ref| / max |w_ref| <= TOL. AdamW's update
@@ -288,6 +292,7 @@ def test_engine_distributed_optimizer_shards_the_optimizer_state(eight_ranks):
         assert held <= 1.5 * plain / dp + 1024, f"dp={dp}: a rank holds {held} B of {plain} B, not about 1/{dp}"
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("changes, pp, dp, message", [
     (dict(global_batch_size=12, micro_batch_size=4), 1, 2, "global batch size 12 is not divisible by micro batch "
                                                              "size x dp = 4 x 2 = 8"),
@@ -304,6 +309,7 @@ def test_engine_misuse_fails_before_work(changes, pp, dp, message):
     assert message in str(info.value)
 
 
+@pytest.mark.tier("unit")
 def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedule():
     runs = [(mesh, name, schedule, options) for i, mesh in enumerate(MESHES)
             for name, schedule, options in variants(i, *mesh, full=False) if name in PRETRAINING]
@@ -325,6 +331,7 @@ def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedul
         assert len(set(full)) == len(full) == product + ((tp, pp, dp) in CLASSIFIER_RUNS), (tp, pp, dp)
 
 
+@pytest.mark.tier("unit")
 def test_split_layers_weighs_embedding_and_head():
     from tpzoo.engine.config import split_layers
 

@@ -32,6 +32,10 @@ from tpzoo.training.args import add_parallel_args, add_precision_args, command_p
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.optimizer_args import add_optimizer_args
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 NAME, G, S, VOCAB = MAIN[0], 4, 8, 64
 TINY = dict(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32, vocab_size=VOCAB,
             max_position_embeddings=S, hidden_dropout=0.0, attention_dropout=0.0)
@@ -199,6 +203,7 @@ def logs() -> list[CaseLog]:
     return spawn(checks, 2, CaseLog(), timeout=300)
 
 
+@pytest.mark.tier("distributed")
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_divergence(logs, name):
     assert_case(logs, name)

@@ -28,6 +28,10 @@ from tpzoo.engine.train_step import Engine
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 G, S, VOCAB, LABELS = 16, 8, 101, 3
 TINY = dict(num_layers=6, hidden_size=32, num_attention_heads=8, ffn_hidden_size=64, vocab_size=VOCAB,
             max_position_embeddings=S)
@@ -170,6 +174,7 @@ class FakeStage(nn.Module):
         return (micro_batch_size, seq_length, 4)
 
 
+@pytest.mark.tier("unit")
 def test_build_chunks_hands_the_plan_to_the_builder():
     """pp rank 1 of pp=2 with 4 stages (interleaved): stages 1 and 3, each built from the plan; a builder
     that returns something else than a pipeline stage, or a stage not built for the plan, is refused by name."""

@@ -36,6 +36,10 @@ from tpzoo.engine.fsdp_params import check_fsdp
 from tpzoo.parallel import init_mesh
 from tpzoo.parallel.fsdp import local
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 MESHES = [(1, 1, 8), (2, 1, 4), (1, 2, 4), (2, 2, 2)]  # (tp, pp, dp)
 FSDP_SCHEDULES = tuple(s for s in SCHEDULES if s != "interleaved-zero-bubble")  # refused: see check_fsdp
 CLASSIFIER_RUNS = {(2, 2, 2): ("interleaved-1f1b", True)}  # mesh: (schedule, every option on)
@@ -164,12 +168,14 @@ def test_engine_fsdp_keeps_the_engine_guarantees(fsdp_ranks, name):
     assert_case([log for log, _ in fsdp_ranks], name)
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("schedule, changes, pp, message", REFUSED, ids=["distributed-optimizer", "zero-bubble"])
 def test_engine_fsdp_misuse_refused(schedule, changes, pp, message):
     with pytest.raises(ValueError, match=message):
         check_fsdp(EngineConfig(schedule=schedule, **changes), SimpleNamespace(pp_size=pp))
 
 
+@pytest.mark.tier("unit")
 def test_engine_fsdp_variants_cover_every_family_and_setting():
     runs = [(mesh, name, schedule, options) for index, mesh in enumerate(MESHES)
             for name, schedule, options in fsdp_variants(index, *mesh) if name in PRETRAINING]

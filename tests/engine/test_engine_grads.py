@@ -13,6 +13,10 @@ from tpzoo.engine.loss_scale import DynamicLossScaler
 from tpzoo.parallel import init_mesh, mark
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 
 def param(grad: list[float], **facts) -> nn.Parameter:
     p = nn.Parameter(torch.zeros(len(grad)))
@@ -81,6 +85,7 @@ def test_global_norm_counts_each_element_once_and_overflow_is_agreed():
     spawn(grad_checks, 4, timeout=300)
 
 
+@pytest.mark.tier("unit")
 def test_loss_scaler_rejects_bad_settings():
     with pytest.raises(ValueError, match="growth_factor=1.0"):
         DynamicLossScaler(growth_factor=1.0)

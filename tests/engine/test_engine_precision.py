@@ -33,6 +33,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tpzoo.engine import train_step
 from tpzoo.parallel import init_mesh
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 # vs the float32 losses, measured: bf16 2e-5; fp16 2.2e-3 (its first step is skipped: one update behind)
 BF16_TOL = 1e-2
 PRECISION_CASES = ("fp16-overflow-skips-on-every-rank", "bf16-tracks-fp32-interleaved-1f1b-zero2-sp",

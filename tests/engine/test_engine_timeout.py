@@ -20,6 +20,10 @@ from tpzoo.parallel import init_mesh
 from tpzoo.parallel.health import roll_call
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 TIMEOUT_S = 3.0
 
 

@@ -27,6 +27,10 @@ from tpzoo.engine.mixed_precision import owners
 from tpzoo.parallel import init_mesh
 from tpzoo.parallel.param_facts import mark
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 FP16_TOL = 1e-2   # vs the float32 losses (test_engine_precision: fp16 measured 2.2e-3, one update behind)
 # (tp, pp, dp), schedule, options (test_engine's matrix covers the other meshes, families and schedules)
 RUNS = [((1, 1, 8), "1f1b", {})]
@@ -112,6 +116,7 @@ def zero2_logs(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
     return background.spawn(check_zero2, 8, refs(), timeout=900)
 
 
+@pytest.mark.tier("distributed")
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_engine_zero2(zero2_logs, name):
     if name == "zero2-holds-1/dp-of-zero1-grads":

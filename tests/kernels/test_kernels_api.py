@@ -14,6 +14,10 @@ import torch
 from tpzoo import kernels as K
 from tpzoo.kernels import dispatch
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -79,6 +83,7 @@ def test_empty_tensors_take_the_torch_path(monkeypatch):
     assert y.shape == (0, 8)
 
 
+@pytest.mark.tier("journey")
 def test_triton_on_cpu_turns_on_the_interpreter_by_itself():
     """With no CUDA and TRITON_INTERPRET unset, TPZOO_KERNELS=triton on CPU tensors sets it and runs."""
     out = run_python("""
@@ -94,6 +99,7 @@ def test_triton_on_cpu_turns_on_the_interpreter_by_itself():
     assert float(out) < 1e-6
 
 
+@pytest.mark.tier("journey")
 def test_triton_on_cpu_after_triton_was_imported_without_the_interpreter_says_how_to_fix():
     out = run_python("""
         import torch, torch._inductor.runtime.triton_heuristics  # imports triton, as torch.compile does
@@ -106,6 +112,7 @@ def test_triton_on_cpu_after_triton_was_imported_without_the_interpreter_says_ho
     assert "needs TRITON_INTERPRET=1 in the environment before triton is first imported" in out
 
 
+@pytest.mark.tier("journey")
 def test_top_level_kernels_folder_is_harmless_to_transformers():
     """From the repo root ``kernels/`` is importable as ``kernels``: transformers must not take it for hub kernels."""
     out = run_python("""

@@ -12,6 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 import background
+import pytest
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 KERNELS = {"_softmax_fwd", "_softmax_bwd", "_norm_fwd", "_norm_bwd", "_gelu_kernel"}
 

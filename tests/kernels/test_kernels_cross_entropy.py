@@ -27,6 +27,10 @@ from tpzoo.parallel import init_mesh, vocab_parallel_cross_entropy
 from tpzoo.parallel.collectives import split
 from tpzoo.kernels import cross_entropy
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 CHUNK = 8
 # name: (padded vocabulary V', real vocabulary V, label smoothing, ignore_index); V' divisible by 4 (tp)
 CASES = {
@@ -102,6 +106,7 @@ def test_cross_entropy_matches_float64(backend, case, dtype):
     assert not grad[..., CASES[case][1]:].any(), "padding columns got gradient"
 
 
+@pytest.mark.tier("unit")
 def test_cross_entropy_compiles_fullgraph(backend):
     logits, target, dl = make_inputs("padded-vocab", torch.float32)
     compiled = torch.compile(cross_entropy, backend="aot_eager", fullgraph=True)
@@ -149,6 +154,7 @@ def parallel_logs(tmp_path_factory):
     return background.spawn(parallel_checks, 4, timeout=900)
 
 
+@pytest.mark.tier("journey")
 @pytest.mark.parametrize("name", PARALLEL)
 def test_vocab_parallel_cross_entropy(parallel_logs, name):
     assert_case(parallel_logs, name)

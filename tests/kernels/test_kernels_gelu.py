@@ -11,6 +11,10 @@ from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 
 from tpzoo import kernels as K
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 def gelu_oracle(z: torch.Tensor, approximate: str) -> torch.Tensor:
     if approximate == "tanh":
@@ -22,6 +26,7 @@ def gelu_oracle(z: torch.Tensor, approximate: str) -> torch.Tensor:
 SHAPES = {"5x37": (5, 37), "flat-1000": (1000,), "70x37": (70, 37), "2x3x37": (2, 3, 37), "4x1": (4, 1)}
 
 
+@pytest.mark.tier("distributed")
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -13,6 +13,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tpzoo import kernels as K
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 TRITON = {"backend": "triton"}
 
 
@@ -118,6 +122,7 @@ def block_inputs() -> list[torch.Tensor]:
     return [torch.randn(2, 4, 8), torch.randn(8, 16) / 3, 1 + vec() / 3, vec(), vec(16), torch.randn(16, 8) / 4]
 
 
+@pytest.mark.tier("journey")
 def test_inductor_fullgraph_mixed_with_torch_code():
     """inductor compiles the torch code around the ops (they stay opaque calls): eager results within 1e-6."""
     inputs = block_inputs()

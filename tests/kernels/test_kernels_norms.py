@@ -10,6 +10,10 @@ from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 from tpzoo import kernels as K
 from tpzoo.kernels import launch
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 EPS = 1e-5
 
 

@@ -9,6 +9,10 @@ from kernel_checks import DTYPES, check, padded_rows, transposed_layout
 from tpzoo import kernels as K
 from tpzoo.kernels import launch
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 def visible(sq: int, sk: int) -> torch.Tensor:
     """[sq, sk] bool: key k is visible from query q when k <= q + sk - sq."""

@@ -16,6 +16,10 @@ import pytest
 from families import CAUSAL_LM, MASKED_LM
 from pretrain_helpers import TINY, metrics, pretrain
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 BERT = TINY + f"--model {MASKED_LM.family} --eval-interval 2 --eval-iters 1".split()
 
 
@@ -61,6 +65,7 @@ def test_train_iters_0_saves_the_untrained_model_and_a_run_continues_from_it(ber
                                                                         for i in (1, 2)]
 
 
+@pytest.mark.tier("unit")
 def test_loss_names_come_from_the_model_family():
     masked, causal = MASKED_LM.model_class, CAUSAL_LM.model_class
     assert masked.loss_names(SimpleNamespace(binary_head="sop")) == {"labels": "mlm_loss",

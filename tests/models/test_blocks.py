@@ -16,6 +16,10 @@ from tpzoo.models.attention import document_mask, padding_mask
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 B, N, S, D = 2, 4, 8, 16
 
 
@@ -114,6 +118,7 @@ def _attention_at_tp2() -> dict[str, float]:
     return out
 
 
+@pytest.mark.tier("distributed")
 def test_attention_with_qkv_biases_norms_and_window_at_tp2_equals_the_plain_one():
     for found in spawn(_attention_at_tp2, 2):
         assert found["out_bias"] == 1.0, found

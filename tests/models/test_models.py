@@ -20,6 +20,10 @@ from tpzoo.models.pretrained import from_pretrained, save_pretrained
 from tpzoo.parallel import ParallelPlan, facts, init_mesh, manual_seed, sync_sequence_parallel_grads
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 B, S, VOCAB = 2, 8, 101
 TOL = 1e-5
 TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,

@@ -23,6 +23,10 @@ from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models.compile import BACKEND_ENV
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed, sync_sequence_parallel_grads
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 B, S, VOCAB, STEPS = 2, 8, 101, 5
 TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,
             max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0)

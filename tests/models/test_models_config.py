@@ -11,6 +11,10 @@ from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, CAUSAL_LM_XL, MASKED_LM,
 
 from tpzoo.models import PRESETS, TransformerConfig, family, format_presets, get_preset, list_presets, num_parameters
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 @pytest.mark.parametrize("changes, message", [
     (dict(num_layers=0), "TransformerConfig.num_layers must be >= 1, got 0"),

@@ -9,6 +9,10 @@ from doc_helpers import blocks, commands, run
 
 from tpzoo.models import format_presets
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 DOCS = ["models.md", "conversion.md"]
 
 

@@ -29,6 +29,10 @@ from tpzoo.models import Attention, build_model
 from tpzoo.parallel import ParallelPlan, ShardingPlan, init_mesh, manual_seed
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 G, S, VOCAB, STEPS, TOL = 16, 16, 101, 5, 1e-5
 LR, CLIP = 3e-3, 1.0
 MESHES = {"tp2": (2, 1, 4), "pp2": (1, 2, 4), "tp2-pp2-dp2": (2, 2, 2)}
@@ -170,6 +174,7 @@ def _references(folder: str) -> dict[str, list[float]]:
     return {"neox": reference(folder, "neox"), "tau": reference(folder, "tau")}
 
 
+@pytest.mark.tier("unit")
 def test_model_file_is_plain_pytorch():
     source = model_file("neox.py")
     assert "tpzoo.parallel" not in source and "mesh" not in source and "tp_" not in source

@@ -20,8 +20,13 @@ import sys
 from pathlib import Path
 
 import background
+import pytest
 from doc_helpers import ROOT, blocks, commands, run, run_as_needed
 from pretrain_helpers import metrics, rel
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 DOC = "new-model.md"
 FILES = ("neox.py", "plain.py", "train_neox.py", "neox_family.py", "hf_neox.py")
@@ -38,6 +43,7 @@ def page(tmp_path_factory) -> tuple[Path, list[subprocess.CompletedProcess]]:
     return root, run_as_needed(commands(DOC), root, slots=1, timeout=900)
 
 
+@pytest.mark.tier("unit")
 def test_page_has_its_files_and_commands():
     assert [b.splitlines()[0] for b in blocks(DOC, "python")] == [f"# {name}" for name in FILES]
     shown = commands(DOC)

@@ -21,6 +21,10 @@ from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.parallel.token_ids import check_token_ids
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 B, S, VOCAB = 2, 8, 101
 TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,
             max_position_embeddings=16, hidden_dropout=0.1, attention_dropout=0.1)
@@ -59,6 +63,7 @@ def syncs_of(name: str, plan: ParallelPlan) -> list[str]:
     return calls
 
 
+@pytest.mark.tier("unit")
 def test_the_counter_sees_syncs_in_forward_and_backward(monkeypatch):
     """The check can fail: a bool() in a forward and an item() in an autograd backward are counted."""
 

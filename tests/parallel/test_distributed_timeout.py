@@ -18,7 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from pretrain_helpers import TINY, command, env
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 RANKS, STOPPED = 3, 1
 LIMIT_S = 90.0  # the timeout (30 s) plus a minute

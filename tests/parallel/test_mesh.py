@@ -16,6 +16,10 @@ import torch.distributed as dist
 from tpzoo.parallel import init_mesh, mesh_shape
 from tpzoo.testing import DistributedTestError, spawn
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,6 +66,7 @@ def test_parallelism_guide_example_commands():
         assert f"tp={tp}: input-gradient relative error" in proc.stdout, proc.stdout
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("kwargs, exc, message", [
     ({"tp": 0}, ValueError, "tp must be >= 1, got tp=0"),
     ({"pp": -2}, ValueError, "pp must be >= 1, got pp=-2"),
@@ -75,6 +80,7 @@ def test_init_mesh_rejects_bad_sizes_before_starting_anything(kwargs, exc, messa
     assert not dist.is_initialized()
 
 
+@pytest.mark.tier("unit")
 def test_mesh_shape_infers_dp_and_names_the_numbers():
     assert mesh_shape(8, tp=2, pp=2) == (2, 2, 2)
     assert mesh_shape(8, tp=8) == (1, 1, 8)
@@ -106,6 +112,7 @@ def peer_hangs_in_collective() -> None:
     dist.all_reduce(torch.ones(1))
 
 
+@pytest.mark.tier("distributed")
 def test_harness_surfaces_failures_and_never_hangs():
     with pytest.raises(DistributedTestError, match=r"(?s)rank 1 of 2 failed:.*KeyError: 'boom on purpose'"):
         spawn(raise_on_rank_one, 2)
@@ -117,6 +124,7 @@ def test_harness_surfaces_failures_and_never_hangs():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.tier("distributed")
 def test_process_group_timeout_turns_a_hang_into_an_error():
     """A peer that never joins a collective: rank 0 fails after the mesh's 3 s timeout, no hang."""
     start = time.monotonic()

@@ -23,6 +23,10 @@ from tpzoo.parallel import (
 from tpzoo.parallel.collectives import all_gather, all_reduce, gather_from_sequence_parallel_region, split
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("distributed")
+
+
+
 B, S, IN, OUT = 2, 8, 12, 20
 TOL = 1e-5
 

@@ -18,6 +18,10 @@ from tpzoo.parallel.random import TPRandom
 from tpzoo.sharding_plan import matches, prefixed
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 @pytest.mark.parametrize("styles, message", [
     ({"a.b": "colwise"}, "sharding plan: 'a.b' has style 'colwise'; the styles are column, grouped_qkv, row"),
@@ -108,6 +112,7 @@ def _at_tp2() -> dict[str, object]:
     return out
 
 
+@pytest.mark.tier("distributed")
 def test_parallel_attention_and_the_sequence_parallel_region_at_tp2():
     for found in spawn(_at_tp2, 2):
         assert found["max error"] < 1e-5 and found["q_norm partial"] and found["core wrapped"], found

@@ -6,6 +6,10 @@ import pytest
 
 from tpzoo.parallel import ParallelPlan, as_plan, init_mesh
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 @pytest.mark.parametrize("changes, error, message", [
     (dict(attention_backend="flash"), ValueError,

@@ -26,6 +26,10 @@ from pretrain_helpers import metrics, pretrain, rel, script
 
 from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 # --rampup-batch-size 2 2 16 to G 8: n = (8 - 2) / 2 = 3 increments, one every 16 / 3 samples
 RAMP = BatchSchedule(8, rampup=(2, 2, 16))
 # c (samples before) -> B:  0 -> 2, 2 -> 2, 4 -> 2 (4 < 16/3), 6 -> 4 (floor(6 / (16/3)) = 1), 10 -> 4,
@@ -148,6 +152,7 @@ def pipeline_losses(tmp_path_factory) -> tuple[list[float], list[float]]:
     return background.spawn(engine_losses, 1, 1)[0], background.spawn(engine_losses, 2, 2)[0]
 
 
+@pytest.mark.tier("journey")
 def test_pipeline_takes_a_changing_batch_size(pipeline_losses):
     single, pp2 = pipeline_losses
     assert len(set(single)) == len(STEP_SIZES)  # the batches differ, so do their losses
@@ -172,6 +177,7 @@ def ramp_runs(tmp_path_factory):
     return root, pretrain(RUN, root), pretrain(RESUME, root)
 
 
+@pytest.mark.tier("journey")
 def test_pretrain_logs_megatron_lr_and_batch_size_per_iteration(ramp_runs):
     root, full, _ = ramp_runs
     assert RUN[RUN.index("--rampup-batch-size"):][:4] == ["--rampup-batch-size", "2", "2", "16"]  # RAMP's
@@ -181,6 +187,7 @@ def test_pretrain_logs_megatron_lr_and_batch_size_per_iteration(ramp_runs):
     assert [log[i]["lr"] for i in log] == pytest.approx(RUN_LRS, rel=1e-12, abs=1e-15)
 
 
+@pytest.mark.tier("journey")
 def test_resume_mid_ramp_continues_the_run(ramp_runs):
     root, _, resumed = ramp_runs
     full, again = metrics(root / "runs/ramp"), metrics(root / "runs/ramp-resumed")

@@ -24,6 +24,10 @@ from test_preemption import write_text_files
 
 from tpzoo.checkpoint.reader import load_tensors, read_dcp_metadata
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 PRECISIONS = {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16", "--initial-loss-scale", "16"]}  # 4 halvings to 1
 FLAGS = TINY + "--lr 1e4 --train-iters 60 --eval-interval 20 --eval-iters 1 --save-interval 1".split()
 LIMIT = 10  # --max-skipped-steps' default

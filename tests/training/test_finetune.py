@@ -27,6 +27,10 @@ from families import CLASSIFIER
 from test_finetune_units import stdlib_paragraphs, write_labelled
 from tpzoo.testing import spawn
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 DOC = "finetuning.md"
 README = "../README.md"  # blocks() reads docs/<name>
 PRETRAINED_ACCURACY = 0.65  # the demo task from the pretrain.py checkpoint, 5 epochs (measured 0.93)

@@ -27,6 +27,10 @@ from tpzoo.training import finetune_loop
 from tpzoo.training.finetune_lengths import auto_seq_length, length_report, percentile, seq_length_flag
 from tpzoo.training.finetune_setup import finetune_data
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 # module -> a sparse integer label (its topic), as a user's file might number classes
 TOPICS = {"json": 1, "csv": 1, "shutil": 2, "pathlib": 2, "tarfile": 2, "statistics": 3, "fractions": 3,
           "random": 3, "itertools": 5, "functools": 5, "heapq": 5, "textwrap": 7, "string": 7, "logging": 8,

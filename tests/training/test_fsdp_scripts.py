@@ -21,10 +21,15 @@ import sys
 from pathlib import Path
 
 import background
+import pytest
 from doc_helpers import ROOT, run_as_needed
 from pretrain_helpers import TINY, command, metrics, rel
 
 from tpzoo.data.demo import demo_task
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ITERS, STOP = 6, 4
 RUN = [*TINY, "--train-iters", str(ITERS), "--eval-interval", "2", "--eval-iters", "1"]

@@ -13,11 +13,16 @@ import sys
 from pathlib import Path
 
 import background
+import pytest
 from doc_helpers import ROOT
 from families import GQA_LM
 from pretrain_helpers import TINY, metrics, pretrain, run
 
 from tpzoo.data import grammar
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ITERS = 20
 # the tiny shape of the other pretrain tests, in micro-batches of 4 (2 per step) to keep it quick

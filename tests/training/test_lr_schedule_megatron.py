@@ -17,6 +17,10 @@ from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.optimizer_args import add_optimizer_args, fill_schedule_defaults, train_iterations
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 def flags(line: str, defaults: dict | None = None) -> argparse.Namespace:
     """The flags of ``line``; ``defaults``: a family's training defaults (pretrain.py's MODEL_DEFAULTS)."""

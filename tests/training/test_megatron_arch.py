@@ -19,6 +19,10 @@ from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
 from tpzoo.training.args import model_config, plan_from_args
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 pretrain = script("pretrain")
 
 # Megatron-LM's Llama launch line's architecture flags, and its GPT-3 example's (their defaults spelled out)

@@ -37,6 +37,10 @@ from families import CAUSAL_LM
 from pretrain_helpers import script
 from real_text import documents, write_jsonl
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 # torchrun of the scripts; one OpenMP thread per rank (4 ranks on 2 cores)
 PRELUDE = f'torchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\n'
 STOPPED_AT, ITERS = 4, 8

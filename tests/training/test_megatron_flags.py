@@ -17,6 +17,10 @@ from families import CAUSAL_LM
 
 from tpzoo.training.megatron_refused import REFUSED
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 ROW = re.compile(r"^\| `(--[\w-]+)` \| ([^|]+) \| (supported|refused) \| (.*) \|$")
 ROWS = {m[1]: (m[2], m[3], m[4]) for m in map(ROW.match, (ROOT / "docs/megatron.md").read_text().splitlines()) if m}
 SUPPORTED = [flag for flag, (_, status, _) in ROWS.items() if status == "supported"]

@@ -24,6 +24,10 @@ from tpzoo.parallel import mark
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.monitor import INSTALL, shown, tensorboard_writers
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 FLAGS = [*TINY, "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
          "--save", "ck", "--tensorboard-dir", "tb", "--tensorboard-log-interval", "1", "--wandb-project", "tpzoo-test",
          "--wandb-exp-name", "tiny-run", "--log-params-norm", "--log-num-zeros-in-grad", "--log-throughput",
@@ -108,6 +112,7 @@ def test_wandb_offline_run_folder(logged):
         assert text in data, text
 
 
+@pytest.mark.tier("unit")
 def test_metrics_writers_get_shown_fields_every_board_interval(tmp_path):
     class Recorder:
         def __init__(self) -> None:
@@ -133,6 +138,7 @@ def test_metrics_writers_get_shown_fields_every_board_interval(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.tier("unit")
 def test_timers_by_level_and_option(monkeypatch):
     clock = iter(range(100))
     monkeypatch.setattr("tpzoo.engine.timers.time.perf_counter", lambda: float(next(clock)))
@@ -175,6 +181,7 @@ def full_model() -> list[float]:
             + [x for pp in range(2) for x in (3.0 + pp, 6.0)] + [x for tp in range(2) for x in (5.0 + tp, 1.0)])
 
 
+@pytest.mark.tier("unit")
 @pytest.mark.parametrize("sharded", [False, True], ids=["dp-replicas", "dp-shards"])
 def test_params_norm_and_zeros_count_each_element_once(monkeypatch, sharded):
     """Each rank's local part as the functions count it, summed over every rank as their all-reduce over tp, pp
@@ -204,6 +211,7 @@ sys.meta_path.insert(0, Blocked())
 '''
 
 
+@pytest.mark.tier("unit")
 def test_without_tensorboard_the_log_dir_gets_no_events_and_nothing_is_said(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "meta_path", [Blocked("tensorboard"), *sys.meta_path])
     for name in [m for m in sys.modules if m.split(".")[0] == "tensorboard"]:  # imported by another test

@@ -21,8 +21,13 @@ import time
 from pathlib import Path
 
 import background
+import pytest
 from doc_helpers import clean_env, commands
 from pretrain_helpers import PRETRAIN, TINY, command, metrics, pretrain, rel
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 ITERS, SAVED = 4, 2
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 2 --eval-iters 1 --save-interval {SAVED}".split()

@@ -27,6 +27,10 @@ from pretrain_helpers import PRETRAIN, TINY, command, env, metrics, rel
 from tpzoo.training import stopping
 from tpzoo.training.stopping import SignalFlag, StopRules
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ITERS = 30
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 10 --eval-iters 1".split()
 MESH = (2, 1, 2)
@@ -221,6 +225,7 @@ def test_finetune_exit_interval_validates_saves_and_exits_0(sigterm):
 # in-process: the handler, the rules, the flags
 
 
+@pytest.mark.tier("unit")
 def test_signal_flag_catches_sigterm_and_restores_the_handlers():
     before = {s: signal.getsignal(s) for s in stopping.SIGNALS}
     with SignalFlag() as flag:
@@ -230,6 +235,7 @@ def test_signal_flag_catches_sigterm_and_restores_the_handlers():
     assert {s: signal.getsignal(s) for s in stopping.SIGNALS} == before
 
 
+@pytest.mark.tier("unit")
 def test_second_sigint_kills_unless_it_is_torchruns_copy(monkeypatch):
     before = signal.getsignal(signal.SIGINT)  # Python's default_int_handler, or SIG_IGN under nohup / in a job
     with SignalFlag() as flag:
@@ -242,6 +248,7 @@ def test_second_sigint_kills_unless_it_is_torchruns_copy(monkeypatch):
         assert signal.getsignal(signal.SIGINT) == before  # restored at once
 
 
+@pytest.mark.tier("unit")
 def test_stop_rules_reasons():
     import torch
 
@@ -275,6 +282,7 @@ def ranks_agree() -> tuple[list[str | None], str | None, str | None]:
     return reasons, *late
 
 
+@pytest.mark.tier("distributed")
 def test_every_rank_stops_at_the_same_iteration():
     from tpzoo.testing import spawn
 
@@ -282,6 +290,7 @@ def test_every_rank_stops_at_the_same_iteration():
     assert spawn(ranks_agree, 2) == [expected, expected]
 
 
+@pytest.mark.tier("unit")
 def test_stopping_flags_parse_check_and_stay_with_their_launch():
     import argparse
 

@@ -20,6 +20,10 @@ import pytest
 from doc_helpers import run_as_needed
 from pretrain_helpers import TINY, command, env, metrics, pretrain, rel
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ITERS, SAVED = 12, 6
 FLAGS = TINY + f"--train-iters {ITERS} --eval-interval 3 --eval-iters 2 --save-interval {SAVED}".split()
 LOSS_TOL, VAL_TOL = 1e-5, 1e-6

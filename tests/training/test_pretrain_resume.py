@@ -17,6 +17,10 @@ from real_text import documents, write_jsonl
 
 from tpzoo.data.tokenizer import train_tokenizer
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 ITERS, SAVED = 8, 4
 RUN = ("--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 48 --global-batch-size 12 "
        "--micro-batch-size 2 --hidden-dropout 0 --attention-dropout 0 --lr 2e-3 --lr-warmup-iters 2 --log-interval 1 "

@@ -24,6 +24,10 @@ from test_preemption import write_text_files
 
 from tpzoo.training.args import check_output_folder
 
+pytestmark = pytest.mark.tier("journey")
+
+
+
 FLAGS = TINY + "--train-iters 6 --save-interval 2 --eval-interval 0".split()
 SHARD = "__0_0.distcp"
 OLD_CHECKPOINT = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1" / CAUSAL_LM.family
@@ -102,6 +106,7 @@ def test_full_disk_then_damaged_latest_falls_back_to_the_intact_checkpoint(tmp_p
     assert f"iter_0000002: ruined/iter_0000002/{SHARD} is missing" in err, err
 
 
+@pytest.mark.tier("unit")
 def test_save_folder_that_cannot_be_looked_at_is_named(tmp_path, monkeypatch):
     """A folder above --save that may not be searched (stat: EACCES, not a misuse error) is named, as misuse."""
     locked = tmp_path / "locked"

@@ -13,6 +13,10 @@ import sys
 import pytest
 from doc_helpers import ROOT, clean_env, run_as_needed
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 SCRIPTS = ("pretrain.py", "finetune.py")
 
 
@@ -25,6 +29,7 @@ def no_torch(tmp_path_factory):
     return root
 
 
+@pytest.mark.tier("journey")
 @pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("flags, problem", [
     ("--lr 0", "argument --lr: expected a number > 0, got 0"),
@@ -40,6 +45,7 @@ def test_flag_errors_come_before_torch_loads(no_torch, script, flags, problem):
     assert done.stderr.count("\n") == 1 and problem in done.stderr, done.stderr
 
 
+@pytest.mark.tier("journey")
 def test_pretrain_min_lr_above_lr_is_refused_before_torch_loads(no_torch):
     env = {**clean_env(1), "PYTHONPATH": f"{no_torch}:{ROOT}"}
     done = subprocess.run([sys.executable, str(ROOT / "pretrain.py"), "--min-lr", "1"], capture_output=True,
@@ -63,6 +69,7 @@ def help_entries(text: str) -> dict[str, str]:
     return entries
 
 
+@pytest.mark.tier("journey")
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_states_each_default_once(script):
     done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
@@ -179,6 +186,7 @@ def test_compile_refused_where_it_cannot_run(monkeypatch, env, problem):
         plan_from_args(pretrain_args(["--compile"]), init_mesh(tp=1))
 
 
+@pytest.mark.tier("journey")
 def test_pretrain_compile_refusal_is_one_line_and_exit_2(tmp_path):
     env = {**clean_env(1), "TPZOO_COMPILE_BACKEND": "nonsense"}
     done = subprocess.run([sys.executable, str(ROOT / "pretrain.py"), "--compile", "--train-iters", "1"],
@@ -187,6 +195,7 @@ def test_pretrain_compile_refusal_is_one_line_and_exit_2(tmp_path):
     assert "pretrain.py: error: --compile: TPZOO_COMPILE_BACKEND=nonsense is not a torch.compile backend" in done.stderr
 
 
+@pytest.mark.tier("journey")
 def test_pretrain_with_compile_logs_the_eager_losses(tmp_path, monkeypatch):
     """A short pretrain.py run with --compile (aot_eager: what inductor traces, run eagerly) logs the
     losses of the same run without it (both runs at once)."""

@@ -12,8 +12,13 @@ import sys
 from pathlib import Path
 
 import background
+import pytest
 from doc_helpers import ROOT, commands, run_as_needed
 from pretrain_helpers import metrics, run
+
+pytestmark = pytest.mark.tier("journey")
+
+
 
 QUICK_ITERS = 20
 

@@ -9,6 +9,10 @@ import pytest
 
 from tpzoo.training.metrics import Metrics
 
+pytestmark = pytest.mark.tier("unit")
+
+
+
 
 def run_log(log_dir, interactive: bool, start: int = 0, stop: int = 6) -> None:
     metrics = Metrics(log_dir, train_iters=6, log_interval=2, start=start, interactive=interactive, writers=[])

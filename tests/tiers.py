@@ -1,0 +1,93 @@
+"""The test tiers: every test is exactly one of
+
+    unit         one process: no ranks, no commands; ``pytest -m unit`` is the inner loop (under 3 minutes)
+    distributed  gloo ranks (``tpzoo.testing.spawn``) or worker processes, in process
+    journey      the commands end to end (pretrain.py, finetune.py, python -m tpzoo..., bench/*.py as a user runs them)
+    gpu          the GPU suite (tests/gpu/, marked by its conftest)
+
+A module says its tier once, ``pytestmark = pytest.mark.tier("distributed")``, and a test that differs says its
+own, ``@pytest.mark.tier("unit")`` (the nearest wins); the conftest turns it into the marker ``-m`` selects.
+A test with no tier stops the collection, and a unit test that starts a process fails, naming the tier to take,
+so the unit tier stays one process and fast by construction. tests/conftest.py takes the hooks below.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import subprocess
+from typing import Any, Iterator, NoReturn
+
+import background
+import pytest
+
+TIERS = ("unit", "distributed", "journey", "gpu")
+MARKERS = [f"{t}: the {t} tier (tests/tiers.py)" for t in TIERS] + [
+    "tier(name): the test's tier, one of unit, distributed, journey, gpu (tests/tiers.py)"]
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The item's tier: gpu where the GPU suite's conftest marked it, else its nearest ``tier`` marker."""
+    if item.get_closest_marker("gpu"):
+        return "gpu"
+    mark = item.get_closest_marker("tier")
+    if mark is None or len(mark.args) != 1 or mark.args[0] not in TIERS[:-1]:
+        found = "no tier marker" if mark is None else f"tier{mark.args}"
+        raise pytest.UsageError(f"{item.nodeid}: {found}; give its module pytestmark = pytest.mark.tier(NAME) or the "
+                                f"test @pytest.mark.tier(NAME), NAME one of unit, distributed, journey (tests/tiers.py)")
+    return mark.args[0]
+
+
+def mark_tiers(items: list[pytest.Item], heavy_fixtures: set[tuple[str, str]]) -> None:
+    """Add each item's tier marker; a unit test using a fixture of ``heavy_fixtures`` ((module, name): computed in
+    the background, by ranks or commands) is a UsageError."""
+    for item in items:
+        tier = tier_of(item)
+        module = getattr(getattr(item, "module", None), "__name__", None)
+        heavy = [name for name in getattr(item, "fixturenames", ()) if (module, name) in heavy_fixtures]
+        if tier == "unit" and heavy:
+            raise pytest.UsageError(f"{item.nodeid}: tier unit, but it uses the background fixture {heavy[0]} (ranks "
+                                    f"or commands); mark it distributed or journey")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+# after tests/gpu/conftest.py marks its tests (tryfirst), before -m selects (the mark plugin, registered earlier)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_tiers(items, set(background.JOBS))
+
+
+def unit_starts_no_process(item: pytest.Item) -> Iterator[Any]:
+    """A hook wrapper (of pytest_runtest_setup and _call): in it a unit test (its fixtures' setup included) that
+    starts a subprocess or a multiprocessing process gets a RuntimeError, and fails even where that was caught."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    started: list[str] = []
+
+    def refuse(what: str) -> NoReturn:
+        started.append(f"{item.nodeid} is a unit test but started {what}; mark it @pytest.mark.tier('distributed') "
+                       f"(ranks, workers) or 'journey' (commands) (tests/tiers.py)")
+        raise RuntimeError(started[-1])
+
+    def popen(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        refuse(f"the command {args if isinstance(args, str) else ' '.join(map(str, args))[:200]!r}")
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        refuse(f"a process ({type(self).__name__})")
+
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = popen, start
+    try:
+        result = yield
+    finally:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
+    if started:
+        pytest.fail(started[0], pytrace=False)
+    return result
+
+
+# a unit test that starts a process fails, in its fixtures' setup or in the test
+pytest_runtest_setup = pytest_runtest_call = pytest.hookimpl(wrapper=True)(unit_starts_no_process)
