@@ -14,6 +14,7 @@ from tpzoo.models.family_flag import add_model_flag
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
                                  check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
                                  exit_on_misuse, exit_on_run_error, positive_int, probability)
+from tpzoo.training.config_file import add_config_args, to_toml, write_config
 from tpzoo.training.finetune_lengths import seq_length_flag
 from tpzoo.training.optimizer_args import add_optimizer_args
 
@@ -45,6 +46,7 @@ def parser() -> CommandParser:
                        lr_decay_style="linear")
     add_precision_args(p)
     add_stopping_args(p)
+    add_config_args(p)
     return p
 
 
@@ -58,14 +60,23 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None):
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     exit_on_misuse(PROG, lambda: check_flags(args))
+    if args.print_config:  # the checkpoint's values (dropout, tokenizer) stay its own: not set here
+        print(to_toml(p, args), end="")
+        return None
     import torch.distributed as dist
 
     from tpzoo.training.finetune_loop import finetune
     from tpzoo.training.finetune_setup import build_finetune
 
-    summary = exit_on_run_error(PROG, lambda: finetune(exit_on_misuse(PROG, lambda: build_finetune(args))))
+    def run():
+        built = build_finetune(args)
+        write_config(built.log_dir, to_toml(p, args))  # the --save folder, else the log folder
+        return built
+
+    summary = exit_on_run_error(PROG, lambda: finetune(exit_on_misuse(PROG, run)))
     dist.destroy_process_group()
     return summary
 

@@ -23,6 +23,7 @@ from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_arg
                                  command_parser, engine_config, exit_on_misuse, exit_on_run_error, set_model_defaults)
 from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
 from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
+from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
@@ -49,6 +50,7 @@ def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
     add_run_args(p)
     add_checkpoint_args(p)
     add_logging_args(p)
+    add_config_args(p)
     add_refused_args(p)  # last: a flag defined above is never refused
     return p
 
@@ -76,16 +78,26 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
 
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     p = parser(prog, model)
-    args = p.parse_args(argv)
-    exit_on_misuse(prog, lambda: check_flags(args, p.given(argv)))
+    args, given = p.parse_args(argv), p.given(argv)
+    exit_on_misuse(prog, lambda: check_flags(args, given))
     import torch.distributed as dist
 
     from tpzoo.training.loop import train
-    from tpzoo.training.setup import build_run
+    from tpzoo.training.setup import build_run, resolve_flags
+
+    if args.print_config:  # the flags as build_run resolves them (a resume's merged with its checkpoint's)
+        return exit_on_misuse(prog, lambda: print_config(p, args, lambda saved: resolve_flags(
+            args, given, saved, MODEL_DEFAULTS), described="model" not in given))
+
+    def run():
+        built = build_run(args, given, MODEL_DEFAULTS)
+        described = "model" not in given and built.loaded_from is None
+        built.config_file = to_toml(p, built.args, described)  # in the run folder now, in each checkpoint when saved
+        write_config(built.save_dir, built.config_file)
+        return built
 
     # disk full ...: one line, exit 1; a sharding plan that misdescribes a parameter: one line, exit 2
-    summary = exit_on_run_error(prog, lambda: train(exit_on_misuse(
-        prog, lambda: build_run(args, p.given(argv), MODEL_DEFAULTS))))
+    summary = exit_on_run_error(prog, lambda: train(exit_on_misuse(prog, run)))
     dist.destroy_process_group()
     return summary
 

@@ -156,10 +156,10 @@ def checks(root: str) -> CaseLog:
 
         part = save.write_part
 
-        def full(folder, rank, error=None):
+        def full(folder, rank, error=None, **kwargs):
             if rank == 1 and error is None:
                 raise OSError(errno.ENOSPC, "No space left on device", str(folder / "manifest.1.part"))
-            return part(folder, rank, error)
+            return part(folder, rank, error, **kwargs)
 
         save.write_part = full
         try:

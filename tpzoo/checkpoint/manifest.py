@@ -22,7 +22,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch.distributed as dist
 
@@ -34,18 +34,19 @@ PART_PREFIX, PART_SUFFIX = "manifest.", ".part"  # one rank's hashes, merged int
 _verdicts: dict[Path, tuple] = {}  # folder -> (its files' signature, indices of its bad files) in this process
 
 
-def rank_files(folder: Path, rank: int) -> list[str]:
+def rank_files(folder: Path, rank: int, extra: Sequence[str] = ()) -> list[str]:
     """The files of ``folder`` that ``rank`` wrote: DCP names a rank's shards ``__<rank>_<n>.distcp``;
-    rank 0 also writes the index (``.metadata``) and meta.json."""
+    rank 0 also writes the index (``.metadata``), meta.json and the caller's ``extra`` files."""
     own = sorted(p.name for p in folder.iterdir() if SHARD_NAME.fullmatch(p.name) and p.name.startswith(f"__{rank}_"))
-    return own + [name for name in RANK0_FILES if rank == 0 and (folder / name).is_file()]
+    return own + [name for name in (*RANK0_FILES, *extra) if rank == 0 and (folder / name).is_file()]
 
 
-def write_part(folder: Path, rank: int, error: str | None = None) -> None:
-    """Hash the files ``rank`` wrote into ``folder`` and record them in ``folder/manifest.<rank>.part``
-    (written whole, then renamed: it appears complete or not at all); with ``error``, record that instead."""
+def write_part(folder: Path, rank: int, error: str | None = None, extra: Sequence[str] = ()) -> None:
+    """Hash the files ``rank`` wrote into ``folder`` (``extra``: rank 0's files besides DCP's and meta.json) and
+    record them in ``folder/manifest.<rank>.part`` (written whole, then renamed: it appears complete or not at
+    all); with ``error``, record that instead."""
     record = {"error": error} if error else {"files": {name: file_entry(folder / name)
-                                                       for name in rank_files(folder, rank)}}
+                                                       for name in rank_files(folder, rank, extra)}}
     staging = folder / f"{PART_PREFIX}{rank}.tmp"
     staging.write_text(json.dumps(record))
     os.replace(staging, folder / f"{PART_PREFIX}{rank}{PART_SUFFIX}")

@@ -13,13 +13,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tpzoo.checkpoint.manifest import PartError, merge_parts, write_manifest, write_part
+from tpzoo.checkpoint.manifest import MANIFEST_FILE, RANK0_FILES, PartError, merge_parts, write_manifest, write_part
 from tpzoo.checkpoint.model import model_record
 from tpzoo.checkpoint.optimizer import optimizer_entries, param_groups
 from tpzoo.checkpoint.paths import (FORMAT, LATEST_FILE, META_FILE, VERSION, iteration_dir, partial_dir, publish,
@@ -122,12 +122,14 @@ class _Publication:
     failure: tuple[bool, str] | None = None
     exception: Exception | None = None
 
-    def run(self, meta_text: str, rank: int, world: int, timeout_s: float) -> None:
+    def run(self, texts: dict[str, str], rank: int, world: int, timeout_s: float) -> None:
+        """``texts``: meta.json's and the caller's files (name -> text), written by rank 0."""
         partial = partial_dir(self.final)
         try:
             if rank == 0:
-                (partial / META_FILE).write_text(meta_text)
-            write_part(partial, rank)
+                for name, text in texts.items():
+                    (partial / name).write_text(text)
+            write_part(partial, rank, extra=[name for name in texts if name != META_FILE])
             if rank == 0:
                 write_manifest(partial, merge_parts(partial, world, timeout_s), ())
                 publish(partial, self.final)
@@ -167,7 +169,8 @@ def wait_for_save() -> Path | None:
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any],
-                    background: bool = False, save_optimizer: bool = True, save_rng: bool = True) -> Path:
+                    background: bool = False, save_optimizer: bool = True, save_rng: bool = True,
+                    files: Mapping[str, str] | None = None) -> Path:
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
@@ -188,11 +191,19 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     ``save_optimizer`` / ``save_rng`` False (Megatron-LM's --no-save-optim / --no-save-rng): the optimizer
     state (and loss scaler) / the RNG states are left out, and meta.json says so; loading such a
     checkpoint then needs ``load_optimizer=False`` / ``load_rng=False``.
+
+    ``files``: text files to keep beside meta.json (name -> text; pretrain.py's config.toml), covered by the
+    manifest like the rest.
     """
     global _pending
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
     text = _meta(iteration, engine, meta, save_optimizer, save_rng)
+    taken = [name for name in files or {} if name in (*RANK0_FILES, MANIFEST_FILE) or "/" in name or
+             name.endswith((".distcp", ".part"))]
+    if taken:
+        raise ValueError(f"files {taken}: names of the checkpoint's own files or paths; name each a plain file name "
+                         f"of its own")
     wait_for_save()
     start = time.perf_counter()
     final = iteration_dir(save_dir, iteration)
@@ -210,7 +221,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
             raise
         raise _write_error(final, cause) from None
     _pending = job = _Publication(final, start)
-    job.thread = threading.Thread(target=job.run, args=(text, dist.get_rank(), dist.get_world_size(),
+    texts = {**(files or {}), META_FILE: text}
+    job.thread = threading.Thread(target=job.run, args=(texts, dist.get_rank(), dist.get_world_size(),
                                                         engine.config.timeout_s), name=f"publish {final}", daemon=True)
     job.thread.start()
     if not background:

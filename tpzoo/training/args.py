@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -72,13 +72,24 @@ class CommandParser(argparse.ArgumentParser):
                 action.help = "default: %(default)s"
         return super().format_help()
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        """argparse's, with ``--config FILE`` (where the parser has it) replaced by the file's flags, put first."""
+        if "config" in {a.dest for a in self._actions}:
+            from tpzoo.training.config_file import expand_config
+
+            try:
+                args = expand_config(self, list(sys.argv[1:] if args is None else args))
+            except ValueError as e:
+                self.error(str(e))
+        return super().parse_known_args(args, namespace)
+
     def given(self, argv: list[str] | None = None) -> set[str]:
         """The destinations of the flags written on the command line (``argv``, default sys.argv),
         as opposed to those left at their defaults."""
-        return set(vars(self.parse_args(argv, _Given())))
+        return set(vars(self.parse_args(argv, Unfilled())))
 
 
-class _Given(argparse.Namespace):
+class Unfilled(argparse.Namespace):
     """A namespace that claims to hold every attribute, so argparse fills in no defaults and only the
     flags actually given land in it."""
 

@@ -69,6 +69,13 @@ def holds_no_checkpoint(path: Path) -> bool:
                                      for p in path.iterdir())
 
 
+def first_run(args: argparse.Namespace) -> bool:
+    """Whether --load is the --save folder and holds no checkpoint yet (Megatron-LM's one launch line that starts
+    a run and resumes it)."""
+    return (args.save is not None and os.path.abspath(args.save) == os.path.abspath(args.load)
+            and holds_no_checkpoint(Path(args.load)))
+
+
 def checkpoint_to_load(args: argparse.Namespace) -> Path | None:
     """The checkpoint folder of --load (collective: every rank checks its share), or None: no --load,
     or --load is the --save folder and holds no checkpoint yet (a first run; printed on rank 0) unless
@@ -79,8 +86,7 @@ def checkpoint_to_load(args: argparse.Namespace) -> Path | None:
 
     if args.load is None:
         return None
-    first_run = args.save is not None and os.path.abspath(args.save) == os.path.abspath(args.load)
-    if first_run and holds_no_checkpoint(Path(args.load)):
+    if first_run(args):
         if args.exit_on_missing_checkpoint:
             raise FileNotFoundError(f"--load {args.load} holds no checkpoint and --exit-on-missing-checkpoint is "
                                     f"given; drop that flag to start from scratch there")

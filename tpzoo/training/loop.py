@@ -38,7 +38,9 @@ from tpzoo.engine.evaluate import eval_losses
 from tpzoo.engine.timers import Timers
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.monitor import monitor_options, step_stats
+from tpzoo.training.run_summary import summary_lines
 from tpzoo.training.checkpoint_args import save_options
+from tpzoo.training.config_file import CONFIG_FILE
 from tpzoo.training.setup import Run
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 
@@ -83,8 +85,9 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
     if run.engine.bad_steps:
         metrics.print(skipped_save(run.iteration, run.engine.bad_steps, summary.checkpoint))
         return
+    files = {CONFIG_FILE: run.config_file} if run.config_file else {}
     summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta(),
-                                             background=True, **save_options(run.args)))
+                                             background=True, files=files, **save_options(run.args)))
 
 
 def data_entropy(run: Run) -> float | None:
@@ -141,6 +144,8 @@ def train(run: Run) -> Summary:
             flops_per_token=flops_per_token(run.config, args.seq_length),
             peak_flops=peak_flops(run.mesh.device, engine.config.precision), world_size=dist.get_world_size(),
             enabled=rank0, **monitor_options(args, run.log_dir, run.save_dir.name, rank0))))
+        for line in summary_lines(run):  # what is trained, where, in how much memory, on what data
+            metrics.print(line)
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
             how = "finetuning" if run.args.finetune else "resumed"  # --finetune: the weights only, from iteration 0

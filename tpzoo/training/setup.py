@@ -79,6 +79,7 @@ class Run:
     lr_schedule_changes: list[str] = field(default_factory=list)  # flags vs the resumed checkpoint
     run_changes: list[str] = field(default_factory=list)          # MEANING_FLAGS given that differ from it
     reader: BatchReader | None = None  # --num-workers: the train batches read ahead by DataLoader workers
+    config_file: str = ""           # the resolved flags as a --config file, kept in the run folder and each checkpoint
 
     def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
         """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
@@ -197,6 +198,25 @@ def default_run_dir(model: str) -> Path:
     return Path(name[0])
 
 
+def resolve_flags(args: argparse.Namespace, given: set[str] | None, saved_args: dict[str, Any] | None,
+                  model_defaults: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Resolve the run's flags in place, once, in this order: on a resume (``saved_args``: the checkpoint's recorded
+    flags) those not ``given`` restored from it and checked against it; Megatron-LM's architecture and speed flags
+    (``resolve_architecture``, ``resolve_speed``); the family's schedule defaults (``model_defaults``); the global
+    batch size of a batch-size schedule. Returns the resume's changes of ``MEANING_FLAGS`` (``restore_args``)."""
+    changes = []
+    if saved_args is not None:
+        changes = restore_args(args, set(vars(args)) if given is None else given, saved_args)
+        check_recorded_family(args.model, args.load)
+        check_optimizer_resume(args, saved_args)
+    resolve_architecture(args)
+    resolve_speed(args)
+    if model_defaults:
+        fill_schedule_defaults(args, model_defaults)
+    resolve_global_batch_size(args, given)  # --step-batch-size-schedule without --global-batch-size
+    return changes
+
+
 def build_run(args: argparse.Namespace, given: set[str] | None = None,
               model_defaults: dict[str, dict[str, Any]] | None = None) -> Run:
     """Everything a run needs, checked before any training; resumes from ``--load`` if given.
@@ -207,19 +227,11 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     # every rank checks its share of the checkpoint's files (the mesh flags are the launch's, never restored)
     checkpoint = checkpoint_to_load(args)  # None also for --save DIR --load DIR before DIR holds one
     saved = read_meta(checkpoint) if checkpoint else None
-    changes = []
+    changes = resolve_flags(args, given, None if saved is None else saved.get("args", {}), model_defaults)
     if saved is not None:
-        changes = restore_args(args, set(vars(args)) if given is None else given, saved.get("args", {}))
-        check_recorded_family(args.model, args.load)
-        check_optimizer_resume(args, saved.get("args", {}))
         check_saved_parts(checkpoint, saved["checkpoint"], **load_options(args))  # before the data and model
         if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
-    resolve_architecture(args)
-    resolve_speed(args)
-    if model_defaults:
-        fill_schedule_defaults(args, model_defaults)
-    resolve_global_batch_size(args, given)  # --step-batch-size-schedule without --global-batch-size
     batches = BatchSchedule.from_args(args)
     schedule = LRSchedule.from_args(args, batches)
     train_iters = train_iterations(args, batches)

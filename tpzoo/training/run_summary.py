@@ -1,0 +1,72 @@
+"""The lines rank 0 prints when a run starts, before its first step: what is trained, where, in how much memory
+and on what data.
+
+    model     gpt, 124.44M parameters (12 layers, hidden 768, 12 heads), float32
+    mesh      tp 2 x pp 2 x dp 2 = 8 ranks, sequence parallel, 1f1b schedule, distributed optimizer
+    memory    about 357 MiB per rank: weights 119 MiB, gradients 119 MiB, main weights 0 KiB, optimizer state
+              119 MiB (rank 0's shards; activations not counted)
+    data      demo corpus data/demo (tokenizer: 512 tokens), 96,304 train samples of 64 tokens, 1,906 validation;
+              the run reads 9,600 (300 iterations)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from tpzoo.models.presets import num_parameters
+
+if TYPE_CHECKING:
+    from tpzoo.engine import Engine
+    from tpzoo.training.setup import Run
+
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20)):
+        if n >= scale / 10:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n / 2**10:.3g} KiB"
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def state_bytes(engine: Engine) -> dict[str, int]:
+    """This rank's bytes of weights, gradients (as many as the weights), float32 main weights kept apart from the
+    weights (bf16, fp16), and optimizer state (AdamW's two float32 moments, SGD's momentum, of the main weights
+    this rank steps; allocated at the first step), from its local shards."""
+    weights = sum(_local(p).numel() * _local(p).element_size() for p in engine.params)
+    model = {id(p) for p in engine.params}
+    owned = [_local(p) for p in engine.main.owned]
+    main = sum(p.numel() * p.element_size() for p, q in zip(owned, engine.main.owned) if id(q) not in model)
+    moments = 2 if engine.config.optimizer == "adam" else int(engine.config.sgd_momentum > 0)
+    return dict(weights=weights, gradients=weights, main_weights=main,
+                optimizer_state=moments * 4 * sum(p.numel() for p in owned))
+
+
+def summary_lines(run: Run) -> list[str]:
+    """The start-of-run lines (module docstring) of ``run``."""
+    c, mesh, cfg, args = run.config, run.mesh, run.engine.config, run.args
+    options = [o for o, on in (("sequence parallel", run.engine.plan.sequence_parallel),
+                               ("distributed optimizer", cfg.use_distributed_optimizer),
+                               ("FSDP", run.engine.plan.fsdp)) if on]
+    memory = state_bytes(run.engine)
+    parts = ", ".join(f"{name.replace('_', ' ')} {_size(size)}" for name, size in memory.items())
+    length = f"{run.train_iters} iterations" + (f", from {run.iteration}" if run.iteration else "")
+    valid = f", {len(run.valid):,} validation" if run.valid is not None else ""
+    train = f"{len(run.train):,} train samples" if run.train is not None else "no train samples read"
+    return [
+        f"model     {c.model_type}, {num_parameters(c) / 1e6:.2f}M parameters ({c.num_layers} layers, hidden "
+        f"{c.hidden_size}, {c.num_attention_heads} heads), {cfg.precision}",
+        f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size} = {mesh.tp_size * mesh.pp_size * mesh.dp_size} ranks, "
+        + ", ".join([*options, f"{cfg.schedule} schedule"]),
+        f"memory    about {_size(sum(memory.values()))} per rank: {parts} (rank 0's shards; activations not "
+        f"counted)",
+        f"data      {run.data_prefix} (tokenizer: {run.tokenizer.vocab_size} tokens), {train} "
+        f"of {args.seq_length} tokens{valid}; the run reads {run.batches.consumed_after(run.train_iters):,} "
+        f"({length})",
+    ]
