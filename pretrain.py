@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
-from tpzoo.data.data_args import add_data_args, check_data_flags  # noqa: E402
+from tpzoo.data.data_args import DataConfig, add_data_args, check_data_flags  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
@@ -64,7 +64,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
     check_preset(args)
     resolve_speed(args)
     check_checkpoint_flags(args)
-    check_data_flags(args)
+    check_data_flags(DataConfig.of(vars(args)))
     check_logging_flags(args)
     for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))

@@ -18,7 +18,7 @@ from megatron_vocab import megatron_files
 
 from tpzoo.data.__main__ import main
 from tpzoo.data.build import build_datasets
-from tpzoo.data.data_args import add_data_args, run_data
+from tpzoo.data.data_args import DataConfig, add_data_args, run_data
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.mock import mock_documents
 from tpzoo.data.tokenizer_types import BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer
@@ -72,7 +72,7 @@ def test_docs_run_flags_read_the_data(made):
         cwd = os.getcwd()
         try:
             os.chdir(made)
-            tok, prefix, _ = run_data(parse(*flags), kind)
+            tok, prefix, _ = run_data(parsed_data(*flags), kind)
             train, _, _ = build_datasets(kind, tok, prefix, 32, 7, (4, 0, 0), "949,50,1")
         finally:
             os.chdir(cwd)
@@ -112,6 +112,10 @@ def parse(*argv: str):
     return args
 
 
+def parsed_data(*argv: str) -> DataConfig:
+    return DataConfig.of(vars(parse(*argv)))
+
+
 def strip_metadata(prefix: str, to: Path) -> str:
     """A copy of ``prefix`` as Megatron-LM writes it: its .idx without tpzoo's metadata block."""
     idx = Path(prefix + ".idx").read_bytes()
@@ -125,13 +129,13 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
     f = megatron_files()
     prefix = strip_metadata(str(made / "w1_text_document"), tmp_path)
     with pytest.raises(ValueError, match="names no tokenizer .*--vocab-file vocab.json --merge-file merges.txt"):
-        run_data(parse("--data-path", prefix), "causal-lm")
-    tok, found, sources = run_data(parse("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
+        run_data(parsed_data("--data-path", prefix), "causal-lm")
+    tok, found, sources = run_data(parsed_data("--data-path", "1.0", prefix, "--vocab-file", f["vocab_json"],
                                          "--merge-file", f["merges"]), "causal-lm")
     assert (type(tok), found, sources) == (GPT2BPETokenizer, prefix, None)
     train, valid, _ = build_datasets("causal-lm", tok, prefix, 32, 7, (8, 4, 0), "949,50,1")
     assert train[0]["input_ids"].shape == (32,) and len(valid) == 4
-    null, _, _ = run_data(parse("--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
+    null, _, _ = run_data(parsed_data("--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
                                 str(tok.vocab_size)), "causal-lm")  # the ids as they are
     assert null.vocab_size == tok.vocab_size and null.eod == tok.vocab_size - 1
 
@@ -139,7 +143,7 @@ def test_megatron_made_data_needs_tokenizer_flags(made, tmp_path):
 def test_one_prefix_per_split(made):
     gpt = str(made / "w1_text_document")
     args = parse("--train-data-path", gpt, "--valid-data-path", str(made / "w1_title_document"))
-    tok, prefix, sources = run_data(args, "causal-lm")
+    tok, prefix, sources = run_data(DataConfig.of(vars(args)), "causal-lm")
     assert prefix == gpt and sources.per_split == (gpt, str(made / "w1_title_document"), None)
     train, valid, test = build_datasets("causal-lm", tok, prefix, 16, 7, (4, 4, 0), args.split, sources)
     titles = IndexedDataset(sources.per_split[1])
@@ -166,8 +170,8 @@ def test_mock_data(kind, tmp_path):
     extra = ("--tokenizer-type", "NullTokenizer", "--vocab-size", "64") if kind == "causal-lm" else (
         "--vocab-file", megatron_files()["vocab_txt"])
     args = parse("--mock-data", "--data-cache-path", str(tmp_path), *extra)
-    tok, prefix, _ = run_data(args, kind)
-    assert run_data(args, kind)[1] == prefix  # built once, then found
+    tok, prefix, _ = run_data(DataConfig.of(vars(args)), kind)
+    assert run_data(DataConfig.of(vars(args)), kind)[1] == prefix  # built once, then found
     train, valid, _ = build_datasets(kind, tok, prefix, 32, 7, (8, 4, 0), args.split)
     sample = train[5]
     assert sample["input_ids"].shape == (32,) and int(sample["input_ids"].max()) < tok.vocab_size
@@ -183,7 +187,7 @@ def test_num_workers_read_the_same_batches(tmp_path):
 
     args = parse("--mock-data", "--data-cache-path", str(tmp_path), "--vocab-file", megatron_files()["vocab_txt"],
                  "--num-workers", "2")
-    tok, prefix, _ = run_data(args, "masked-lm")
+    tok, prefix, _ = run_data(DataConfig.of(vars(args)), "masked-lm")
     train, _, _ = build_datasets("masked-lm", tok, prefix, 32, 7, (64, 0, 0), args.split)
 
     def ramp(consumed: int) -> int:  # 2, 2, 4, 4, ... as a batch ramp-up
@@ -222,7 +226,7 @@ def test_data_path_blend(made):
     gpt, titles = str(made / "w1_text_document"), str(made / "w1_title_document")
     args = parse("--data-path", "0.3", gpt, "0.7", titles, "--vocab-file", str(made / VOCAB_JSON),
                  "--merge-file", str(made / MERGES))
-    tok, prefix, sources = run_data(args, "causal-lm")
+    tok, prefix, sources = run_data(DataConfig.of(vars(args)), "causal-lm")
     assert prefix == gpt and sources.blend == ((0.3, gpt), (0.7, titles))
     train, valid, _ = build_datasets("causal-lm", tok, prefix, 8, 7, (20, 10, 0), "80,20,0", sources)
     assert len(train) == 20 and len(valid) == 10 and train.dataset_index.tolist().count(0) == 6

@@ -15,7 +15,7 @@ from tpzoo.data.build import check_data_tokenizer
 from tpzoo.data.indexed import IndexedDataset, IndexedDatasetBuilder
 from tpzoo.data.tokenizer import HFTokenizer, SentencePieceTokenizer, load_tokenizer, recorded_tokenizer
 from tpzoo.data.tokenizer_types import (BertWordPieceCase, BertWordPieceLowerCase, GPT2BPETokenizer, NullTokenizer,
-                                        add_tokenizer_args, tokenizer_from_args)
+                                        TokenizerFlags, add_tokenizer_args, tokenizer_of)
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -24,10 +24,10 @@ pytestmark = pytest.mark.tier("unit")
 ODD = " ünïcode ✓ <|endoftext|> two  spaces\n\nand [MASK] Café ÀB 中文"
 
 
-def flags(*argv: str) -> argparse.Namespace:
+def flags(*argv: str) -> TokenizerFlags:
     parser = argparse.ArgumentParser()
     add_tokenizer_args(parser)
-    return parser.parse_args(argv)
+    return TokenizerFlags.of(vars(parser.parse_args(argv)))
 
 
 def test_gpt2_bpe_round_trips_and_matches_transformers():
@@ -132,10 +132,10 @@ def test_flags_pick_megatrons_tokenizer(tmp_path):
         ("--tokenizer-model", sp): SentencePieceTokenizer,
     }
     for argv, cls in cases.items():
-        assert type(tokenizer_from_args(flags(*argv))) is cls, argv
-    assert tokenizer_from_args(flags("--tokenizer-type", "NullTokenizer", "--vocab-size", "32",
+        assert type(tokenizer_of(flags(*argv))) is cls, argv
+    assert tokenizer_of(flags("--tokenizer-type", "NullTokenizer", "--vocab-size", "32",
                                      "--null-tokenizer-eod-id", "0")).eod == 0
-    assert tokenizer_from_args(flags()) is None  # the data's own tokenizer
+    assert tokenizer_of(flags()) is None  # the data's own tokenizer
     errors = {
         ("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"): "GPT2BPETokenizer lacks --merge-file",
         ("--tokenizer-type", "NullTokenizer"): "NullTokenizer lacks --vocab-size",
@@ -149,7 +149,7 @@ def test_flags_pick_megatrons_tokenizer(tmp_path):
     }
     for argv, fragment in errors.items():
         with pytest.raises((ValueError, FileNotFoundError), match=fragment):
-            tokenizer_from_args(flags(*argv))
+            tokenizer_of(flags(*argv))
 
 
 def test_vocabulary_smaller_than_the_data(tmp_path):

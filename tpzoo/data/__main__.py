@@ -85,10 +85,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from tpzoo.data.data_args import run_data
+    from tpzoo.data.data_args import DataConfig, run_data
     from tpzoo.data.indexed import IndexedDataset
 
-    tok, prefix, _ = run_data(args, "causal-lm")
+    tok, prefix, _ = run_data(DataConfig.of(vars(args)), "causal-lm")
     data = IndexedDataset(prefix)
     print(
         json.dumps(
@@ -109,9 +109,9 @@ def _inspect(args: argparse.Namespace) -> None:
 
 def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets
-    from tpzoo.data.data_args import run_data
+    from tpzoo.data.data_args import DataConfig, run_data
 
-    tok, prefix, sources = run_data(args, args.model)
+    tok, prefix, sources = run_data(DataConfig.of(vars(args)), args.model)
     causal = data_kind(args.model) == "causal-lm"
     options = (
         {}
@@ -183,12 +183,12 @@ def megatron_names(args: argparse.Namespace) -> bool:
 def _preprocess(args: argparse.Namespace) -> None:
     """One dataset per json key: Megatron-LM's names or tpzoo's (``megatron_names``); a JSON line each."""
     from tpzoo.data.preprocess import megatron_prefix, preprocess
-    from tpzoo.data.tokenizer_types import tokenizer_from_args
+    from tpzoo.data.tokenizer_types import TokenizerFlags, tokenizer_of
 
     if args.partitions != 1:
         raise ValueError(f"--partitions {args.partitions}: tpzoo reads its input in one pass, spread over --workers "
                          f"processes in order; pass --workers {args.workers * args.partitions} without --partitions")
-    tokenizer = tokenizer_from_args(args)
+    tokenizer = tokenizer_of(TokenizerFlags.of(vars(args)))
     if tokenizer is None:
         raise ValueError("preprocess needs a tokenizer: --tokenizer-model FILE, --vocab-file + --merge-file (GPT-2), "
                          "--vocab-file (BERT) or --tokenizer-type")

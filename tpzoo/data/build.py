@@ -1,13 +1,13 @@
 """What a trainer calls: pick the data (``--data-path`` / ``--dataset`` / the demo) and build the
 train/valid/test datasets from ``--split``, ``--seq-length``, ``--seed`` and the samples needed.
 
-    tok, prefix = resolve_data("gpt", args.data_path, args.dataset, tokenizer_from_args(args), args.data_cache_path)
-    train, valid, test = build_datasets("gpt", tok, prefix, args.seq_length, args.seed,
-                                        samples_needed(args.train_iters, G, args.eval_interval, args.eval_iters),
-                                        args.split)
+    tok, prefix = resolve_data("gpt", data_path, dataset_source, tokenizer, data_cache_path)
+    train, valid, test = build_datasets("gpt", tok, prefix, seq_length, seed,
+                                        samples_needed(train_iters, G, eval_interval, eval_iters), split)
     batch_k = [train[i] for i in range(k * G, (k + 1) * G)]   # the same on any mesh
 
-``tpzoo.data.data_args.run_data`` does the first line for every data flag (--mock-data, --train-data-path ...).
+``tpzoo.data.data_args.run_data(DataConfig, ...)`` does the first line for every data flag (--mock-data,
+--train-data-path ...).
 
 ``model`` is a family name (``--model``: "gpt", "llama", "bert" ...) or a data kind: what is read
 follows the family's data kind (``tpzoo.models.families``): "causal-lm" reads documents ending in

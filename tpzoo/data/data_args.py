@@ -12,7 +12,7 @@ and what a run reads from them:
     --dataset FILES               raw files tokenized once into --data-cache-path
     tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
 
-    tokenizer, prefix, sources = run_data(args, "gpt")
+    tokenizer, prefix, sources = run_data(DataConfig.of(vars(args)), "gpt")   # the flags' values, typed
     build_datasets("gpt", tokenizer, prefix, ..., args.split, sources)
 """
 
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
 
 from tpzoo.data.build import DataSources, add_cache_arg, data_kind, resolve_data
-from tpzoo.data.sources import DATASET_PARTS, add_dataset_source_args, dataset_source
+from tpzoo.data.sources import DATASET_PARTS, DatasetSource, add_dataset_source_args
 from tpzoo.data.tokenizer import Tokenizer
-from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, add_tokenizer_args, tokenizer_from_args, tokenizer_type
+from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, add_tokenizer_args, tokenizer_of, tokenizer_type
 from tpzoo.flag_types import non_negative_int
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
@@ -101,45 +102,80 @@ def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argpa
     return parser
 
 
-def check_data_flags(args: argparse.Namespace) -> None:
+@dataclass(frozen=True)
+class DataConfig:
+    """The data flags' values (``add_data_args``; None: not given), what ``run_data`` reads. ``seed``: the mock
+    data's (``--seed``)."""
+
+    data_path: str | list[str] | None = None          # a prefix, or a blend's [W1, P1, W2, P2, ...]
+    train_data_path: str | None = None
+    valid_data_path: str | None = None
+    test_data_path: str | None = None
+    mock_data: bool = False
+    dataset: list[str] | None = None
+    dataset_config: str | None = None
+    dataset_split: str | None = None
+    json_key: str = "text"
+    data_cache_path: str | None = None
+    seed: int = 0
+    tokenizer: TokenizerFlags = TokenizerFlags()
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> DataConfig:
+        """Its fields' values among ``values`` (a command's flags by destination); None or absent: the default."""
+        own = {f.name: values[f.name] for f in fields(cls) if f.name != "tokenizer" and values.get(f.name) is not None}
+        return cls(**own, tokenizer=TokenizerFlags.of(values))
+
+    def source(self) -> DatasetSource | None:
+        """The ``DatasetSource`` of ``--dataset`` (None without it; ValueError for its flags without it)."""
+        if not self.dataset:
+            given = [f for f in ("dataset_config", "dataset_split") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"--{given[0].replace('_', '-')} goes with --dataset (a name or save_to_disk folder)")
+            return None
+        return DatasetSource(tuple(map(str, self.dataset)), self.dataset_config, self.dataset_split, self.json_key)
+
+
+def check_data_flags(data: DataConfig) -> None:
     """What the data flags alone can be checked for (no file is read): one data source, the
     tokenizer flags complete (``tokenizer_type``). ValueError naming the flags."""
-    given = [s for s in SOURCES if getattr(args, s, None)]
+    given = [s for s in SOURCES if getattr(data, s)]
     if len(given) > 1:
         names = " and ".join("--" + s.replace("_", "-") for s in given)
         raise ValueError(f"pass one data source, not {names}")
-    splits = [s for s in SPLIT_PATHS if getattr(args, s, None)]
+    splits = [s for s in SPLIT_PATHS if getattr(data, s)]
     if splits and "train_data_path" not in splits:
         raise ValueError(f"--{splits[0].replace('_', '-')} needs --train-data-path beside it")
-    if tokenizer_type(args) is None and args.mock_data and not args.tokenizer_model:
+    if tokenizer_type(data.tokenizer) is None and data.mock_data and not data.tokenizer.tokenizer_model:
         raise ValueError("--mock-data draws tokens from a tokenizer's vocabulary: pass its flags, e.g. "
                          "--tokenizer-type NullTokenizer --vocab-size 1024, or --vocab-file + --merge-file")
 
 
-def run_data(args: argparse.Namespace, model: str, tokenizer: Tokenizer | None = None
+def run_data(data: DataConfig, model: str, tokenizer: Tokenizer | None = None
              ) -> tuple[Tokenizer, str, DataSources | None]:
     """(tokenizer, prefix, sources) a run reads: ``prefix`` is the training data (what a checkpoint
     records; a blend's first prefix); ``sources`` (for ``build_datasets``) the blend of ``--data-path
     W1 P1 ...`` or the prefixes of ``--train-data-path`` ..., else None (``prefix`` split by
-    ``--split``). ``tokenizer``: the flags' (``tokenizer_from_args``), read here when not given."""
-    check_data_flags(args)
-    tokenizer = tokenizer or tokenizer_from_args(args)
-    if args.mock_data:
+    ``--split``). ``tokenizer``: the flags' (``tokenizer_of``), read here when not given."""
+    check_data_flags(data)
+    tokenizer = tokenizer or tokenizer_of(data.tokenizer)
+    cache = data.data_cache_path
+    if data.mock_data:
         from tpzoo.data.mock import mock_prefix
 
         assert tokenizer is not None  # check_data_flags
-        return tokenizer, mock_prefix(data_kind(model), tokenizer, args.seed, args.data_cache_path), None
-    if isinstance(args.data_path, list):  # a blend: every prefix read by the first one's tokenizer
-        blend = blend_of(args.data_path)
-        tok, first = resolve_data(model, blend[0][1], None, tokenizer, args.data_cache_path)
+        return tokenizer, mock_prefix(data_kind(model), tokenizer, data.seed, cache), None
+    if isinstance(data.data_path, list):  # a blend: every prefix read by the first one's tokenizer
+        blend = blend_of(data.data_path)
+        tok, first = resolve_data(model, blend[0][1], None, tokenizer, cache)
         for _, prefix in blend[1:]:
             resolve_data(model, prefix, None, tok)
         return tok, first, DataSources(blend=blend)
-    if not args.train_data_path:
-        tok, prefix = resolve_data(model, args.data_path, dataset_source(args), tokenizer, args.data_cache_path)
+    if not data.train_data_path:
+        tok, prefix = resolve_data(model, data.data_path, data.source(), tokenizer, cache)
         return tok, prefix, None
-    tok, train = resolve_data(model, args.train_data_path, None, tokenizer, args.data_cache_path)
-    others = [resolve_data(model, getattr(args, s), None, tok)[1] if getattr(args, s) else None
+    tok, train = resolve_data(model, data.train_data_path, None, tokenizer, cache)
+    others = [resolve_data(model, getattr(data, s), None, tok)[1] if getattr(data, s) else None
               for s in SPLIT_PATHS[1:]]
     return tok, train, DataSources(per_split=(train, *others))
 

@@ -234,17 +234,6 @@ class DatasetSource:
             f"{data.num_rows:,} rows)"
 
 
-def dataset_source(args: argparse.Namespace) -> DatasetSource | None:
-    """The ``DatasetSource`` of the flags (None without ``--dataset``; ValueError for its flags without it)."""
-    if not args.dataset:
-        given = [f for f in ("dataset_config", "dataset_split") if getattr(args, f, None) is not None]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} goes with --dataset (a name or save_to_disk folder)")
-        return None
-    return DatasetSource(tuple(map(str, args.dataset)), getattr(args, "dataset_config", None),
-                         getattr(args, "dataset_split", None), getattr(args, "json_key", "text"))
-
-
 def absolute_specs(specs: Iterable[str]) -> list[str]:
     """``specs`` with paths made absolute (a checkpoint's flags name the same files from any working
     directory); a dataset name stays as it is."""

@@ -21,8 +21,9 @@ import argparse
 import hashlib
 import json
 import os
+from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from tpzoo.data.tokenizer import (HFTokenizer, SentencePieceTokenizer, Tokenizer, byte_level_bpe, hf_tokenizers,
                                   load_tokenizer)
@@ -140,7 +141,27 @@ REFUSED_TYPES = {
     "SFTTokenizer": "tpzoo has no chat prompt formats (fine-tuning: finetune.py)",
 }
 NULL_OPTIONS = ("null_tokenizer_eod_id", "null_tokenizer_pad_id")  # NullTokenizer's only
-TOKENIZER_FLAGS = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size", *NULL_OPTIONS)
+
+
+@dataclass(frozen=True)
+class TokenizerFlags:
+    """The tokenizer flags' values (``add_tokenizer_args``; None: not given), what ``tokenizer_of`` reads."""
+
+    tokenizer_type: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    tokenizer_model: str | None = None
+    vocab_size: int | None = None
+    null_tokenizer_eod_id: int | None = None
+    null_tokenizer_pad_id: int = -1
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> TokenizerFlags:
+        """Its fields' values among ``values`` (a command's flags by destination); None or absent: the default."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if values.get(f.name) is not None})
+
+
+TOKENIZER_FLAGS = tuple(f.name for f in fields(TokenizerFlags))
 
 
 def _flag(dest: str) -> str:
@@ -176,22 +197,22 @@ def add_tokenizer_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
                         help="NullTokenizer's pad (default: -1, none)")
 
 
-def tokenizer_type(args: argparse.Namespace) -> str | None:
+def tokenizer_type(flags: TokenizerFlags) -> str | None:
     """``--tokenizer-type``, else the one the files given mean (see the module docstring); None for
     ``--tokenizer-model`` alone or no tokenizer flag. ValueError naming the flags missing or unused."""
-    name = getattr(args, "tokenizer_type", None)
+    name = flags.tokenizer_type
     unset = {"null_tokenizer_pad_id": -1}
-    given = [d for d in TOKENIZER_FLAGS[1:] if getattr(args, d, None) not in (None, unset.get(d))]
+    given = [d for d in TOKENIZER_FLAGS[1:] if getattr(flags, d) not in (None, unset.get(d))]
     if name is None:
-        if args.vocab_file is not None:
-            name = "GPT2BPETokenizer" if args.merge_file is not None else "BertWordPieceLowerCase"
-        elif args.merge_file is not None:
+        if flags.vocab_file is not None:
+            name = "GPT2BPETokenizer" if flags.merge_file is not None else "BertWordPieceLowerCase"
+        elif flags.merge_file is not None:
             raise ValueError("--merge-file needs --vocab-file (GPT-2's vocab.json) beside it")
         elif null := [d for d in given if d in ("vocab_size", *NULL_OPTIONS)]:
             raise ValueError(f"{_flag(null[0])} is NullTokenizer's; add --tokenizer-type NullTokenizer")
         else:
             return None
-    missing = [_flag(d) for d in TYPES[name] if getattr(args, d, None) is None]
+    missing = [_flag(d) for d in TYPES[name] if getattr(flags, d) is None]
     unused = [_flag(d) for d in given if d not in TYPES[name] + (NULL_OPTIONS if name == "NullTokenizer" else ())]
     if missing or unused:
         needs = " and ".join(_flag(d) for d in TYPES[name])
@@ -200,20 +221,20 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     return name
 
 
-def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer | None:
+def tokenizer_of(flags: TokenizerFlags) -> Tokenizer | None:
     """The tokenizer the flags name, or None (the data's own tokenizer, or the demo's)."""
-    name = tokenizer_type(args)
+    name = tokenizer_type(flags)
     if name is None:
-        return load_tokenizer(args.tokenizer_model) if getattr(args, "tokenizer_model", None) else None
+        return load_tokenizer(flags.tokenizer_model) if flags.tokenizer_model else None
     if name in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
-        return SentencePieceTokenizer(args.tokenizer_model, bos=name == "Llama2Tokenizer")
+        return SentencePieceTokenizer(flags.tokenizer_model, bos=name == "Llama2Tokenizer")
     if name == "HuggingFaceTokenizer":
-        if not os.path.exists(args.tokenizer_model):
-            raise FileNotFoundError(f"--tokenizer-model {args.tokenizer_model} does not exist; HuggingFaceTokenizer "
+        if not os.path.exists(flags.tokenizer_model):
+            raise FileNotFoundError(f"--tokenizer-model {flags.tokenizer_model} does not exist; HuggingFaceTokenizer "
                                     "takes a local folder or tokenizer.json (tpzoo downloads nothing)")
-        return HFTokenizer(args.tokenizer_model)
+        return HFTokenizer(flags.tokenizer_model)
     if name == "GPT2BPETokenizer":
-        return GPT2BPETokenizer(args.vocab_file, args.merge_file)
+        return GPT2BPETokenizer(flags.vocab_file, flags.merge_file)
     if name == "NullTokenizer":
-        return NullTokenizer(args.vocab_size, args.null_tokenizer_eod_id, args.null_tokenizer_pad_id)
-    return MEGATRON_KINDS[name](args.vocab_file)
+        return NullTokenizer(flags.vocab_size, flags.null_tokenizer_eod_id, flags.null_tokenizer_pad_id)
+    return MEGATRON_KINDS[name](flags.vocab_file)

@@ -35,11 +35,11 @@ from tpzoo.checkpoint.load import check_saved_parts
 from tpzoo.checkpoint.model import recorded_config
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
-from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, run_data
+from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS, DataConfig, run_data
 from tpzoo.data.loader import BatchReader
 from tpzoo.data.sources import absolute_specs
 from tpzoo.data.tokenizer import Tokenizer
-from tpzoo.data.tokenizer_types import tokenizer_from_args
+from tpzoo.data.tokenizer_types import tokenizer_of
 from tpzoo.engine import Engine
 from tpzoo.engine.config import micro_batches
 from tpzoo.engine.data_parallel import set_hyperparameters
@@ -240,12 +240,13 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     batches.check(engine_cfg.micro_batch_size, mesh.dp_size)
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
         micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
-    given_tokenizer = tokenizer_from_args(args)  # the tokenizer flags' (restored ones included), or None
+    data = DataConfig.of(vars(args))  # the data flags' values, restored ones included
+    given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
     if saved is not None and given_tokenizer:  # before any data is tokenised with it
         check_vocabulary(given_tokenizer, recorded_config(saved["checkpoint"]["model"]), args.load)
     plan = plan_from_args(args, mesh)
     manual_seed(args.seed, mesh)
-    tokenizer, prefix, sources = run_data(args, args.model, given_tokenizer)
+    tokenizer, prefix, sources = run_data(data, args.model, given_tokenizer)
     config = resolve_model_config(args, tokenizer, saved)
     resumed = saved if saved is not None and not args.finetune else None  # --finetune: from iteration 0
     consumed = resumed["consumed_samples"] if resumed else 0
