@@ -32,8 +32,9 @@ def tier_of(item: pytest.Item) -> str:
     mark = item.get_closest_marker("tier")
     if mark is None or len(mark.args) != 1 or mark.args[0] not in TIERS[:-1]:
         found = "no tier marker" if mark is None else f"tier{mark.args}"
-        raise pytest.UsageError(f"{item.nodeid}: {found}; give its module pytestmark = pytest.mark.tier(NAME) or the "
-                                f"test @pytest.mark.tier(NAME), NAME one of unit, distributed, journey (tests/tiers.py)")
+        raise pytest.UsageError(f"{item.nodeid}: {found}; give its module pytestmark = pytest.mark.tier(NAME) or "
+                                f"the test @pytest.mark.tier(NAME), NAME one of unit, distributed, journey "
+                                f"(tests/tiers.py)")
     return mark.args[0]
 
 

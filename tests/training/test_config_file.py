@@ -79,7 +79,8 @@ def test_a_bad_file_is_one_line_naming_file_section_and_key(tmp_path, capsys, te
 
 
 def test_printed_config_is_every_resolved_value_and_reads_back_the_same(tmp_path, capsys):
-    flags = [*TINY, "--model", CAUSAL_LM.family, "--sequence-parallel", "--tp", "2", "--rampup-batch-size", "4", "4", "32"]
+    flags = [*TINY, "--model", CAUSAL_LM.family, "--sequence-parallel", "--tp", "2",
+             "--rampup-batch-size", "4", "4", "32"]
     text = printed(flags, capsys)
     assert f'[model]\nmodel = "{CAUSAL_LM.family}"\n' in text and "rampup_batch_size = [4, 4, 32]" in text
     assert "sequence_parallel = true" in text and "exit_signal_handler = true" in text
@@ -139,8 +140,8 @@ def test_a_run_from_the_printed_file_logs_the_same_losses_as_from_flags(tmp_path
     size = r"[\d.]+ [KMG]iB"
     assert re.fullmatch(rf"memory    about {size} per rank: weights {size}, gradients {size}, main weights 0 KiB, "
                         rf"optimizer state {size} \(rank 0's shards; activations not counted\)", start[2]), start
-    assert re.fullmatch(r"data      .+ \(tokenizer: \d+ tokens\), [\d,]+ train samples of 16 tokens, [\d,]+ validation; "
-                        r"the run reads 32 \(4 iterations\)", start[3]), start
+    assert re.fullmatch(r"data      .+ \(tokenizer: \d+ tokens\), [\d,]+ train samples of 16 tokens, [\d,]+ "
+                        r"validation; the run reads 32 \(4 iterations\)", start[3]), start
     done = run([sys.executable, str(ROOT / "pretrain.py"), *flags, "--print-config"], tmp_path)
     assert done.returncode == 0, done.stderr
     (tmp_path / "run.toml").write_text(done.stdout)

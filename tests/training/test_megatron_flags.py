@@ -141,7 +141,8 @@ def test_exit_signal_handler_installs_the_handler(parser):
     """Megatron-LM's --exit-signal-handler turns on what tpzoo does by default (--no-exit-signal-handler: off)."""
     import torch
 
+    from tpzoo.training.run_config import StoppingConfig, section_of
     from tpzoo.training.stopping import StopRules
     for argv, on in ((["--exit-signal-handler"], True), ([], True), (["--no-exit-signal-handler"], False)):
-        rules = StopRules.from_args(parser.parse_args(argv), torch.device("cpu"))
+        rules = StopRules.of(section_of(StoppingConfig, vars(parser.parse_args(argv))), torch.device("cpu"))
         assert (rules.flag is not None) == on, argv

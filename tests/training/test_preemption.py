@@ -300,6 +300,7 @@ def test_stopping_flags_parse_check_and_stay_with_their_launch():
         from pretrain import parser
     finally:
         sys.path.remove(str(ROOT))
+    from tpzoo.training.run_config import StoppingConfig, section_of
     from tpzoo.training.setup import restore_args
 
     args = parser().parse_args([])
@@ -310,7 +311,8 @@ def test_stopping_flags_parse_check_and_stay_with_their_launch():
         args = p.parse_args(flags)
         assert (args.exit_signal_handler, args.exit_interval, args.exit_duration_in_mins, args.max_skipped_steps) == \
             (False, 5, 0.5, 3)
-    with SignalFlag() as outer, StopRules.from_args(args, None):  # --no-exit-signal-handler: no handler of its own
+    stopping = section_of(StoppingConfig, vars(args))
+    with SignalFlag() as outer, StopRules.of(stopping, None):  # --no-exit-signal-handler: no handler of its own
         assert signal.getsignal(signal.SIGTERM) == outer._handle
     args = argparse.Namespace(exit_signal_handler=True, exit_interval=None, exit_duration_in_mins=None,
                               max_skipped_steps=10, lr=1.0)

@@ -11,11 +11,10 @@ Each field's check sits next to it; ``check_fits`` then ties the config to the m
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float
+from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float, check_fields
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
 INTERLEAVED = ("interleaved-1f1b", "interleaved-zero-bubble")
@@ -86,10 +85,7 @@ class EngineConfig:
                               "of its roll call (--distributed-timeout-minutes x 60)")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            problem = f.metadata["check"](getattr(self, f.name))
-            if problem:
-                raise ValueError(f"EngineConfig.{f.name} {problem}")
+        check_fields(self)
         if self.loss_scale is not None and self.precision != "fp16":
             raise ValueError(f"EngineConfig.loss_scale={self.loss_scale} needs precision='fp16', got "
                              f"precision={self.precision!r}; drop the loss scale or train in fp16")

@@ -85,9 +85,18 @@ def _choice(*options: Any) -> Check:
     return lambda v: None if v in options else f"must be one of {shown}, got {v!r}"
 
 
-def _field(default: Any, check: Check, doc: str, flag: str | None = None) -> Any:
-    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any)."""
-    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag})
+def _field(default: Any, check: Check, doc: str, flag: str | None = None, metavar: str | None = None) -> Any:
+    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any; ``metavar``:
+    what its value is called in --help)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "metavar": metavar})
+
+
+def check_fields(config: Any) -> None:
+    """ValueError naming the first field of the dataclass ``config`` whose check fails (a field without one passes)."""
+    for f in dataclasses.fields(config):
+        problem = f.metadata.get("check", lambda v: None)(getattr(config, f.name))
+        if problem:
+            raise ValueError(f"{type(config).__name__}.{f.name} {problem}")
 
 
 def _narrowed(cls: type, name: str, default: Any, doc: str, check: Check | None = None) -> Any:
@@ -131,10 +140,7 @@ class ModelConfig:
     add_bias_linear: bool = _field(True, _bool, "biases on the linear layers", "--add-bias-linear")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # a subclass's plain fields (no check) are taken as they are
-            problem = f.metadata.get("check", lambda v: None)(getattr(self, f.name))
-            if problem:
-                raise ValueError(f"{type(self).__name__}.{f.name} {problem}")
+        check_fields(self)  # a subclass's plain fields (no check) are taken as they are
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                              f"{self.num_attention_heads}: each head gets hidden_size / num_attention_heads "

@@ -382,14 +382,7 @@ def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
 
 
 def add_stopping_args(parser: argparse.ArgumentParser) -> None:
-    """When a run stops early (Megatron's names; ``tpzoo.training.stopping``): ``--exit-signal-handler``
-    ``--exit-interval`` ``--exit-duration-in-mins`` ``--max-skipped-steps``."""
-    g = parser.add_argument_group("stopping")
-    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction, default=True,
-                   help="on SIGTERM or SIGINT finish the step, save and exit 0 (a second Ctrl-C kills)")
-    g.add_argument("--exit-interval", type=positive_int, metavar="N",
-                   help="save and exit 0 after an iteration divisible by N")
-    g.add_argument("--exit-duration-in-mins", type=positive_float, metavar="M",
-                   help="save and exit 0 once M minutes have passed since training started")
-    g.add_argument("--max-skipped-steps", type=positive_int, default=10, metavar="N",
-                   help="exit 1 after N steps in a row skipped for a non-finite loss or gradient norm")
+    """When a run stops early: the flags of ``tpzoo.training.run_config.StoppingConfig``."""
+    from tpzoo.training.run_config import StoppingConfig, add_section
+
+    add_section(parser, StoppingConfig, "stopping")

@@ -209,6 +209,6 @@ def reference(parser: argparse.ArgumentParser) -> str:
             default = actions[0].default
             shown = "" if default is None or default is argparse.SUPPRESS else f"`{_toml(default)}`"
             meaning = " ".join((next((a.help for a in actions if a.help), "") or "").split()).replace("|", "\\|")
-            out.append(f"| {key} | {flags} | {shown} | {meaning % {'default': default} if '%(' in meaning else meaning} |")
+            out.append(f"| {key} | {flags} | {shown} | {meaning.replace('%(default)s', str(default))} |")
         out.append("")
     return "\n".join(out)

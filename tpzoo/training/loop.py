@@ -42,6 +42,7 @@ from tpzoo.training.run_summary import summary_lines
 from tpzoo.training.checkpoint_args import save_options
 from tpzoo.training.config_file import CONFIG_FILE
 from tpzoo.training.setup import Run
+from tpzoo.training.run_config import StoppingConfig, section_of
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
@@ -138,7 +139,8 @@ def train(run: Run) -> Summary:
     with ExitStack() as opened:  # closed however the loop ends: the --num-workers workers, the writers
         if run.reader is not None:
             opened.callback(run.reader.close)
-        rules = opened.enter_context(StopRules.from_args(args, run.mesh.device))
+        stopping = section_of(StoppingConfig, vars(args))
+        rules = opened.enter_context(StopRules.of(stopping, run.mesh.device))
         metrics = opened.enter_context(closing(Metrics(
             run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
             flops_per_token=flops_per_token(run.config, args.seq_length),
@@ -189,7 +191,7 @@ def train(run: Run) -> Summary:
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
                         loss_scale=engine.loss_scale, stats={**stats, "global_batch_size": g})
             try:
-                check_divergence(engine, args.max_skipped_steps, run.iteration, summary.checkpoint)
+                check_divergence(engine, stopping.max_skipped_steps, run.iteration, summary.checkpoint)
             except Diverged:
                 wait_for_save()  # the last finite checkpoint is published before the run ends
                 raise

@@ -1,5 +1,5 @@
 """The lines rank 0 prints when a run starts, before its first step: what is trained, where, in how much memory
-and on what data.
+and on what data (fine-tuning: the first three, then its own data line).
 
     model     gpt, 124.44M parameters (12 layers, hidden 768, 12 heads), float32
     mesh      tp 2 x pp 2 x dp 2 = 8 ranks, sequence parallel, 1f1b schedule, distributed optimizer
@@ -20,6 +20,7 @@ from tpzoo.models.presets import num_parameters
 
 if TYPE_CHECKING:
     from tpzoo.engine import Engine
+    from tpzoo.models.config import ModelConfig
     from tpzoo.training.setup import Run
 
 
@@ -48,25 +49,30 @@ def state_bytes(engine: Engine) -> dict[str, int]:
                 optimizer_state=moments * 4 * sum(p.numel() for p in owned))
 
 
-def summary_lines(run: Run) -> list[str]:
-    """The start-of-run lines (module docstring) of ``run``."""
-    c, mesh, cfg, args = run.config, run.mesh, run.engine.config, run.args
-    options = [o for o, on in (("sequence parallel", run.engine.plan.sequence_parallel),
-                               ("distributed optimizer", cfg.use_distributed_optimizer),
-                               ("FSDP", run.engine.plan.fsdp)) if on]
-    memory = state_bytes(run.engine)
+def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
+    """The model, mesh and memory lines (module docstring) of a model ``config`` built into ``engine``."""
+    mesh, cfg, plan = engine.mesh, engine.config, engine.plan
+    world = mesh.tp_size * mesh.pp_size * mesh.dp_size
+    options = [o for o, on in (("sequence parallel", plan.sequence_parallel),
+                               ("distributed optimizer", cfg.use_distributed_optimizer), ("FSDP", plan.fsdp)) if on]
+    memory = state_bytes(engine)
     parts = ", ".join(f"{name.replace('_', ' ')} {_size(size)}" for name, size in memory.items())
+    return [
+        f"model     {config.model_type}, {num_parameters(config) / 1e6:.2f}M parameters ({config.num_layers} layers, "
+        f"hidden {config.hidden_size}, {config.num_attention_heads} heads), {cfg.precision}",
+        f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size} = {world} ranks, "
+        + ", ".join([*options, f"{cfg.schedule} schedule"]),
+        f"memory    about {_size(sum(memory.values()))} per rank: {parts} (rank 0's shards; activations not counted)",
+    ]
+
+
+def summary_lines(run: Run) -> list[str]:
+    """A pretraining run's start-of-run lines (module docstring)."""
     length = f"{run.train_iters} iterations" + (f", from {run.iteration}" if run.iteration else "")
     valid = f", {len(run.valid):,} validation" if run.valid is not None else ""
     train = f"{len(run.train):,} train samples" if run.train is not None else "no train samples read"
-    return [
-        f"model     {c.model_type}, {num_parameters(c) / 1e6:.2f}M parameters ({c.num_layers} layers, hidden "
-        f"{c.hidden_size}, {c.num_attention_heads} heads), {cfg.precision}",
-        f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size} = {mesh.tp_size * mesh.pp_size * mesh.dp_size} ranks, "
-        + ", ".join([*options, f"{cfg.schedule} schedule"]),
-        f"memory    about {_size(sum(memory.values()))} per rank: {parts} (rank 0's shards; activations not "
-        f"counted)",
-        f"data      {run.data_prefix} (tokenizer: {run.tokenizer.vocab_size} tokens), {train} "
-        f"of {args.seq_length} tokens{valid}; the run reads {run.batches.consumed_after(run.train_iters):,} "
+    return setup_lines(run.config, run.engine) + [
+        f"data      {run.data_prefix} (tokenizer: {run.tokenizer.vocab_size} tokens), {train} of "
+        f"{run.args.seq_length} tokens{valid}; the run reads {run.batches.consumed_after(run.train_iters):,} "
         f"({length})",
     ]

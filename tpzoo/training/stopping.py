@@ -1,9 +1,9 @@
 """When a training loop stops early (Megatron-LM's exit flags), and a diverged run's stop.
 
-    with StopRules.from_args(args, device) as rules:   # installs the SIGTERM/SIGINT handler
+    with StopRules.of(stopping, device) as rules:   # a StoppingConfig; installs the SIGTERM/SIGINT handler
         while ...:
             result = engine.train_step(batch)
-            check_divergence(engine, args.max_skipped_steps, iteration, latest)   # Diverged: exit 1
+            check_divergence(engine, stopping.max_skipped_steps, iteration, latest)   # Diverged: exit 1
             reason = rules.reason(iteration)        # collective: the same on every rank
             if reason: save, print one line, return  # exit 0
     # the previous handlers are back
@@ -23,7 +23,6 @@ are repeated SIGTERMs. ``--exit-interval N``: stop after each iteration divisibl
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from tpzoo.parallel.health import peers_named
+from tpzoo.training.run_config import StoppingConfig
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGINT_GRACE_S = 2.0  # a second SIGINT sooner than this is torchrun forwarding the first one
@@ -80,10 +80,10 @@ class StopRules:
         self.started = time.monotonic() if started is None else started
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, device: torch.device) -> StopRules:
+    def of(cls, config: StoppingConfig, device: torch.device) -> StopRules:
         """From ``--exit-signal-handler``, ``--exit-interval`` and ``--exit-duration-in-mins``."""
-        return cls(device, SignalFlag() if args.exit_signal_handler else None, args.exit_interval,
-                   args.exit_duration_in_mins)
+        return cls(device, SignalFlag() if config.exit_signal_handler else None, config.exit_interval,
+                   config.exit_duration_in_mins)
 
     def __enter__(self) -> StopRules:
         if self.flag is not None:
