@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import subprocess
+import threading
 from typing import Any, Iterator, NoReturn
 
 import background
@@ -61,9 +62,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items, set(background.JOBS))
 
 
+def _foreground() -> bool:
+    """Whether this runs in pytest's own thread: the background fixtures' jobs (tests/background.py), which run in
+    threads of their own beside the test in the foreground, start their ranks and commands whatever its tier."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def unit_starts_no_process(item: pytest.Item) -> Iterator[Any]:
     """A hook wrapper (of pytest_runtest_setup and _call): in it a unit test (its fixtures' setup included) that
-    starts a subprocess or a multiprocessing process gets a RuntimeError, and fails even where that was caught."""
+    starts a subprocess or a multiprocessing process in pytest's thread gets a RuntimeError, and fails even where
+    that was caught."""
     if item.get_closest_marker("unit") is None:
         return (yield)
     started: list[str] = []
@@ -73,13 +81,18 @@ def unit_starts_no_process(item: pytest.Item) -> Iterator[Any]:
                        f"(ranks, workers) or 'journey' (commands) (tests/tiers.py)")
         raise RuntimeError(started[-1])
 
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
     def popen(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if not _foreground():
+            return saved[0](self, args, *rest, **kwargs)
         refuse(f"the command {args if isinstance(args, str) else ' '.join(map(str, args))[:200]!r}")
 
     def start(self: multiprocessing.process.BaseProcess) -> None:
+        if not _foreground():
+            return saved[1](self)
         refuse(f"a process ({type(self).__name__})")
 
-    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
     subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = popen, start
     try:
         result = yield
