@@ -10,13 +10,14 @@ import argparse
 
 # light imports only until the flags are checked: a misuse is reported before torch loads
 from tpzoo.data.glue import TASKS
+from tpzoo.flag_types import positive_int, probability
 from tpzoo.models.family_flag import add_model_flag
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
-                                 check_fsdp_flags, check_local_rank, check_output_folder, command_parser,
-                                 exit_on_misuse, exit_on_run_error, positive_int, probability)
+                                 check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
 from tpzoo.training.config_file import add_config_args, to_toml, write_config
 from tpzoo.training.finetune_lengths import seq_length_flag
 from tpzoo.training.optimizer_args import add_optimizer_args
+from tpzoo.training.run_config import RunConfig
 
 PROG = "finetune.py"
 
@@ -51,10 +52,9 @@ def parser() -> CommandParser:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """What the flags alone can be checked for, before torch loads: --use-torch-fsdp2's misuse, the
-    folders written to."""
-    check_fsdp_flags(args)
-    check_local_rank(args)
+    """What the flags alone can be checked for, before torch loads: each section's fields (--use-torch-fsdp2's
+    misuse ...), the launch (--local-rank), the folders written to."""
+    RunConfig.of(vars(args)).parallel.check_launch()
     check_output_folder("--save", args.save)
     check_output_folder("--log-dir", args.log_dir)
 

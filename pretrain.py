@@ -19,15 +19,17 @@ from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
-                                 add_run_args, check_fsdp_flags, check_local_rank, check_output_folder, check_preset,
-                                 command_parser, engine_config, exit_on_misuse, exit_on_run_error, set_model_defaults)
+                                 add_run_args, check_output_folder, check_preset, command_parser, engine_config,
+                                 exit_on_misuse, exit_on_run_error, set_model_defaults)
 from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
-from tpzoo.training.checkpoint_args import add_checkpoint_args, check_checkpoint_flags  # noqa: E402
+from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
-from tpzoo.training.logging_args import add_logging_args, check_logging_flags  # noqa: E402
+from tpzoo.training.logging_args import LoggingConfig, check_logging  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
 from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, fill_schedule_defaults  # noqa: E402
+from tpzoo.training.parallel_config import ParallelConfig  # noqa: E402
+from tpzoo.training.run_config import RunConfig, add_section, section_of  # noqa: E402
 
 PROG = "pretrain.py"
 # Schedule defaults per --model: each family's train_defaults (tpzoo.models.families, docs/training.md)
@@ -48,8 +50,8 @@ def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
     add_speed_args(p)
     add_data_args(p)
     add_run_args(p)
-    add_checkpoint_args(p)
-    add_logging_args(p)
+    add_section(p, CheckpointConfig, "checkpoint (Megatron-LM's flags; docs/checkpoints.md)")
+    add_section(p, LoggingConfig, "logging (Megatron-LM's names; docs/training.md)")
     add_config_args(p)
     add_refused_args(p)  # last: a flag defined above is never refused
     return p
@@ -59,13 +61,12 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
     """What the flags alone can be checked for, before torch loads (a resume's are checked once
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored). ``given``: the
     flags written on the command line (None: all of them)."""
-    check_fsdp_flags(args)
-    check_local_rank(args)
+    section_of(ParallelConfig, vars(args)).check_launch()
     check_preset(args)
     resolve_speed(args)
-    check_checkpoint_flags(args)
+    section_of(CheckpointConfig, vars(args)).check(section_of(RunIO, vars(args)))
     check_data_flags(DataConfig.of(vars(args)))
-    check_logging_flags(args)
+    check_logging(section_of(LoggingConfig, vars(args)))
     for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.load is None:
@@ -73,7 +74,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
         resolve_global_batch_size(args, given)  # --step-batch-size-schedule alone: G is its last size
         filled = fill_schedule_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
         LRSchedule.from_args(filled, BatchSchedule.from_args(filled))  # and the batch ramp-up
-        engine_config(filled)  # batch sizes, the loss-scale flags against the precision ...
+        engine_config(RunConfig.of(vars(filled)).flags)  # every section's fields; batch sizes ...
 
 
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):

@@ -14,6 +14,7 @@ its vocabulary must be the model's (``tpzoo.checkpoint.tokenizer.model_tokenizer
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
     from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
-    from tpzoo.training.args import command_parser, exit_on_misuse, process_timeout
+    from tpzoo.training.args import command_parser, exit_on_misuse
 
     parser = command_parser(PROG, "text from a tpzoo causal LM")
     parser.add_argument("--load", required=True, help="training checkpoint (save dir or iter_NNNNNNN folder) or "
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def run() -> tuple[Tensor, Any]:
-        mesh = init_mesh(tp=args.tp, timeout=process_timeout(args))
+        mesh = init_mesh(tp=args.tp, timeout=timedelta(minutes=args.distributed_timeout_minutes))
         model = load_model(args.load, mesh)
         check_causal_lm(model, args.load)
         tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=model.config.vocab_size)

@@ -126,13 +126,13 @@ def test_optimizer_flags_reach_the_optimizer():
     from tpzoo.engine.data_parallel import build_optimizer, set_hyperparameters
     args = flags("--optimizer sgd --sgd-momentum 0.5 --weight-decay 0.1 --lr 0.2")
     params = [torch.nn.Parameter(torch.ones(2))]
-    sgd = build_optimizer(params, engine_config(args), torch.device("cpu"))
+    sgd = build_optimizer(params, engine_config(vars(args)), torch.device("cpu"))
     assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["momentum"], sgd.defaults["weight_decay"]) == (0.5, 0.1)
     args = flags("--adam-beta1 0.8 --adam-beta2 0.95 --adam-eps 1e-6")
-    adam = build_optimizer(params, engine_config(args), torch.device("cpu"))
+    adam = build_optimizer(params, engine_config(vars(args)), torch.device("cpu"))
     assert isinstance(adam, torch.optim.AdamW) and (adam.defaults["betas"], adam.defaults["eps"]) == ((0.8, 0.95), 1e-6)
     adam.param_groups[0].update(betas=(0.5, 0.5), eps=1.0, weight_decay=0.5)  # a checkpoint's groups, restored
-    set_hyperparameters(adam, engine_config(args))  # after loading: the resumed run's flags win
+    set_hyperparameters(adam, engine_config(vars(args)))  # after loading: the resumed run's flags win
     assert {k: adam.param_groups[0][k] for k in ("betas", "eps", "weight_decay")} == dict(betas=(0.8, 0.95), eps=1e-6,
                                                                                         weight_decay=0.01)
     for bad, match in ((dict(optimizer="lion"), "optimizer"), (dict(adam_beta2=1.0), "adam_beta2 must be < 1")):

@@ -22,6 +22,7 @@ from tpzoo.engine import grads
 from tpzoo.engine.timers import LEVELS, Timers
 from tpzoo.parallel import mark
 from tpzoo.training.metrics import Metrics
+from tpzoo.training.logging_args import LoggingConfig
 from tpzoo.training.monitor import INSTALL, shown, tensorboard_writers
 
 pytestmark = pytest.mark.tier("journey")
@@ -125,7 +126,7 @@ def test_metrics_writers_get_shown_fields_every_board_interval(tmp_path):
             pass
 
     writer = Recorder()
-    flags = SimpleNamespace(log_loss_scale_to_tensorboard=False, log_timers_to_tensorboard=False)
+    flags = LoggingConfig(log_loss_scale_to_tensorboard=False, log_timers_to_tensorboard=False)
     m = Metrics(tmp_path, train_iters=4, log_interval=2, interactive=False, writers=[writer], throughput=True,
                 flops_per_token=3e12, world_size=2, shown=shown(flags), board_interval=1)
     for i in range(1, 5):

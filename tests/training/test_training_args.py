@@ -121,10 +121,16 @@ def pretrain_args(flags: list[str]):
 def test_local_rank_of_torch_distributed_launch_sets_or_must_match_local_rank(monkeypatch):
     """torch.distributed.launch passes --local-rank N: it becomes LOCAL_RANK (the device index tpzoo reads)
     when the launcher set none, and must agree with it when it did."""
-    from tpzoo.training.args import add_parallel_args, check_local_rank, command_parser
+    from tpzoo.training.args import add_parallel_args, command_parser
+    from tpzoo.training.parallel_config import ParallelConfig
+    from tpzoo.training.run_config import section_of
 
     p = command_parser("x", "x")
     add_parallel_args(p)
+
+    def check_local_rank(args):
+        section_of(ParallelConfig, vars(args)).check_launch()
+
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     check_local_rank(p.parse_args(["--local-rank", "1"]))
     assert os.environ["LOCAL_RANK"] == "1"
@@ -163,11 +169,11 @@ def test_compile_flag_makes_a_compiling_plan(script):
     finally:
         sys.path.remove(str(ROOT))
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.args import plan_from_args
+    from tpzoo.training.run_config import RunConfig
 
     mesh = init_mesh(tp=1)
-    assert not plan_from_args(parser().parse_args([]), mesh).compile
-    assert plan_from_args(parser().parse_args(["--compile"]), mesh).compile
+    assert not RunConfig.of(vars(parser().parse_args([]))).plan(mesh).compile
+    assert RunConfig.of(vars(parser().parse_args(["--compile"]))).plan(mesh).compile
 
 
 @pytest.mark.parametrize("env, problem", [
@@ -178,12 +184,12 @@ def test_compile_flag_makes_a_compiling_plan(script):
 ], ids=["backend", "reduce-overhead-on-cpu", "no-c++-compiler"])
 def test_compile_refused_where_it_cannot_run(monkeypatch, env, problem):
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.args import plan_from_args
+    from tpzoo.training.run_config import RunConfig
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=re.escape(problem)):
-        plan_from_args(pretrain_args(["--compile"]), init_mesh(tp=1))
+        RunConfig.of(vars(pretrain_args(["--compile"]))).plan(init_mesh(tp=1))
 
 
 @pytest.mark.tier("journey")

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
+from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from tpzoo.run_options import PLAN_OPTIONS
 
 Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
@@ -58,8 +58,15 @@ def _int(minimum: int) -> Check:
 
 
 def _optional(inner: Check) -> Check:
+    """``inner``, or None; the same flag (its ``parse`` and ``choices``)."""
     check = lambda v: None if v is None else inner(v)  # noqa: E731
-    return _parses(inner.parse)(check) if hasattr(inner, "parse") else check
+    check.__dict__.update(vars(inner))
+    return check
+
+
+@_parses(str)
+def _text(v: Any) -> str | None:
+    return None if isinstance(v, str) else f"must be a str, got {type(v).__name__} {v!r}"
 
 
 @_parses(probability)
@@ -76,25 +83,37 @@ def _positive_float(v: Any) -> str | None:
     return None if v > 0 else f"must be > 0, got {v}"
 
 
+@_parses(non_negative_float)
+def _non_negative_float(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return f"must be a finite float, got {type(v).__name__} {v!r}"
+    return None if v >= 0 else f"must be >= 0, got {v}"
+
+
 def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else f"must be True or False, got {type(v).__name__} {v!r}"
 
 
 def _choice(*options: Any) -> Check:
+    """One of ``options``; its flag takes them as ``choices`` (read as their type: ints for ints)."""
     shown = ", ".join(repr(o) for o in options)
-    return lambda v: None if v in options else f"must be one of {shown}, got {v!r}"
+    check = _parses(type(options[0]))(lambda v: None if v in options else f"must be one of {shown}, got {v!r}")
+    check.choices = options
+    return check
 
 
-def _field(default: Any, check: Check, doc: str, flag: str | None = None, metavar: str | None = None) -> Any:
-    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any; ``metavar``:
-    what its value is called in --help)."""
-    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "metavar": metavar})
+def _field(default: Any, check: Check | None, doc: str, flag: str | tuple[str, ...] | None = None,
+           metavar: str | tuple[str, ...] | None = None, **role: Any) -> Any:
+    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any; a tuple:
+    the flag and its aliases; ``metavar``: what its value is called in --help). ``role``: how a run configuration
+    treats the field (``tpzoo.training.run_config``: ``launch``, ``meaning``, ``path``, ``together``, ``nargs``)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "metavar": metavar, **role})
 
 
 def check_fields(config: Any) -> None:
     """ValueError naming the first field of the dataclass ``config`` whose check fails (a field without one passes)."""
     for f in dataclasses.fields(config):
-        problem = f.metadata.get("check", lambda v: None)(getattr(config, f.name))
+        problem = (f.metadata.get("check") or (lambda v: None))(getattr(config, f.name))
         if problem:
             raise ValueError(f"{type(config).__name__}.{f.name} {problem}")
 

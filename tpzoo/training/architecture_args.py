@@ -37,22 +37,16 @@ from typing import Any
 from tpzoo.flag_types import positive_float, positive_int
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
-from tpzoo.run_options import (MEGATRON_ATTENTION_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS,
-                               recompute_problem)
+from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
 from tpzoo.training.args import config_flag
+from tpzoo.training.parallel_config import KERNEL_FUSIONS, SpeedConfig
+from tpzoo.training.run_config import add_section
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # what a model is, as Megatron-LM's flags say it: trait -> its value when no flag sets it (Megatron-LM's)
 TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                               add_bias_linear=True, group_query_attention=False)
-# --no-*-fusion flags: of a fusion tpzoo's kernels do (turned off by --kernels torch), or of one tpzoo never does
-KERNEL_FUSIONS = ("masked_softmax", "bias_gelu")
-ABSENT_FUSIONS = ("bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
-# the speed flags' destinations: each launch's own, never restored from a checkpoint
-SPEED_FLAGS = ("use_flash_attn", "overlap_grad_reduce", "overlap_param_gather", "recompute_granularity",
-               "recompute_method", "recompute_num_layers", "no_persist_layer_norm", "attention_softmax_in_fp32",
-               *(f"no_{name}_fusion" for name in KERNEL_FUSIONS + ABSENT_FUSIONS))
 
 
 def add_architecture_args(parser: argparse.ArgumentParser) -> None:
@@ -81,29 +75,13 @@ def add_architecture_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speed_args(parser: argparse.ArgumentParser) -> None:
-    """Megatron-LM's speed flags (docs/training.md), and its values of ``--attention-backend`` (defined by
-    ``tpzoo.training.args.add_precision_args``, which must come first) besides tpzoo's."""
+    """Megatron-LM's speed flags (``tpzoo.training.parallel_config.SpeedConfig``), and its values of
+    ``--attention-backend`` (defined by ``tpzoo.training.args.add_precision_args``, which must come first) besides
+    tpzoo's."""
     backend = parser._option_string_actions["--attention-backend"]
     backend.choices = (*backend.choices, *MEGATRON_ATTENTION_BACKENDS)
     backend.help = "Megatron-LM's flash and fused = sdpa, local and unfused = fused-softmax"
-    g = parser.add_argument_group("speed (Megatron-LM's flags; docs/training.md)")
-    g.add_argument("--use-flash-attn", action="store_true", help="= --attention-backend sdpa (torch's fused attention)")
-    g.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="accepted: tpzoo's data-parallel gradient reduce always overlaps backward")
-    g.add_argument("--overlap-param-gather", action="store_true",
-                   help="with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of its compute")
-    g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES,
-                   help="full: whole layers (by --recompute-method); selective: core attention only")
-    g.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, help="full recompute: uniform (groups of "
-                   "--recompute-num-layers layers) or block (the first N layers of each pipeline stage)")
-    g.add_argument("--recompute-num-layers", type=positive_int)
-    for name in KERNEL_FUSIONS:
-        g.add_argument(f"--no-{name.replace('_', '-')}-fusion", action="store_true", help="= --kernels torch")
-    for name in ABSENT_FUSIONS:
-        g.add_argument(f"--no-{name.replace('_', '-')}-fusion", action="store_true",
-                       help="accepted: tpzoo has no such fusion")
-    g.add_argument("--no-persist-layer-norm", action="store_true", help="accepted: tpzoo's layer norm kernel is not "
-                   "a persistent one")
+    add_section(parser, SpeedConfig, "speed (Megatron-LM's flags; docs/training.md)")
 
 
 def _field(config_class: type, name: str) -> Any:

@@ -1,14 +1,14 @@
 """The flags ``pretrain.py`` and ``finetune.py`` share (Megatron-LM's names, ``shared/CONTRACT.md``
-section 1), and what they turn into: the model config (what the model is), the ``ParallelPlan`` (how it
-runs: mesh, sequence parallelism, recompute, kernels, compile, seed) and the ``EngineConfig``.
+section 1), and what they turn into: the model config (what the model is) and the ``EngineConfig``; the mesh,
+precision and stopping flags are generated from their run configuration sections (``tpzoo.training.parallel_config``,
+``tpzoo.training.run_config``).
 
     parser = command_parser("pretrain.py", "Pretrain a model on the pp x dp x tp mesh.")
     add_model_args(parser); add_parallel_args(parser); add_precision_args(parser)
     add_optimizer_args(parser)                        # tpzoo.training.optimizer_args: batch, schedule, optimizer
     args = parser.parse_args()
     config = model_config(args)                       # the preset, overridden by the model flags given
-    plan = plan_from_args(args, init_mesh(args.tp, args.pp, args.dp))
-    engine = engine_config(args)                      # batch, schedule, optimizer, precision
+    engine = engine_config(vars(args))                # batch, schedule, optimizer, precision
 
 ``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset. Flags a
 script does not want to default are None until given; ``model_config`` applies only those given.
@@ -23,29 +23,20 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 import sys
-from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
-from tpzoo.engine.config import SCHEDULES, EngineConfig
-from tpzoo.flag_types import non_negative_int, positive_float, positive_int, probability
+from tpzoo.engine.config import EngineConfig
+from tpzoo.flag_types import positive_int
 from tpzoo.models.config import ModelConfig, field_names
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.models.family_flag import add_model_flag
 from tpzoo.models.presets import get_preset
-from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS
-
-if TYPE_CHECKING:
-    from tpzoo.parallel import ParallelMesh, ParallelPlan
+from tpzoo.training.checkpoint_args import RunIO
+from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig
+from tpzoo.training.run_config import StoppingConfig, add_section, section_of
 
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
-# the dynamic fp16 loss scale's flags when not given: Megatron's, but for the initial scale, 2^16
-# (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
-# only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
-LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
-LOSS_SCALE_FLAGS = ("loss_scale", *LOSS_SCALE_DEFAULTS)
-# Megatron-LM's recompute flags (tpzoo.training.architecture_args), the plan's options of their names
-RECOMPUTE_FLAGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -194,25 +185,8 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") 
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
-    """Mesh sizes (``tp x pp x dp`` = world size; dp inferred when omitted) and the parallel options."""
-    g = parser.add_argument_group("parallel")
-    g.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", type=positive_int, default=1)
-    g.add_argument("--data-parallel-size", "--dp", dest="dp", type=positive_int,
-                   help="default: world size / (tp x pp)")
-    g.add_argument("--virtual-pipeline-model-parallel-size", "--vpp", dest="vpp", type=positive_int,
-                   help="model chunks per pp rank (interleaved schedules; default: 2 for them)")
-    g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="1f1b")
-    g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-2 over dp: optimizer state and "
-                   "main weights sharded, gradients reduce-scattered to their owner")
-    g.add_argument("--use-torch-fsdp2", action="store_true", help="weights, gradients and optimizer state sharded "
-                   "over dp by torch's FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1")
-    g.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
-                   help="a collective waiting this long on a peer fails; every rank then exits naming the stuck "
-                   "or dead ones")
-    g.add_argument("--local-rank", type=non_negative_int, help="this process's rank on its node, as "
-                   "torch.distributed.launch passes it (torchrun sets LOCAL_RANK instead); must agree with LOCAL_RANK")
+    """The mesh flags (``tpzoo.training.parallel_config.ParallelConfig``)."""
+    add_section(parser, ParallelConfig, "parallel")
 
 
 def set_model_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, dict[str, Any]]) -> None:
@@ -239,28 +213,8 @@ def fill_model_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[st
 
 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
-    """--bf16/--fp16, fp16's loss scale (Megatron's flags; None until given: ``engine_config`` refuses
-    them without --fp16 and fills in ``LOSS_SCALE_DEFAULTS``) and the speed options."""
-    g = parser.add_argument_group("precision and speed")
-    dtype = g.add_mutually_exclusive_group()
-    dtype.add_argument("--bf16", action="store_true", help="bf16 weights and grads, fp32 main weights")
-    dtype.add_argument("--fp16", action="store_true", help="fp16 weights and grads, fp32 main weights, loss scaling")
-    g.add_argument("--loss-scale", type=positive_float, help="fp16: a static loss scale (an overflow still skips "
-                   "its step); default: dynamic, the flags below")
-    g.add_argument("--initial-loss-scale", type=positive_float, help="fp16: the dynamic loss scale to start from "
-                   f"(default: {LOSS_SCALE_DEFAULTS['initial_loss_scale']:g})")
-    g.add_argument("--min-loss-scale", type=positive_float, help="fp16: the dynamic scale never backs off below "
-                   f"this (default: {LOSS_SCALE_DEFAULTS['min_loss_scale']:g})")
-    g.add_argument("--loss-scale-window", type=positive_int, help="fp16: clean steps in a row before the scale "
-                   f"doubles (default: {LOSS_SCALE_DEFAULTS['loss_scale_window']})")
-    g.add_argument("--hysteresis", type=positive_int, help="fp16: overflows since the scale last grew before it "
-                   f"halves (default: {LOSS_SCALE_DEFAULTS['hysteresis']})")
-    g.add_argument("--recompute-activations", action="store_true", help="recompute each layer in backward")
-    g.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
-    g.add_argument("--compile", action="store_true", help="torch.compile each layer and the loss head (backend: "
-                   "$TPZOO_COMPILE_BACKEND, inductor if unset; docs/training.md); off unless given: its speed-up "
-                   "is not yet measured on a GPU")
+    """--bf16/--fp16, fp16's loss scale and the speed options (``tpzoo.training.parallel_config.PrecisionConfig``)."""
+    add_section(parser, PrecisionConfig, "precision and speed")
 
 
 def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
@@ -285,104 +239,29 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
     return config
 
 
-def plan_from_args(args: argparse.Namespace, mesh: ParallelMesh) -> ParallelPlan:
-    """The ``ParallelPlan`` of ``mesh`` and the run option flags: --sequence-parallel,
-    --recompute-activations, --kernels, --attention-backend, --compile, --use-torch-fsdp2 (``fsdp``),
-    --seed (the weights' seed) and Megatron-LM's --recompute-granularity/-method/-num-layers when present.
-    --compile where torch.compile cannot run here (``tpzoo.models.compile.compile_problem``) is a ValueError."""
-    from tpzoo.parallel import ParallelPlan
-
-    if args.compile:
-        from tpzoo.models.compile import compile_problem
-
-        problem = compile_problem(mesh.device)
-        if problem:
-            raise ValueError(f"--compile: {problem}")
-    return ParallelPlan(mesh, sequence_parallel=args.sequence_parallel,
-                        recompute_activations=args.recompute_activations, kernels=args.kernels,
-                        attention_backend=args.attention_backend, seed=args.seed, compile=args.compile,
-                        fsdp=args.use_torch_fsdp2, **{name: getattr(args, name, None) for name in RECOMPUTE_FLAGS})
-
-
-def check_local_rank(args: argparse.Namespace) -> None:
-    """--local-rank (torch.distributed.launch's): the device index of this process, which tpzoo reads from
-    LOCAL_RANK; set there when the launcher did not, a ValueError naming both when they differ."""
-    if args.local_rank is None:
-        return
-    launcher = os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    if int(launcher) != args.local_rank:
-        raise ValueError(f"--local-rank {args.local_rank} differs from the launcher's LOCAL_RANK {launcher}; "
-                         f"drop --local-rank (torchrun sets LOCAL_RANK)")
-
-
-def check_fsdp_flags(args: argparse.Namespace) -> None:
-    """--use-torch-fsdp2's misuse, from the flags and torchrun's WORLD_SIZE alone (before torch loads; the
-    engine's ``tpzoo.engine.fsdp_params.check_fsdp`` says why): a ValueError naming the fix with
-    --use-distributed-optimizer (FSDP shards the optimizer state already; Megatron refuses the pair too),
-    with the interleaved-zero-bubble schedule at pp > 1, and when dp is 1 (nothing to shard over). Sizes
-    that do not divide the world size are left to ``init_mesh``, which names them."""
-    if not args.use_torch_fsdp2:
-        return
-    if args.use_distributed_optimizer:
-        raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
-                         "--use-distributed-optimizer or --use-torch-fsdp2")
-    if args.pp > 1 and args.pipeline_schedule == "interleaved-zero-bubble":
-        raise ValueError(f"--use-torch-fsdp2 cannot run --pipeline-schedule interleaved-zero-bubble at pp {args.pp} "
-                         f"(its split weight gradients miss FSDP's gathered weights); use interleaved-1f1b or drop "
-                         f"--use-torch-fsdp2")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dp = args.dp or world // (args.tp * args.pp)
-    if dp == 1:
-        raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {args.tp}, "
-                         f"pp {args.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
-
-
-def engine_config(args: argparse.Namespace, **changes: Any) -> EngineConfig:
-    """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (and ``changes``)."""
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    scaling = {name: getattr(args, name) for name in LOSS_SCALE_FLAGS
-               if getattr(args, name, None) is not None}
-    if scaling and precision != "fp16":
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in scaling)
-        raise ValueError(f"{flags} set the fp16 loss scale, but this run is {precision}; add --fp16 or drop them")
+def engine_config(flags: Mapping[str, Any], **changes: Any) -> EngineConfig:
+    """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (``flags``: by destination) and
+    ``changes``."""
+    parallel, precision = section_of(ParallelConfig, flags), section_of(PrecisionConfig, flags)
     return EngineConfig(**{
-        **dict(micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-               schedule=args.pipeline_schedule, virtual_stages=args.vpp,
-               use_distributed_optimizer=args.use_distributed_optimizer, lr=args.lr,
-               weight_decay=args.weight_decay, clip_grad=args.clip_grad, precision=precision,
-               optimizer=args.optimizer, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
-               adam_eps=args.adam_eps, sgd_momentum=args.sgd_momentum,
-               timeout_s=60.0 * args.distributed_timeout_minutes),
-        **(dict(LOSS_SCALE_DEFAULTS, **scaling) if precision == "fp16" else {}),
-        **changes})
-
-
-def process_timeout(args: argparse.Namespace) -> timedelta:
-    """--distributed-timeout-minutes: the timeout of every process group (``init_mesh(timeout=)``)."""
-    return timedelta(minutes=args.distributed_timeout_minutes)
+        **dict(micro_batch_size=flags["micro_batch_size"], global_batch_size=flags["global_batch_size"],
+               schedule=parallel.pipeline_schedule, virtual_stages=parallel.vpp,
+               use_distributed_optimizer=parallel.use_distributed_optimizer, lr=flags["lr"],
+               weight_decay=flags["weight_decay"], clip_grad=flags["clip_grad"], precision=precision.precision,
+               optimizer=flags["optimizer"], adam_beta1=flags["adam_beta1"], adam_beta2=flags["adam_beta2"],
+               adam_eps=flags["adam_eps"], sgd_momentum=flags["sgd_momentum"],
+               timeout_s=60.0 * parallel.distributed_timeout_minutes),
+        **precision.loss_scaling(), **changes})
 
 
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Checkpointing, evaluation and logging: ``--save --save-interval --load --eval-interval
-    --eval-iters --log-interval --log-dir`` (``defaults`` override the values below), and the
-    stopping flags (``add_stopping_args``)."""
-    d = {**dict(save_interval=None, eval_interval=50, eval_iters=4, log_interval=10), **defaults}
-    g = parser.add_argument_group("run")
-    g.add_argument("--save", metavar="DIR", help="checkpoint folder (default: runs/<model>-<time>)")
-    g.add_argument("--save-interval", "--persistent-save-interval", type=positive_int, default=d["save_interval"],
-                   help="save every N iterations (default: only at the end)")
-    g.add_argument("--load", metavar="DIR", help="resume the run saved in DIR (its newest checkpoint, or DIR/iter_N) "
-                   "as it was configured; flags given change only what they name")
-    g.add_argument("--eval-interval", type=non_negative_int, default=d["eval_interval"],
-                   help="validation loss every N iterations and at the end; 0 = never")
-    g.add_argument("--eval-iters", type=positive_int, default=d["eval_iters"], help="global batches per evaluation")
-    g.add_argument("--log-interval", type=positive_int, default=d["log_interval"], help="log every N iterations")
-    g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl and TensorBoard events (default: the --save dir)")
+    --eval-iters --log-interval --log-dir`` (``tpzoo.training.checkpoint_args.RunIO``; ``defaults``
+    override its defaults), and the stopping flags (``add_stopping_args``)."""
+    add_section(parser, RunIO, "run", **defaults)
     add_stopping_args(parser)
 
 
 def add_stopping_args(parser: argparse.ArgumentParser) -> None:
     """When a run stops early: the flags of ``tpzoo.training.run_config.StoppingConfig``."""
-    from tpzoo.training.run_config import StoppingConfig, add_section
-
     add_section(parser, StoppingConfig, "stopping")

@@ -1,4 +1,5 @@
-"""Megatron-LM's checkpoint flags, and which checkpoint a run loads (docs/checkpoints.md).
+"""The run's folders and intervals (``RunIO``: --save, --load, --log-dir, the intervals), Megatron-LM's checkpoint
+flags (``CheckpointConfig``), and which checkpoint a run loads (docs/checkpoints.md).
 
     --finetune                     load the model weights only: iteration 0, consumed samples 0, a fresh
                                    optimizer and lr schedule, the RNG as seeded; saves go to --save (or a
@@ -17,45 +18,68 @@ The flags are the launch's: a resume never takes them from the checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-FLAGS = ("finetune", "no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng", "use_checkpoint_args",
-         "exit_on_missing_checkpoint")
+from tpzoo.models.config import _bool, _field, _int, _optional, _text, check_fields
 
 
-def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("checkpoint (Megatron-LM's flags; docs/checkpoints.md)")
-    g.add_argument("--finetune", action="store_true", help="load only the model weights of --load: iteration 0, "
-                   "fresh optimizer, no RNG, consumed samples 0")
-    g.add_argument("--no-load-optim", action="store_true", help="resume without the optimizer state")
-    g.add_argument("--no-load-rng", action="store_true", help="resume without the RNG states")
-    g.add_argument("--no-save-optim", action="store_true", help="save without the optimizer state")
-    g.add_argument("--no-save-rng", action="store_true", help="save without the RNG states")
-    g.add_argument("--use-checkpoint-args", action="store_true",
-                   help="accepted: --load always takes the checkpoint's flags (those not given)")
-    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
-                   help="--load DIR that holds no checkpoint is an error even when it is the --save DIR")
+def _launch_switch(doc: str, flag: str) -> bool:
+    return _field(False, _bool, doc, flag, launch=True)
 
 
-def check_checkpoint_flags(args: argparse.Namespace) -> None:
-    """ValueError for --finetune or --use-checkpoint-args without --load (they say what to load from it)."""
-    for flag in ("finetune", "use_checkpoint_args"):
-        if getattr(args, flag) and args.load is None:
-            raise ValueError(f"--{flag.replace('_', '-')} reads the checkpoint of --load; add --load DIR")
+@dataclass(frozen=True)
+class RunIO:
+    """Where a run saves and from what it resumes, and how often it evaluates, logs and saves (``run``)."""
+
+    save: str | None = _field(None, _optional(_text), "checkpoint folder (default: runs/<model>-<time>)", "--save",
+                              "DIR", launch=True)
+    save_interval: int | None = _field(None, _optional(_int(1)), "save every N iterations (default: only at the end)",
+                                       ("--save-interval", "--persistent-save-interval"))
+    load: str | None = _field(None, _optional(_text), "resume the run saved in DIR (its newest checkpoint, or "
+                              "DIR/iter_N) as it was configured; flags given change only what they name", "--load",
+                              "DIR", launch=True)
+    eval_interval: int = _field(50, _int(0), "validation loss every N iterations and at the end; 0 = never",
+                                "--eval-interval")
+    eval_iters: int = _field(4, _int(1), "global batches per evaluation", "--eval-iters")
+    log_interval: int = _field(10, _int(1), "log every N iterations", "--log-interval")
+    log_dir: str | None = _field(None, _optional(_text), "metrics.jsonl and TensorBoard events (default: the --save "
+                                 "dir)", "--log-dir", "DIR", path=True)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
-def load_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``load_checkpoint``'s options of the flags."""
-    return dict(load_optimizer=not (args.finetune or args.no_load_optim),
-                load_rng=not (args.finetune or args.no_load_rng))
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Megatron-LM's checkpoint flags (docs/checkpoints.md): what a run loads and saves."""
 
+    finetune: bool = _launch_switch("load only the model weights of --load: iteration 0, fresh optimizer, no RNG, "
+                                    "consumed samples 0", "--finetune")
+    no_load_optim: bool = _launch_switch("resume without the optimizer state", "--no-load-optim")
+    no_load_rng: bool = _launch_switch("resume without the RNG states", "--no-load-rng")
+    no_save_optim: bool = _launch_switch("save without the optimizer state", "--no-save-optim")
+    no_save_rng: bool = _launch_switch("save without the RNG states", "--no-save-rng")
+    use_checkpoint_args: bool = _launch_switch("accepted: --load always takes the checkpoint's flags (those not "
+                                               "given)", "--use-checkpoint-args")
+    exit_on_missing_checkpoint: bool = _launch_switch("--load DIR that holds no checkpoint is an error even when it is "
+                                                      "the --save DIR", "--exit-on-missing-checkpoint")
 
-def save_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``save_checkpoint``'s options of the flags."""
-    return dict(save_optimizer=not args.no_save_optim, save_rng=not args.no_save_rng)
+    def check(self, io: RunIO) -> None:
+        """ValueError for --finetune or --use-checkpoint-args without --load (they say what to load from it)."""
+        for flag in ("finetune", "use_checkpoint_args"):
+            if getattr(self, flag) and io.load is None:
+                raise ValueError(f"--{flag.replace('_', '-')} reads the checkpoint of --load; add --load DIR")
+
+    def load_options(self) -> dict[str, bool]:
+        """``load_checkpoint``'s options."""
+        return dict(load_optimizer=not (self.finetune or self.no_load_optim),
+                    load_rng=not (self.finetune or self.no_load_rng))
+
+    def save_options(self) -> dict[str, bool]:
+        """``save_checkpoint``'s options."""
+        return dict(save_optimizer=not self.no_save_optim, save_rng=not self.no_save_rng)
 
 
 def holds_no_checkpoint(path: Path) -> bool:
@@ -69,14 +93,14 @@ def holds_no_checkpoint(path: Path) -> bool:
                                      for p in path.iterdir())
 
 
-def first_run(args: argparse.Namespace) -> bool:
+def first_run(io: RunIO) -> bool:
     """Whether --load is the --save folder and holds no checkpoint yet (Megatron-LM's one launch line that starts
     a run and resumes it)."""
-    return (args.save is not None and os.path.abspath(args.save) == os.path.abspath(args.load)
-            and holds_no_checkpoint(Path(args.load)))
+    return (io.save is not None and os.path.abspath(io.save) == os.path.abspath(io.load)
+            and holds_no_checkpoint(Path(io.load)))
 
 
-def checkpoint_to_load(args: argparse.Namespace) -> Path | None:
+def checkpoint_to_load(io: RunIO, checkpoint: CheckpointConfig) -> Path | None:
     """The checkpoint folder of --load (collective: every rank checks its share), or None: no --load,
     or --load is the --save folder and holds no checkpoint yet (a first run; printed on rank 0) unless
     --exit-on-missing-checkpoint. FileNotFoundError / ValueError as ``resolve_checkpoint`` otherwise."""
@@ -84,13 +108,13 @@ def checkpoint_to_load(args: argparse.Namespace) -> Path | None:
 
     from tpzoo.checkpoint import resolve_checkpoint
 
-    if args.load is None:
+    if io.load is None:
         return None
-    if first_run(args):
-        if args.exit_on_missing_checkpoint:
-            raise FileNotFoundError(f"--load {args.load} holds no checkpoint and --exit-on-missing-checkpoint is "
+    if first_run(io):
+        if checkpoint.exit_on_missing_checkpoint:
+            raise FileNotFoundError(f"--load {io.load} holds no checkpoint and --exit-on-missing-checkpoint is "
                                     f"given; drop that flag to start from scratch there")
         if dist.get_rank() == 0:
-            print(f"no checkpoint in --load {args.load} (also the --save folder): starting from scratch", flush=True)
+            print(f"no checkpoint in --load {io.load} (also the --save folder): starting from scratch", flush=True)
         return None
-    return resolve_checkpoint(args.load, collective=True)
+    return resolve_checkpoint(io.load, collective=True)

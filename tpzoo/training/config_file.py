@@ -184,9 +184,10 @@ def print_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
     recorded by --load's checkpoint (None without --load, or when --load is the --save folder holding none yet).
     ``described``: --model was not given (``to_toml``; a resume's family is its checkpoint's)."""
     from tpzoo.checkpoint import read_meta
-    from tpzoo.training.checkpoint_args import first_run
+    from tpzoo.training.checkpoint_args import RunIO, first_run
+    from tpzoo.training.run_config import section_of
 
-    saved = None if args.load is None or first_run(args) else read_meta(args.load).get("args", {})
+    saved = None if args.load is None or first_run(section_of(RunIO, vars(args))) else read_meta(args.load).get("args", {})
     resolve(saved)
     if os.environ.get("RANK", "0") == "0":
         print(to_toml(parser, args, described=described and saved is None), end="")

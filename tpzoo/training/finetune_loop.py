@@ -28,7 +28,6 @@ from tpzoo.training.classification import classification_metrics
 from tpzoo.training.finetune_setup import FinetuneRun
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.monitor import tensorboard_writers
-from tpzoo.training.run_config import StoppingConfig, section_of
 from tpzoo.training.run_summary import setup_lines
 from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
@@ -69,8 +68,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
     summary, iteration, latest = FinetuneSummary(), 0, None
-    stopping = section_of(StoppingConfig, vars(args))
-    with StopRules.of(stopping, run.mesh.device) as rules, closing(Metrics(
+    with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
             run.log_dir, schedule.decay_steps, args.log_interval, enabled=rank0,
             writers=tensorboard_writers(run.log_dir) if rank0 else [])) as metrics:
         for line in setup_lines(run.config, engine):  # the model, the mesh, the memory per rank
@@ -91,7 +89,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                 summary.stopped = None if iteration == args.epochs * steps else rules.reason(iteration)
                 if iteration % steps and not summary.stopped:  # the epoch's last step: on the validation line
                     metrics.log(iteration, **step)
-                check_divergence(engine, stopping.max_skipped_steps, iteration, latest,
+                check_divergence(engine, run.job.stopping.max_skipped_steps, iteration, latest,
                                  start=f"fine-tune {args.load} again")
                 if summary.stopped:
                     break

@@ -38,9 +38,10 @@ from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
-from tpzoo.training.args import engine_config, model_config, plan_from_args, process_timeout
+from tpzoo.training.args import engine_config, model_config
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
+from tpzoo.training.run_config import RunConfig
 from tpzoo.training.setup import default_run_dir
 
 # what a sample of each kind is, and what happens to one longer than --seq-length
@@ -50,6 +51,7 @@ SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", 
 @dataclass
 class FinetuneRun:
     args: argparse.Namespace
+    job: RunConfig                    # the flags' sections
     mesh: ParallelMesh
     kind: str                         # the family's finetune kind: "classification" or "causal-lm"
     tokenizer: Tokenizer
@@ -168,7 +170,8 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
             raise ValueError(f"--load {args.load} is a classifier of {saved.num_labels} labels but the data has "
                              f"{len(names)} ({names}); fine-tune a {spec.pretrain_model} checkpoint instead")
         changes = dict(num_labels=len(names))
-    ecfg = engine_config(args)
+    job = RunConfig.of(vars(args))
+    ecfg = engine_config(job.flags)
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
     # in iterations: iteration i runs at lr_at(i), the warmup rising from --lr-warmup-init
     schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style, args.lr_warmup_init)
@@ -176,11 +179,11 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
     config = model_config(args, saved, **changes)
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
     model_class = spec.finetune_model if spec.finetune_model != class_name else None
-    mesh = init_mesh(args.tp, args.pp, args.dp, timeout=process_timeout(args))
+    mesh = init_mesh(job.parallel.tp, job.parallel.pp, job.parallel.dp, timeout=job.parallel.timeout)
     manual_seed(args.seed, mesh)
     build = functools.partial(load_model, args.load, model_class=model_class, config_overrides=overrides)
-    engine = Engine(build, config, ecfg, plan_from_args(args, mesh))
+    engine = Engine(build, config, ecfg, job.plan(mesh))
     save_dir = Path(args.save) if args.save else None
     log_dir = Path(args.log_dir) if args.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
-    return FinetuneRun(args, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir,
+    return FinetuneRun(args, job, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir,
                        report)

@@ -1,79 +1,89 @@
-"""Megatron-LM's logging flags (its ``LoggerConfig``): TensorBoard, Weights & Biases, throughput, the
-params norm, zeros in the gradients and the timers. ``--log-interval`` and ``--log-dir`` stay with the
-run flags (``tpzoo.training.args.add_run_args``); what each flag adds to a metrics line:
-``tpzoo.training.metrics`` (fields) and ``tpzoo.training.monitor`` (writers).
+"""Megatron-LM's logging flags (its ``LoggerConfig``) as the run configuration's ``logging`` section: TensorBoard,
+Weights & Biases, throughput, the params norm, zeros in the gradients and the timers. ``--log-interval`` and
+``--log-dir`` stay with the run flags (``tpzoo.training.args.add_run_args``); what each field adds to a metrics
+line: ``tpzoo.training.metrics`` (fields) and ``tpzoo.training.monitor`` (writers).
 
-Checked before torch loads (``check_logging_flags``): a flag whose library is not installed, a
-``--wandb-*`` flag without ``--wandb-project``, ``--wandb-project`` online without a W&B API key.
+Checked before torch loads: a ``--wandb-*`` flag without ``--wandb-project`` (the section refuses it), a flag whose
+library is not installed and ``--wandb-project`` online without a W&B API key (``check_logging``).
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from tpzoo.flag_types import positive_int
+from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _text, check_fields
 
 TIMING_LEVELS = (0, 1, 2)
 TIMING_OPTIONS = ("max", "minmax", "all")
 WANDB_FLAGS = ("wandb_exp_name", "wandb_save_dir", "wandb_entity")
+TO_BOARD = "to TensorBoard / W&B"
 
 
-def add_logging_args(parser: argparse.ArgumentParser) -> None:
-    """``--tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size --log-*-to-tensorboard
-    --log-throughput --log-params-norm --log-num-zeros-in-grad --timing-log-level --timing-log-option
-    --wandb-project --wandb-exp-name --wandb-save-dir --wandb-entity`` (Megatron-LM's names and meanings)."""
-    g = parser.add_argument_group("logging (Megatron-LM's names; docs/training.md)")
-    g.add_argument("--tensorboard-dir", metavar="DIR", help="TensorBoard events here (needs tensorboard; default: "
-                   "the log dir when tensorboard is installed)")
-    g.add_argument("--tensorboard-log-interval", type=positive_int, metavar="N",
-                   help="also write the train scalars to TensorBoard / W&B every N iterations (default: the "
-                   "logged lines only)")
-    g.add_argument("--tensorboard-queue-size", type=positive_int, default=1000, metavar="N",
-                   help="events TensorBoard queues before it writes them to disk")
-    g.add_argument("--log-timers-to-tensorboard", action="store_true",
-                   help="write the timers (time/<name>) and the throughput to TensorBoard / W&B too")
-    g.add_argument("--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard",
-                   dest="log_loss_scale_to_tensorboard", action="store_false",
-                   help="leave the loss scale out of TensorBoard / W&B")
-    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",
-                   help="log the validation perplexity exp(val loss) as val_ppl")
-    g.add_argument("--log-memory-to-tensorboard", action="store_true",
-                   help="log rank 0's memory: CUDA allocated / peak / reserved bytes, a CPU process's peak RSS")
-    g.add_argument("--log-world-size-to-tensorboard", action="store_true", help="log the world size")
-    g.add_argument("--log-batch-size-to-tensorboard", action="store_true",
-                   help="older Megatron-LM's flag; tpzoo always logs the global batch size (global_batch_size)")
-    g.add_argument("--log-throughput", action="store_true",
-                   help="log the throughput: model TFLOP/s per GPU (6 x params + attention, per token)")
-    g.add_argument("--log-params-norm", action="store_true",
-                   help="log the L2 norm of all weights after each logged step (each weight counted once)")
-    g.add_argument("--log-num-zeros-in-grad", action="store_true",
-                   help="log the number of zero entries of the reduced gradients (each counted once)")
-    g.add_argument("--timing-log-level", type=int, choices=TIMING_LEVELS, metavar="{0,1,2}",
-                   help="time the iteration (0), its forward-backward, gradient sync, optimizer, evaluation and "
-                   "save (1), and the batch read (2); logged as time/<name> seconds per iteration "
-                   "(default: no timers)")
-    g.add_argument("--timing-log-option", choices=TIMING_OPTIONS, default="minmax",
-                   help="the timers over the ranks: max, minmax (time/<name> the max, time/<name>/min) or all "
-                   "(time/<name>/rank<r> too)")
-    g.add_argument("--wandb-project", metavar="NAME", help="log to Weights & Biases under this project (needs "
-                   "wandb; WANDB_MODE=offline works without a network)")
-    g.add_argument("--wandb-exp-name", metavar="NAME", help="the W&B run's name (default: the run folder's name)")
-    g.add_argument("--wandb-save-dir", metavar="DIR", help="W&B's local files go to DIR/wandb (default: the log dir)")
-    g.add_argument("--wandb-entity", metavar="NAME", help="the W&B team or user the project belongs to")
+def _switch(doc: str, flag: str) -> bool:
+    return _field(False, _bool, doc, flag)
 
 
-def check_logging_flags(args: argparse.Namespace) -> None:
-    """ValueError naming the flag and the fix: a missing library (``monitor.require``), a ``--wandb-*``
-    flag without ``--wandb-project``, an online W&B run without an API key (``monitor.wandb_key_missing``)."""
+@dataclass(frozen=True)
+class LoggingConfig:
+    """What a run logs besides its loss lines (Megatron-LM's names; docs/training.md)."""
+
+    tensorboard_dir: str | None = _field(None, _optional(_text), "TensorBoard events here (needs tensorboard; "
+                                         "default: the log dir when tensorboard is installed)", "--tensorboard-dir",
+                                         "DIR", path=True)
+    tensorboard_log_interval: int | None = _field(None, _optional(_int(1)), f"also write the train scalars {TO_BOARD} "
+                                                  "every N iterations (default: the logged lines only)",
+                                                  "--tensorboard-log-interval", "N")
+    tensorboard_queue_size: int = _field(1000, _int(1), "events TensorBoard queues before it writes them to disk",
+                                         "--tensorboard-queue-size", "N", launch=True)
+    log_timers_to_tensorboard: bool = _switch(f"write the timers (time/<name>) and the throughput {TO_BOARD} too",
+                                              "--log-timers-to-tensorboard")
+    log_loss_scale_to_tensorboard: bool = _field(True, _bool, "leave the loss scale out of TensorBoard / W&B", (
+        "--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard"))
+    log_validation_ppl_to_tensorboard: bool = _switch("log the validation perplexity exp(val loss) as val_ppl",
+                                                      "--log-validation-ppl-to-tensorboard")
+    log_memory_to_tensorboard: bool = _switch("log rank 0's memory: CUDA allocated / peak / reserved bytes, a CPU "
+                                              "process's peak RSS", "--log-memory-to-tensorboard")
+    log_world_size_to_tensorboard: bool = _switch("log the world size", "--log-world-size-to-tensorboard")
+    log_batch_size_to_tensorboard: bool = _switch("older Megatron-LM's flag; tpzoo always logs the global batch size "
+                                                  "(global_batch_size)", "--log-batch-size-to-tensorboard")
+    log_throughput: bool = _switch("log the throughput: model TFLOP/s per GPU (6 x params + attention, per token)",
+                                   "--log-throughput")
+    log_params_norm: bool = _switch("log the L2 norm of all weights after each logged step (each weight counted once)",
+                                    "--log-params-norm")
+    log_num_zeros_in_grad: bool = _switch("log the number of zero entries of the reduced gradients (each counted "
+                                          "once)", "--log-num-zeros-in-grad")
+    timing_log_level: int | None = _field(None, _optional(_choice(*TIMING_LEVELS)), "time the iteration (0), its "
+                                          "forward-backward, gradient sync, optimizer, evaluation and save (1), and "
+                                          "the batch read (2); logged as time/<name> seconds per iteration (default: "
+                                          "no timers)", "--timing-log-level", "{0,1,2}", launch=True)
+    timing_log_option: str = _field("minmax", _choice(*TIMING_OPTIONS), "the timers over the ranks: max, minmax "
+                                    "(time/<name> the max, time/<name>/min) or all (time/<name>/rank<r> too)",
+                                    "--timing-log-option", launch=True)
+    wandb_project: str | None = _field(None, _optional(_text), "log to Weights & Biases under this project (needs "
+                                       "wandb; WANDB_MODE=offline works without a network)", "--wandb-project", "NAME")
+    wandb_exp_name: str | None = _field(None, _optional(_text), "the W&B run's name (default: the run folder's name)",
+                                        "--wandb-exp-name", "NAME")
+    wandb_save_dir: str | None = _field(None, _optional(_text), "W&B's local files go to DIR/wandb (default: the log "
+                                        "dir)", "--wandb-save-dir", "DIR", path=True)
+    wandb_entity: str | None = _field(None, _optional(_text), "the W&B team or user the project belongs to",
+                                      "--wandb-entity", "NAME")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name in WANDB_FLAGS:
+            if getattr(self, name) is not None and self.wandb_project is None:
+                raise ValueError(f"--{name.replace('_', '-')} names a W&B setting but W&B is off; add --wandb-project "
+                                 f"NAME or drop --{name.replace('_', '-')}")
+
+
+def check_logging(config: LoggingConfig) -> None:
+    """ValueError naming the flag and the fix: a missing library (``monitor.require``), an online W&B run without
+    an API key (``monitor.wandb_key_missing``)."""
     from tpzoo.training.monitor import require, wandb_key_missing
 
-    if args.tensorboard_dir is not None:
+    if config.tensorboard_dir is not None:
         require("tensorboard", "--tensorboard-dir")
-    for name in WANDB_FLAGS:
-        if getattr(args, name) is not None and args.wandb_project is None:
-            raise ValueError(f"--{name.replace('_', '-')} names a W&B setting but W&B is off; add --wandb-project "
-                             f"NAME or drop --{name.replace('_', '-')}")
-    if args.wandb_project is not None:
+    if config.wandb_project is not None:
         require("wandb", "--wandb-project")
         if wandb_key_missing():  # else rank 0 would stop in wandb.init while the others wait in a collective
             raise ValueError("--wandb-project needs a W&B API key and none is configured: run `wandb login` (or "

@@ -39,10 +39,8 @@ from tpzoo.engine.timers import Timers
 from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.monitor import monitor_options, step_stats
 from tpzoo.training.run_summary import summary_lines
-from tpzoo.training.checkpoint_args import save_options
 from tpzoo.training.config_file import CONFIG_FILE
 from tpzoo.training.setup import Run
-from tpzoo.training.run_config import StoppingConfig, section_of
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
@@ -88,7 +86,7 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
         return
     files = {CONFIG_FILE: run.config_file} if run.config_file else {}
     summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta(),
-                                             background=True, files=files, **save_options(run.args)))
+                                             background=True, files=files, **run.job.checkpoint.save_options()))
 
 
 def data_entropy(run: Run) -> float | None:
@@ -129,23 +127,23 @@ def report(summary: Summary, entropy: float | None, names: dict[str, str]) -> st
 
 def train(run: Run) -> Summary:
     """Train ``run`` from ``run.iteration`` to ``run.train_iters``; evaluate, log and save on the way."""
-    args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
-    # the logging flags' measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
-    timers = engine.timers = Timers(args.timing_log_level, run.mesh.device)
-    engine.measure_params_norm, engine.measure_num_zeros = args.log_params_norm, args.log_num_zeros_in_grad
+    args, engine, rank0, logging = run.args, run.engine, dist.get_rank() == 0, run.job.logging
+    # the logging section's measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
+    timers = engine.timers = Timers(logging.timing_log_level, run.mesh.device)
+    engine.measure_params_norm, engine.measure_num_zeros = logging.log_params_norm, logging.log_num_zeros_in_grad
     logged_at = run.iteration
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
     names, evaluating = loss_names(run), args.eval_interval > 0
     with ExitStack() as opened:  # closed however the loop ends: the --num-workers workers, the writers
         if run.reader is not None:
             opened.callback(run.reader.close)
-        stopping = section_of(StoppingConfig, vars(args))
+        stopping = run.job.stopping
         rules = opened.enter_context(StopRules.of(stopping, run.mesh.device))
         metrics = opened.enter_context(closing(Metrics(
             run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
             flops_per_token=flops_per_token(run.config, args.seq_length),
             peak_flops=peak_flops(run.mesh.device, engine.config.precision), world_size=dist.get_world_size(),
-            enabled=rank0, **monitor_options(args, run.log_dir, run.save_dir.name, rank0))))
+            enabled=rank0, **monitor_options(logging, run.job.flags, run.log_dir, run.save_dir.name, rank0))))
         for line in summary_lines(run):  # what is trained, where, in how much memory, on what data
             metrics.print(line)
         if run.loaded_from is not None:
@@ -179,13 +177,13 @@ def train(run: Run) -> Summary:
                 timers.start("evaluate")
                 val, val_losses = evaluate(run, summary, names)
                 timers.stop("evaluate")
-                if args.log_validation_ppl_to_tensorboard:
+                if logging.log_validation_ppl_to_tensorboard:
                     val_losses = {**val_losses, "ppl": math.exp(min(val, 700.0))}
             summary.iteration, summary.loss, summary.losses = run.iteration, result.loss, named(result.losses, names)
             timers.stop("iteration")
-            stats = step_stats(args, result, run.mesh.device, dist.get_world_size())
+            stats = step_stats(logging, result, run.mesh.device, dist.get_world_size())
             if metrics.line_due(run.iteration, evaluated=val is not None, last=last):  # every rank: a collective
-                stats.update(timers.collect(run.iteration - logged_at, args.timing_log_option))
+                stats.update(timers.collect(run.iteration - logged_at, logging.timing_log_option))
                 logged_at = run.iteration
             metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,

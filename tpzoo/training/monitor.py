@@ -1,6 +1,6 @@
 """The writers a run's numbers go to besides metrics.jsonl: TensorBoard and Weights & Biases (rank 0 only).
 
-    writers = open_writers(args, log_dir, run_name)    # what the logging flags ask for
+    writers = open_writers(logging, flags, log_dir, run_name)    # what the logging section asks for
     writer.add_scalar(tag, value, step); writer.close()
 
 TensorBoard: ``--tensorboard-dir`` (needs the tensorboard package), else the log dir when tensorboard
@@ -14,13 +14,14 @@ A flag whose library is missing is refused before any heavy work (``require``: o
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:  # torch loads after the flags are checked (require runs before)
     import torch
+
+    from tpzoo.training.logging_args import LoggingConfig
 
 INSTALL = "pip install 'tpzoo[monitor]'"
 
@@ -83,33 +84,35 @@ class WandbWriter:
         self.run.finish()
 
 
-def open_writers(args: argparse.Namespace, log_dir: Path, run_name: str) -> list[Any]:
-    """The writers the logging flags of ``args`` ask for (see the module's docstring); rank 0 calls this."""
-    writers = tensorboard_writers(args.tensorboard_dir or log_dir, args.tensorboard_queue_size)
-    if args.wandb_project is not None:
-        writers.append(WandbWriter(args.wandb_project, args.wandb_exp_name or run_name,
-                                   args.wandb_save_dir or log_dir, args.wandb_entity,
-                                   {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
+def open_writers(logging: LoggingConfig, flags: Mapping[str, Any], log_dir: Path, run_name: str) -> list[Any]:
+    """The writers ``logging`` asks for (see the module's docstring; W&B's config: the run's ``flags``); rank 0
+    calls this."""
+    writers = tensorboard_writers(logging.tensorboard_dir or log_dir, logging.tensorboard_queue_size)
+    if logging.wandb_project is not None:
+        writers.append(WandbWriter(logging.wandb_project, logging.wandb_exp_name or run_name,
+                                   logging.wandb_save_dir or log_dir, logging.wandb_entity,
+                                   {k: str(v) if isinstance(v, Path) else v for k, v in flags.items()}))
     return writers
 
 
-def shown(args: argparse.Namespace) -> Callable[[str], bool]:
+def shown(logging: LoggingConfig) -> Callable[[str], bool]:
     """Which metrics fields go to the writers: all but the loss scale under
     ``--no-log-loss-scale-to-tensorboard``, and the timers and throughput only with ``--log-timers-to-tensorboard``."""
     def show(key: str) -> bool:
         if key == "loss_scale":
-            return args.log_loss_scale_to_tensorboard
+            return logging.log_loss_scale_to_tensorboard
         if key.startswith("time/") or key == "throughput":
-            return args.log_timers_to_tensorboard
+            return logging.log_timers_to_tensorboard
         return True
     return show
 
 
-def monitor_options(args: argparse.Namespace, log_dir: Path, run_name: str, rank0: bool) -> dict[str, Any]:
-    """``Metrics``' keyword arguments from the logging flags: the writers (rank 0's; none elsewhere), the
+def monitor_options(logging: LoggingConfig, flags: Mapping[str, Any], log_dir: Path, run_name: str, rank0: bool
+                    ) -> dict[str, Any]:
+    """``Metrics``' keyword arguments from the logging section: the writers (rank 0's; none elsewhere), the
     throughput, the fields shown to the writers, the TensorBoard interval."""
-    return dict(writers=open_writers(args, log_dir, run_name) if rank0 else [], throughput=args.log_throughput,
-                shown=shown(args), board_interval=args.tensorboard_log_interval)
+    return dict(writers=open_writers(logging, flags, log_dir, run_name) if rank0 else [],
+                throughput=logging.log_throughput, shown=shown(logging), board_interval=logging.tensorboard_log_interval)
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
@@ -126,7 +129,7 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     return {"mem_max_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
 
 
-def step_stats(args: argparse.Namespace, result: Any, device: torch.device, world_size: int) -> dict[str, float]:
+def step_stats(logging: LoggingConfig, result: Any, device: torch.device, world_size: int) -> dict[str, float]:
     """The numbers the logging flags add to a train line from the step's ``result`` (a ``StepResult``):
     ``params_norm``, ``num_zeros``, memory, ``world_size``."""
     stats: dict[str, float] = {}
@@ -134,8 +137,8 @@ def step_stats(args: argparse.Namespace, result: Any, device: torch.device, worl
         stats["params_norm"] = result.params_norm
     if result.num_zeros is not None:
         stats["num_zeros"] = result.num_zeros
-    if args.log_memory_to_tensorboard:
+    if logging.log_memory_to_tensorboard:
         stats.update(memory_stats(device))
-    if args.log_world_size_to_tensorboard:
+    if logging.log_world_size_to_tensorboard:
         stats["world_size"] = world_size
     return stats

@@ -47,19 +47,21 @@ from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import family
 from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
-from tpzoo.training.architecture_args import SPEED_FLAGS, resolve_architecture, resolve_speed
-from tpzoo.training.args import LOSS_SCALE_FLAGS, engine_config, model_config, plan_from_args, process_timeout
+from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
+from tpzoo.training.args import engine_config, model_config
 from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size
-from tpzoo.training.checkpoint_args import FLAGS as CHECKPOINT_FLAGS
-from tpzoo.training.checkpoint_args import checkpoint_to_load, load_options
+from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, checkpoint_to_load
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
 from tpzoo.training.optimizer_args import (SCHEDULE_GIVEN_TOGETHER, check_optimizer_resume, fill_schedule_defaults,
                                            train_iterations)
+from tpzoo.training.parallel_config import ParallelConfig
+from tpzoo.training.run_config import SECTIONS, RunConfig, role, section_of
 
 
 @dataclass
 class Run:
     args: argparse.Namespace
+    job: RunConfig                  # the resolved flags' sections
     mesh: ParallelMesh
     tokenizer: Tokenizer
     data_prefix: str
@@ -97,20 +99,14 @@ class Run:
                     args=absolute_paths(vars(self.args)))
 
 
-# flags of one launch, not of the run: a resume never takes them from the checkpoint
-LAUNCH_FLAGS = frozenset({"tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
-                          "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile",
-                          "load", "save", "distributed_timeout_minutes", "exit_signal_handler", "exit_interval",
-                          "exit_duration_in_mins", "max_skipped_steps", "timing_log_level", "timing_log_option",
-                          "tensorboard_queue_size", "default_model", "num_workers", "local_rank", *SPEED_FLAGS,
-                          *CHECKPOINT_FLAGS})
+# flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields)
+LAUNCH_FLAGS = frozenset({*role("launch", *SECTIONS.values()), "default_model", "num_workers"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
-# (--bf16 on an fp16 run: its loss-scale flags stay behind)
-GIVEN_TOGETHER = {"bf16": {"fp16", *LOSS_SCALE_FLAGS}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER,
+GIVEN_TOGETHER = {**{k: set(v) for k, v in role("together", *SECTIONS.values()).items()}, **DATA_GIVEN_TOGETHER,
                   **SCHEDULE_GIVEN_TOGETHER}
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, "seed")
-PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir", "tensorboard_dir", "wandb_save_dir")
+PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir", *role("path", *SECTIONS.values()))
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -223,19 +219,22 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
 
     ``given``: the flags written on the command line (all of them when None); a resume takes the
     others from the checkpoint. ``model_defaults``: per ``--model``, values for the flags still None."""
-    mesh = init_mesh(args.tp, args.pp, args.dp, timeout=process_timeout(args))
+    parallel = section_of(ParallelConfig, vars(args))  # the launch's: never restored
+    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
     # every rank checks its share of the checkpoint's files (the mesh flags are the launch's, never restored)
-    checkpoint = checkpoint_to_load(args)  # None also for --save DIR --load DIR before DIR holds one
+    launch = section_of(CheckpointConfig, vars(args))
+    checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), launch)  # None also for --save DIR --load DIR before DIR holds one
     saved = read_meta(checkpoint) if checkpoint else None
     changes = resolve_flags(args, given, None if saved is None else saved.get("args", {}), model_defaults)
     if saved is not None:
-        check_saved_parts(checkpoint, saved["checkpoint"], **load_options(args))  # before the data and model
+        check_saved_parts(checkpoint, saved["checkpoint"], **launch.load_options())  # before the data and model
         if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
+    job = RunConfig.of(vars(args))
     batches = BatchSchedule.from_args(args)
     schedule = LRSchedule.from_args(args, batches)
     train_iters = train_iterations(args, batches)
-    engine_cfg = engine_config(args)
+    engine_cfg = engine_config(job.flags)
     micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size)  # G, then every size of a ramp-up
     batches.check(engine_cfg.micro_batch_size, mesh.dp_size)
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
@@ -244,7 +243,7 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
     if saved is not None and given_tokenizer:  # before any data is tokenised with it
         check_vocabulary(given_tokenizer, recorded_config(saved["checkpoint"]["model"]), args.load)
-    plan = plan_from_args(args, mesh)
+    plan = job.plan(mesh)
     manual_seed(args.seed, mesh)
     tokenizer, prefix, sources = run_data(data, args.model, given_tokenizer)
     config = resolve_model_config(args, tokenizer, saved)
@@ -259,11 +258,11 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
     engine = Engine(functools.partial(build_model, family(args.model).spec.pretrain_model, config), config,
                     engine_cfg, plan)
     save_dir = Path(args.save) if args.save else default_run_dir(family(args.model).name)
-    run = Run(args, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
+    run = Run(args, job, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(args.log_dir) if args.log_dir else save_dir)
     run.reader = BatchReader(train, args.num_workers, batches.batch_at) if args.num_workers else None
     if checkpoint is not None:
-        loaded = load_checkpoint(checkpoint, engine, **load_options(args))
+        loaded = load_checkpoint(checkpoint, engine, **launch.load_options())
         set_hyperparameters(engine.optimizer, engine_cfg)  # the flags' betas, eps, momentum, not the saved groups'
         run.loaded_from = checkpoint
         if resumed:

@@ -1,0 +1,199 @@
+"""How a run is laid out and computes, as run configuration sections: the mesh and its options (``ParallelConfig``,
+Megatron-LM's ``--tensor-model-parallel-size`` ...), precision and tpzoo's speed options (``PrecisionConfig``), and
+Megatron-LM's speed flags (``SpeedConfig``; ``tpzoo.training.architecture_args.resolve_speed`` maps them onto
+tpzoo's before the sections are made). All of them belong to one launch: a resume never restores them. They make
+the ``tpzoo.parallel.ParallelPlan`` (``plan_of``). Imports without torch.
+
+    parallel, precision, speed = (section_of(c, flags) for c in (ParallelConfig, PrecisionConfig, SpeedConfig))
+    plan = plan_of(parallel, precision, speed, seed, init_mesh(parallel.tp, parallel.pp, parallel.dp))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from tpzoo.engine.config import SCHEDULES
+from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float, check_fields
+from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
+
+if TYPE_CHECKING:
+    from tpzoo.parallel import ParallelMesh, ParallelPlan
+
+# the dynamic fp16 loss scale's flags when not given: Megatron's, but for the initial scale, 2^16
+# (torch's GradScaler's) instead of Megatron's 2^32: fp16's largest number is 65504, so a larger start
+# only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
+LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
+LOSS_SCALE_FLAGS = ("loss_scale", *LOSS_SCALE_DEFAULTS)
+# --no-*-fusion flags: of a fusion tpzoo's kernels do (turned off by --kernels torch), or of one tpzoo never does
+KERNEL_FUSIONS = ("masked_softmax", "bias_gelu")
+ABSENT_FUSIONS = ("bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
+
+
+def _launch(default: object, check: object, doc: str, flag: str | tuple[str, ...], metavar: str | None = None,
+            **role: object) -> object:
+    return _field(default, check, doc, flag, metavar, launch=True, **role)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The mesh (tp x pp x dp = world size; dp inferred when None) and how the model and state spread over it."""
+
+    tp: int = _launch(1, _int(1), "", ("--tensor-model-parallel-size", "--tp"))
+    pp: int = _launch(1, _int(1), "", ("--pipeline-model-parallel-size", "--pp"))
+    dp: int | None = _launch(None, _optional(_int(1)), "default: world size / (tp x pp)",
+                             ("--data-parallel-size", "--dp"))
+    vpp: int | None = _launch(None, _optional(_int(1)), "model chunks per pp rank (interleaved schedules; default: 2 "
+                              "for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
+    pipeline_schedule: str = _launch("1f1b", _choice(*SCHEDULES), "", "--pipeline-schedule")
+    sequence_parallel: bool = _launch(False, _bool, "", "--sequence-parallel")
+    use_distributed_optimizer: bool = _launch(False, _bool, "ZeRO-2 over dp: optimizer state and main weights "
+                                              "sharded, gradients reduce-scattered to their owner",
+                                              "--use-distributed-optimizer")
+    use_torch_fsdp2: bool = _launch(False, _bool, "weights, gradients and optimizer state sharded over dp by torch's "
+                                    "FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1",
+                                    "--use-torch-fsdp2")
+    distributed_timeout_minutes: float = _launch(10.0, _positive_float, "a collective waiting this long on a peer "
+                                                 "fails; every rank then exits naming the stuck or dead ones",
+                                                 "--distributed-timeout-minutes")
+    local_rank: int | None = _launch(None, _optional(_int(0)), "this process's rank on its node, as "
+                                     "torch.distributed.launch passes it (torchrun sets LOCAL_RANK instead); must "
+                                     "agree with LOCAL_RANK", "--local-rank")
+
+    def __post_init__(self) -> None:
+        """--use-torch-fsdp2's misuse (the engine's ``tpzoo.engine.fsdp_params.check_fsdp`` says why): with
+        --use-distributed-optimizer (FSDP shards the optimizer state already; Megatron refuses the pair too), with
+        the interleaved-zero-bubble schedule at pp > 1."""
+        check_fields(self)
+        if self.use_torch_fsdp2 and self.use_distributed_optimizer:
+            raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
+                             "--use-distributed-optimizer or --use-torch-fsdp2")
+        if self.use_torch_fsdp2 and self.pp > 1 and self.pipeline_schedule == "interleaved-zero-bubble":
+            raise ValueError(f"--use-torch-fsdp2 cannot run --pipeline-schedule interleaved-zero-bubble at pp "
+                             f"{self.pp} (its split weight gradients miss FSDP's gathered weights); use "
+                             f"interleaved-1f1b or drop --use-torch-fsdp2")
+
+    @property
+    def timeout(self) -> timedelta:
+        """--distributed-timeout-minutes: the timeout of every process group (``init_mesh(timeout=)``)."""
+        return timedelta(minutes=self.distributed_timeout_minutes)
+
+    def check_launch(self) -> None:
+        """What needs the launcher's environment: FSDP with dp 1 (nothing to shard over; sizes that do not divide
+        the world size are left to ``init_mesh``, which names them), and --local-rank (torch.distributed.launch's),
+        set as LOCAL_RANK when the launcher did not, a ValueError naming both when they differ."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.use_torch_fsdp2 and (self.dp or world // (self.tp * self.pp)) == 1:
+            raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {self.tp}, "
+                             f"pp {self.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
+        if self.local_rank is not None:
+            launcher = os.environ.setdefault("LOCAL_RANK", str(self.local_rank))
+            if int(launcher) != self.local_rank:
+                raise ValueError(f"--local-rank {self.local_rank} differs from the launcher's LOCAL_RANK {launcher}; "
+                                 f"drop --local-rank (torchrun sets LOCAL_RANK)")
+
+
+def _fp16(doc: str, flag: str, check: object = _optional(_int(1)), metavar: str | None = None) -> object:
+    return _field(None, check, f"fp16: {doc}", flag, metavar)
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """--bf16/--fp16, fp16's loss scale (Megatron's flags; None until given: refused without --fp16, else
+    ``LOSS_SCALE_DEFAULTS``) and tpzoo's speed options."""
+
+    bf16: bool = _field(False, _bool, "bf16 weights and grads, fp32 main weights", "--bf16", exclusive="dtype",
+                        together=("fp16", *LOSS_SCALE_FLAGS))  # --bf16 on an fp16 run: its loss scale stays behind
+    fp16: bool = _field(False, _bool, "fp16 weights and grads, fp32 main weights, loss scaling", "--fp16",
+                        exclusive="dtype", together=("bf16",))
+    loss_scale: float | None = _fp16("a static loss scale (an overflow still skips its step); default: dynamic, the "
+                                     "flags below", "--loss-scale", _optional(_positive_float))
+    initial_loss_scale: float | None = _fp16(f"the dynamic loss scale to start from (default: "
+                                             f"{LOSS_SCALE_DEFAULTS['initial_loss_scale']:g})", "--initial-loss-scale",
+                                             _optional(_positive_float))
+    min_loss_scale: float | None = _fp16(f"the dynamic scale never backs off below this (default: "
+                                         f"{LOSS_SCALE_DEFAULTS['min_loss_scale']:g})", "--min-loss-scale",
+                                         _optional(_positive_float))
+    loss_scale_window: int | None = _fp16(f"clean steps in a row before the scale doubles (default: "
+                                          f"{LOSS_SCALE_DEFAULTS['loss_scale_window']})", "--loss-scale-window")
+    hysteresis: int | None = _fp16(f"overflows since the scale last grew before it halves (default: "
+                                   f"{LOSS_SCALE_DEFAULTS['hysteresis']})", "--hysteresis")
+    recompute_activations: bool = _launch(False, _bool, "recompute each layer in backward", "--recompute-activations")
+    kernels: str = _launch("auto", _choice(*KERNEL_BACKENDS), "", "--kernels")
+    attention_backend: str = _launch("auto", _choice(*ATTENTION_BACKENDS), "", "--attention-backend")
+    compile: bool = _launch(False, _bool, "torch.compile each layer and the loss head (backend: "
+                            "$TPZOO_COMPILE_BACKEND, inductor if unset; docs/training.md); off unless given: its "
+                            "speed-up is not yet measured on a GPU", "--compile")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        scaling = [f"--{name.replace('_', '-')}" for name in LOSS_SCALE_FLAGS if getattr(self, name) is not None]
+        if scaling and not self.fp16:
+            raise ValueError(f"{', '.join(scaling)} set the fp16 loss scale, but this run is {self.precision}; add "
+                             f"--fp16 or drop them")
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
+
+    def loss_scaling(self) -> dict[str, float]:
+        """``EngineConfig``'s loss-scale fields: fp16's, those not given Megatron's (``LOSS_SCALE_DEFAULTS``)."""
+        if not self.fp16:
+            return {}
+        return {**LOSS_SCALE_DEFAULTS, **{k: getattr(self, k) for k in LOSS_SCALE_FLAGS if getattr(self, k) is not None}}
+
+
+def _accepted(doc: str, flag: str) -> object:
+    return _launch(False, _bool, doc, flag)
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """Megatron-LM's speed flags (docs/training.md): what tpzoo does of them, or that it does it already."""
+
+    use_flash_attn: bool = _accepted("= --attention-backend sdpa (torch's fused attention)", "--use-flash-attn")
+    overlap_grad_reduce: bool = _accepted("accepted: tpzoo's data-parallel gradient reduce always overlaps backward",
+                                          "--overlap-grad-reduce")
+    overlap_param_gather: bool = _accepted("with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of "
+                                           "its compute", "--overlap-param-gather")
+    recompute_granularity: str | None = _launch(None, _optional(_choice(*RECOMPUTE_GRANULARITIES)), "full: whole "
+                                                "layers (by --recompute-method); selective: core attention only",
+                                                "--recompute-granularity")
+    recompute_method: str | None = _launch(None, _optional(_choice(*RECOMPUTE_METHODS)), "full recompute: uniform "
+                                           "(groups of --recompute-num-layers layers) or block (the first N layers "
+                                           "of each pipeline stage)", "--recompute-method")
+    recompute_num_layers: int | None = _launch(None, _optional(_int(1)), "", "--recompute-num-layers")
+    no_masked_softmax_fusion: bool = _accepted("= --kernels torch", "--no-masked-softmax-fusion")
+    no_bias_gelu_fusion: bool = _accepted("= --kernels torch", "--no-bias-gelu-fusion")
+    no_bias_swiglu_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-bias-swiglu-fusion")
+    no_bias_dropout_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-bias-dropout-fusion")
+    no_rope_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-rope-fusion")
+    no_gradient_accumulation_fusion: bool = _accepted("accepted: tpzoo has no such fusion",
+                                                      "--no-gradient-accumulation-fusion")
+    no_persist_layer_norm: bool = _accepted("accepted: tpzoo's layer norm kernel is not a persistent one",
+                                            "--no-persist-layer-norm")
+
+    def recompute(self) -> dict[str, object]:
+        """The plan's recompute options (checked by ``resolve_speed`` and the plan)."""
+        return dict(recompute_granularity=self.recompute_granularity, recompute_method=self.recompute_method,
+                    recompute_num_layers=self.recompute_num_layers)
+
+
+def plan_of(parallel: ParallelConfig, precision: PrecisionConfig, speed: SpeedConfig, seed: int,
+            mesh: ParallelMesh) -> ParallelPlan:
+    """The ``ParallelPlan`` of ``mesh`` and the sections (``seed``: the weights'). --compile where torch.compile
+    cannot run here (``tpzoo.models.compile.compile_problem``) is a ValueError."""
+    from tpzoo.parallel import ParallelPlan
+
+    if precision.compile:
+        from tpzoo.models.compile import compile_problem
+
+        problem = compile_problem(mesh.device)
+        if problem:
+            raise ValueError(f"--compile: {problem}")
+    return ParallelPlan(mesh, sequence_parallel=parallel.sequence_parallel,
+                        recompute_activations=precision.recompute_activations, kernels=precision.kernels,
+                        attention_backend=precision.attention_backend, seed=seed, compile=precision.compile,
+                        fsdp=parallel.use_torch_fsdp2, **speed.recompute())
