@@ -19,15 +19,16 @@ from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
 from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
-                                 add_run_args, check_output_folder, check_preset, command_parser, engine_config,
-                                 exit_on_misuse, exit_on_run_error, set_model_defaults)
-from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size  # noqa: E402
+                                 add_run_args, check_output_folder, check_preset, command_parser, exit_on_misuse,
+                                 exit_on_run_error)
+from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import LoggingConfig, check_logging  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
-from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, fill_schedule_defaults  # noqa: E402
+from tpzoo.training.optimizer_args import (TrainDefaults, add_optimizer_args, fill_schedule_defaults,  # noqa: E402
+                                           resolve_global_batch_size, set_model_defaults)
 from tpzoo.training.parallel_config import ParallelConfig  # noqa: E402
 from tpzoo.training.run_config import RunConfig, add_section, section_of  # noqa: E402
 
@@ -73,8 +74,9 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
         resolve_architecture(args)  # --model, when not given: the family the architecture flags describe
         resolve_global_batch_size(args, given)  # --step-batch-size-schedule alone: G is its last size
         filled = fill_schedule_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
-        LRSchedule.from_args(filled, BatchSchedule.from_args(filled))  # and the batch ramp-up
-        engine_config(RunConfig.of(vars(filled)).flags)  # every section's fields; batch sizes ...
+        job = RunConfig.of(vars(filled))  # every section's fields
+        LRSchedule.of(job.training, BatchSchedule.of(job.training, args.seq_length))  # and the batch ramp-up
+        job.engine()  # batch sizes ...
 
 
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):

@@ -28,7 +28,8 @@ from tpzoo.engine.loss_scale import DynamicLossScaler
 from tpzoo.engine.train_step import Engine
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
-from tpzoo.training.args import add_parallel_args, add_precision_args, command_parser, engine_config
+from tpzoo.training.args import add_parallel_args, add_precision_args, command_parser
+from tpzoo.training.run_config import RunConfig
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.optimizer_args import add_optimizer_args
 
@@ -238,14 +239,14 @@ def test_loss_scale_config_is_checked():
     p = command_parser("pretrain.py", "")
     for add in (add_parallel_args, add_optimizer_args, add_precision_args):
         add(p)
-    config = engine_config(vars(p.parse_args(["--fp16", "--distributed-timeout-minutes", "0.5"])))
+    config = RunConfig.of(vars(p.parse_args(["--fp16", "--distributed-timeout-minutes", "0.5"]))).engine()
     assert (config.loss_scale, config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window,
             config.hysteresis, config.timeout_s) == (None, 2.0**16, 1.0, 1000, 2, 30.0), config
-    config = engine_config(vars(p.parse_args(["--fp16", "--loss-scale", "1024", "--hysteresis", "3"])))
+    config = RunConfig.of(vars(p.parse_args(["--fp16", "--loss-scale", "1024", "--hysteresis", "3"]))).engine()
     assert (config.loss_scale, config.hysteresis) == (1024.0, 3)
     with pytest.raises(ValueError, match="--min-loss-scale, --hysteresis set the fp16 loss scale, but this run is "
                                          "bf16; add --fp16 or drop them"):
-        engine_config(vars(p.parse_args(["--bf16", "--min-loss-scale", "2", "--hysteresis", "3"])))
+        RunConfig.of(vars(p.parse_args(["--bf16", "--min-loss-scale", "2", "--hysteresis", "3"]))).engine()
     with pytest.raises(SystemExit):
         p.parse_args(["--distributed-timeout-minutes", "0"])
 

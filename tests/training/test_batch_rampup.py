@@ -13,7 +13,6 @@ numbers are written out below, not computed by the code under test):
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 
@@ -25,6 +24,7 @@ from families import CAUSAL_LM, batch
 from pretrain_helpers import metrics, pretrain, rel, script
 
 from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
+from tpzoo.training.optimizer_args import TrainingConfig
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -75,10 +75,8 @@ def test_step_batch_size_schedule_in_tokens():
     assert parse_step_schedule(["0:2", "64:4", "0.16K:8"], 16) == steps  # the words of an unquoted ${ARGS[@]}
     with pytest.raises(ValueError, match="must be >= 1 and end at --global-batch-size 16"):
         BatchSchedule(16, steps=steps)
-    args = argparse.Namespace(global_batch_size=8, seq_length=16, rampup_batch_size=[2, 2, 16],
-                              step_batch_size_schedule="0:8")
     with pytest.raises(ValueError, match="give one of them"):
-        BatchSchedule.from_args(args)
+        TrainingConfig(global_batch_size=8, rampup_batch_size=[2, 2, 16], step_batch_size_schedule="0:8")
 
 
 def test_step_schedule_gives_the_global_batch_size():
@@ -96,7 +94,8 @@ def test_step_schedule_gives_the_global_batch_size():
                 pretrain_script.check_flags(args, p.given(argv))
             continue
         pretrain_script.check_flags(args, p.given(argv))
-        assert args.global_batch_size == g and sizes(BatchSchedule.from_args(args), 5) == [2, 2, 4, 4, 8]
+        assert args.global_batch_size == g and sizes(BatchSchedule(g, steps=parse_step_schedule(args.step_batch_size_schedule,
+                                                                                    args.seq_length)), 5) == [2, 2, 4, 4, 8]
     with pytest.raises(ValueError, match="end at --global-batch-size 32"):  # a library caller: all flags given
         pretrain_script.check_flags(p.parse_args(argv[:-2]))
 

@@ -12,10 +12,12 @@ import math
 
 import pytest
 
-from tpzoo.training.args import add_parallel_args, add_precision_args, engine_config, set_model_defaults
+from tpzoo.training.args import add_parallel_args, add_precision_args
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import LRSchedule
-from tpzoo.training.optimizer_args import add_optimizer_args, fill_schedule_defaults, train_iterations
+from tpzoo.training.optimizer_args import (TrainingConfig, add_optimizer_args, fill_schedule_defaults,
+                                           set_model_defaults)
+from tpzoo.training.run_config import RunConfig, section_of
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -38,10 +40,11 @@ def flags(line: str, defaults: dict | None = None) -> argparse.Namespace:
 def lrs(line: str, defaults: dict | None = None) -> tuple[list[float], list[int]]:
     """(lr, global batch size) of every iteration of the run the flags describe, as the loop steps them."""
     args = flags(line, defaults)
-    batches = BatchSchedule.from_args(args)
-    schedule = LRSchedule.from_args(args, batches)
+    training = section_of(TrainingConfig, vars(args))
+    batches = BatchSchedule.of(training, args.seq_length)
+    schedule = LRSchedule.of(training, batches)
     out, sizes, consumed = [], [], 0
-    for _ in range(train_iterations(args, batches)):
+    for _ in range(training.iterations(batches)):
         out.append(schedule.lr_at(consumed))
         sizes.append(batches.batch_at(consumed))
         consumed += sizes[-1]
@@ -87,7 +90,8 @@ def test_inverse_square_root_wsd_and_weight_decay_increment():
                                 rel=1e-12)
     args = flags("--global-batch-size 2 --train-iters 8 --weight-decay-incr-style linear --start-weight-decay 0.0 "
                  "--end-weight-decay 0.1")
-    schedule = LRSchedule.from_args(args, BatchSchedule.from_args(args))
+    training = section_of(TrainingConfig, vars(args))
+    schedule = LRSchedule.of(training, BatchSchedule.of(training, args.seq_length))
     assert [schedule.wd_at(n) for n in (0, 4, 16, 18)] == pytest.approx([0.0, 0.1 * 4 / 16, 0.1, 0.1])
 
 
@@ -126,13 +130,13 @@ def test_optimizer_flags_reach_the_optimizer():
     from tpzoo.engine.data_parallel import build_optimizer, set_hyperparameters
     args = flags("--optimizer sgd --sgd-momentum 0.5 --weight-decay 0.1 --lr 0.2")
     params = [torch.nn.Parameter(torch.ones(2))]
-    sgd = build_optimizer(params, engine_config(vars(args)), torch.device("cpu"))
+    sgd = build_optimizer(params, RunConfig.of(vars(args)).engine(), torch.device("cpu"))
     assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["momentum"], sgd.defaults["weight_decay"]) == (0.5, 0.1)
     args = flags("--adam-beta1 0.8 --adam-beta2 0.95 --adam-eps 1e-6")
-    adam = build_optimizer(params, engine_config(vars(args)), torch.device("cpu"))
+    adam = build_optimizer(params, RunConfig.of(vars(args)).engine(), torch.device("cpu"))
     assert isinstance(adam, torch.optim.AdamW) and (adam.defaults["betas"], adam.defaults["eps"]) == ((0.8, 0.95), 1e-6)
     adam.param_groups[0].update(betas=(0.5, 0.5), eps=1.0, weight_decay=0.5)  # a checkpoint's groups, restored
-    set_hyperparameters(adam, engine_config(vars(args)))  # after loading: the resumed run's flags win
+    set_hyperparameters(adam, RunConfig.of(vars(args)).engine())  # after loading: the resumed run's flags win
     assert {k: adam.param_groups[0][k] for k in ("betas", "eps", "weight_decay")} == dict(betas=(0.8, 0.95), eps=1e-6,
                                                                                         weight_decay=0.01)
     for bad, match in ((dict(optimizer="lion"), "optimizer"), (dict(adam_beta2=1.0), "adam_beta2 must be < 1")):

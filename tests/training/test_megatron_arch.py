@@ -18,6 +18,7 @@ from tpzoo.models.presets import get_preset
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
 from tpzoo.training.args import model_config
+from tpzoo.training.optimizer_args import TrainDefaults, fill_schedule_defaults
 from tpzoo.training.run_config import RunConfig
 
 pytestmark = pytest.mark.tier("unit")
@@ -105,7 +106,7 @@ def test_megatron_speed_flags_choose_tpzoo_backends(line, backend, kernels):
 
 def test_recompute_flags_reach_the_plan():
     args = resolved("--recompute-granularity full --recompute-method block --recompute-num-layers 2")
-    plan = RunConfig.of(vars(args)).plan(init_mesh())
+    plan = RunConfig.of(vars(fill_schedule_defaults(args, TrainDefaults()))).plan(init_mesh())
     assert (plan.recompute_granularity, plan.recompute_method, plan.recompute_num_layers) == ("full", "block", 2)
     assert plan.recompute_units(3) == [(0, 1, True), (1, 2, True), (2, 3, False)]
     assert plan.replace(recompute_method="uniform").recompute_units(5) == [(0, 2, True), (2, 4, True), (4, 5, True)]

@@ -352,6 +352,8 @@ def check_current_line(journey: Journey) -> None:
     """The current script's line (--step-batch-size-schedule) parses, passes pretrain.py's checks and gives the
     batch sizes the ramp-up line trained with."""
     from tpzoo.training.batch_schedule import BatchSchedule
+    from tpzoo.training.optimizer_args import TrainingConfig
+    from tpzoo.training.run_config import section_of
 
     pretrain = script("pretrain")
     check_launches(journey)
@@ -365,7 +367,7 @@ def check_current_line(journey: Journey) -> None:
         except SystemExit:
             raise AssertionError(f"the current script's line is refused: {err.getvalue()}") from None
     pretrain.check_flags(args)
-    schedule, consumed, sizes = BatchSchedule.from_args(args), 0, []
+    schedule, consumed, sizes = BatchSchedule.of(section_of(TrainingConfig, vars(args)), args.seq_length), 0, []
     for _ in range(ITERS):
         sizes.append(schedule.batch_at(consumed))
         consumed += sizes[-1]

@@ -109,6 +109,14 @@ def test_given_tells_written_flags_from_defaults():
     assert run.parse_args(["--persistent-save-interval", "5"]).save_interval == 5  # Megatron-LM's other name
 
 
+def plan(args, mesh):
+    """The ParallelPlan of the parsed flags ``args`` on ``mesh``: their parallel, precision and speed sections."""
+    from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
+    from tpzoo.training.run_config import section_of
+
+    return plan_of(*(section_of(c, vars(args)) for c in (ParallelConfig, PrecisionConfig, SpeedConfig)), args.seed, mesh)
+
+
 def pretrain_args(flags: list[str]):
     sys.path.insert(0, str(ROOT))
     try:
@@ -169,11 +177,10 @@ def test_compile_flag_makes_a_compiling_plan(script):
     finally:
         sys.path.remove(str(ROOT))
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.run_config import RunConfig
 
     mesh = init_mesh(tp=1)
-    assert not RunConfig.of(vars(parser().parse_args([]))).plan(mesh).compile
-    assert RunConfig.of(vars(parser().parse_args(["--compile"]))).plan(mesh).compile
+    assert not plan(parser().parse_args([]), mesh).compile
+    assert plan(parser().parse_args(["--compile"]), mesh).compile
 
 
 @pytest.mark.parametrize("env, problem", [
@@ -184,12 +191,11 @@ def test_compile_flag_makes_a_compiling_plan(script):
 ], ids=["backend", "reduce-overhead-on-cpu", "no-c++-compiler"])
 def test_compile_refused_where_it_cannot_run(monkeypatch, env, problem):
     from tpzoo.parallel import init_mesh
-    from tpzoo.training.run_config import RunConfig
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=re.escape(problem)):
-        RunConfig.of(vars(pretrain_args(["--compile"]))).plan(init_mesh(tp=1))
+        plan(pretrain_args(["--compile"]), init_mesh(tp=1))
 
 
 @pytest.mark.tier("journey")

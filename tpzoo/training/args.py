@@ -8,7 +8,7 @@ precision and stopping flags are generated from their run configuration sections
     add_optimizer_args(parser)                        # tpzoo.training.optimizer_args: batch, schedule, optimizer
     args = parser.parse_args()
     config = model_config(args)                       # the preset, overridden by the model flags given
-    engine = engine_config(vars(args))                # batch, schedule, optimizer, precision
+    job = RunConfig.of(vars(args))                    # the sections: job.engine(), job.plan(mesh) ...
 
 ``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset. Flags a
 script does not want to default are None until given; ``model_config`` applies only those given.
@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from tpzoo.engine.config import EngineConfig
 from tpzoo.flag_types import positive_int
 from tpzoo.models.config import ModelConfig, field_names
 from tpzoo.models.families import FAMILIES, PRESETS, family
@@ -34,7 +33,7 @@ from tpzoo.models.family_flag import add_model_flag
 from tpzoo.models.presets import get_preset
 from tpzoo.training.checkpoint_args import RunIO
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig
-from tpzoo.training.run_config import StoppingConfig, add_section, section_of
+from tpzoo.training.run_config import StoppingConfig, add_section
 
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
 
@@ -189,29 +188,6 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     add_section(parser, ParallelConfig, "parallel")
 
 
-def set_model_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, dict[str, Any]]) -> None:
-    """Make the flags of ``defaults`` (per ``--model``: {dest: value}) None until given, their help
-    naming each model's value; ``fill_model_defaults`` fills them in once the model is known."""
-    names = set().union(*defaults.values())
-    for action in parser._actions:
-        if action.dest in names:
-            action.default = None
-            by_model = ", ".join(f"{model} {values[action.dest]:g}" for model, values in defaults.items())
-            action.help = "; ".join(filter(None, [action.help, f"default: {by_model}"]))
-
-
-def fill_model_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
-    """Set each flag of ``defaults[args.model]`` that is None (not given) to the model's default."""
-    unknown = sorted(set(defaults[args.model]) - set(vars(args)))
-    if unknown:
-        raise ValueError(f"the train_defaults of model {args.model!r} name {', '.join(unknown)}, which are no flags "
-                         f"of this command; use the flags' destinations (e.g. train_iters, lr, min_lr)")
-    for name, value in defaults[args.model].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
-
-
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
     """--bf16/--fp16, fp16's loss scale and the speed options (``tpzoo.training.parallel_config.PrecisionConfig``)."""
     add_section(parser, PrecisionConfig, "precision and speed")
@@ -237,21 +213,6 @@ def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **ch
         raise ValueError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                          f"{config.max_position_embeddings}; lower the first or raise the second")
     return config
-
-
-def engine_config(flags: Mapping[str, Any], **changes: Any) -> EngineConfig:
-    """The ``EngineConfig`` of the batch, parallel, optimizer and precision flags (``flags``: by destination) and
-    ``changes``."""
-    parallel, precision = section_of(ParallelConfig, flags), section_of(PrecisionConfig, flags)
-    return EngineConfig(**{
-        **dict(micro_batch_size=flags["micro_batch_size"], global_batch_size=flags["global_batch_size"],
-               schedule=parallel.pipeline_schedule, virtual_stages=parallel.vpp,
-               use_distributed_optimizer=parallel.use_distributed_optimizer, lr=flags["lr"],
-               weight_decay=flags["weight_decay"], clip_grad=flags["clip_grad"], precision=precision.precision,
-               optimizer=flags["optimizer"], adam_beta1=flags["adam_beta1"], adam_beta2=flags["adam_beta2"],
-               adam_eps=flags["adam_eps"], sgd_momentum=flags["sgd_momentum"],
-               timeout_s=60.0 * parallel.distributed_timeout_minutes),
-        **precision.loss_scaling(), **changes})
 
 
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:

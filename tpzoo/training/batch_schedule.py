@@ -17,8 +17,11 @@ is dropped); with a step schedule, iterations while c < N.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpzoo.training.optimizer_args import TrainingConfig
 
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
@@ -40,17 +43,6 @@ def parse_step_schedule(text: str | list[str], seq_length: int) -> tuple[tuple[i
             raise ValueError(f"--step-batch-size-schedule entry {entry!r} is not THRESHOLD:BATCH_SIZE (e.g. 2.4B:320)"
                              ) from None
     return tuple(sorted(steps))
-
-
-def resolve_global_batch_size(args: argparse.Namespace, given: set[str] | None = None) -> None:
-    """With --step-batch-size-schedule and no --global-batch-size in ``given`` (the flags written on the
-    command line; None: all of them), set ``args.global_batch_size`` to the schedule's last batch size
-    (Megatron-LM takes G from the schedule); when both are given, ``BatchSchedule`` checks that they agree."""
-    text = getattr(args, "step_batch_size_schedule", None)
-    if text is not None and given is not None and "global_batch_size" not in given:
-        steps = parse_step_schedule(text, args.seq_length)
-        if steps:
-            args.global_batch_size = steps[-1][1]
 
 
 @dataclass(frozen=True)
@@ -86,15 +78,11 @@ class BatchSchedule:
                                  f"--global-batch-size (then the schedule's last size)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> BatchSchedule:
-        """--global-batch-size with --rampup-batch-size or --step-batch-size-schedule (tokens / --seq-length)."""
-        rampup = getattr(args, "rampup_batch_size", None)
-        steps = getattr(args, "step_batch_size_schedule", None)
-        if rampup is not None and steps is not None:
-            raise ValueError("--rampup-batch-size and --step-batch-size-schedule both set the batch size ramp; "
-                             "give one of them")
-        return cls(args.global_batch_size, tuple(rampup) if rampup is not None else None,
-                   parse_step_schedule(steps, args.seq_length) if steps is not None else None)
+    def of(cls, training: TrainingConfig, seq_length: int) -> BatchSchedule:
+        """--global-batch-size with --rampup-batch-size or --step-batch-size-schedule (tokens / ``seq_length``)."""
+        rampup, steps = training.rampup_batch_size, training.step_batch_size_schedule
+        return cls(training.global_batch_size, tuple(rampup) if rampup is not None else None,
+                   parse_step_schedule(steps, seq_length) if steps is not None else None)
 
     def batch_at(self, consumed: int) -> int:
         """The global batch size of the iteration that starts after ``consumed`` samples."""

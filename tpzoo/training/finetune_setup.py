@@ -38,7 +38,7 @@ from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
-from tpzoo.training.args import engine_config, model_config
+from tpzoo.training.args import model_config
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.run_config import RunConfig
@@ -171,7 +171,7 @@ def build_finetune(args: argparse.Namespace) -> FinetuneRun:
                              f"{len(names)} ({names}); fine-tune a {spec.pretrain_model} checkpoint instead")
         changes = dict(num_labels=len(names))
     job = RunConfig.of(vars(args))
-    ecfg = engine_config(job.flags)
+    ecfg = job.engine()
     total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
     # in iterations: iteration i runs at lr_at(i), the warmup rising from --lr-warmup-init
     schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style, args.lr_warmup_init)

@@ -16,85 +16,161 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from tpzoo.models.config import (ModelConfig, _choice, _field, _int, _non_negative_float, _optional, _parses,
+                                 _positive_float, _probability, check_fields)
 from tpzoo.models.families import FAMILIES, family
-from tpzoo.training.args import config_flag, fill_model_defaults
-from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.flag_types import non_negative_int
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
+from tpzoo.training.sections import add_section
+
+if TYPE_CHECKING:
+    from tpzoo.training.batch_schedule import BatchSchedule
 
 # a family's iteration-counted defaults (tpzoo.models.families train_defaults) that do not apply once the
 # run is counted in samples, or its warmup set another way
 ITERATION_DEFAULTS = {"train_samples": ("train_iters", "lr_warmup_iters"), "lr_warmup_samples": ("lr_warmup_iters",),
                       "lr_warmup_fraction": ("lr_warmup_iters",)}
 MEGATRON_DEFAULTS = {"train_iters": None, "lr_warmup_iters": 0}  # what they are then
-
-# a resume that is given the first flag does not restore the others from the checkpoint (the run's length
+# a resume that is given one of these does not restore the others from the checkpoint (the run's length
 # counted in the other unit, the warmup or the batch ramp set another way)
-_SAMPLES = {"train_samples", "lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples"}
-_ITERS = {"train_iters", "lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters"}
-SCHEDULE_GIVEN_TOGETHER = {**{name: _SAMPLES for name in _ITERS}, **{name: _ITERS for name in _SAMPLES},
-                           "lr_warmup_iters": _SAMPLES | {"lr_warmup_fraction"},
-                           "lr_warmup_samples": _ITERS | {"lr_warmup_fraction"},
-                           "lr_warmup_fraction": {"lr_warmup_iters", "lr_warmup_samples"},
-                           "rampup_batch_size": {"step_batch_size_schedule"},
-                           "step_batch_size_schedule": {"rampup_batch_size"},
-                           "weight_decay_incr_style": {"start_weight_decay", "end_weight_decay"}}
+_SAMPLES = ("train_samples", "lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples")
+_ITERS = ("train_iters", "lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters")
+
+
+@_parses(non_negative_int)
+def _ramp(v: Any) -> str | None:
+    ok = isinstance(v, (list, tuple)) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v)
+    return None if ok else f"must be 3 integers >= 0 (START INCR SAMPLES), got {v!r}"
+
+
+@_parses(str)
+def _words(v: Any) -> str | None:
+    ok = isinstance(v, str) or isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v)
+    return None if ok else f"must be THRESHOLD:BATCH words (a string or a list of them), got {v!r}"
+
+
+def _length(default: Any, check: Any, doc: str, flag: str, *, unit: tuple[str, ...], **role: Any) -> Any:
+    """A field counted in iterations or in samples: given on a resume, the other unit's are not restored."""
+    return _field(default, check, doc, flag, together=unit, **role)
+
+
+_INIT_STD = ModelConfig.__dataclass_fields__["init_method_std"].metadata
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Batch sizes, the run's length, the optimizer and the learning-rate and weight-decay schedules (Megatron-LM's
+    names and meanings; the formulas: ``tpzoo.training.lr_schedule`` and ``tpzoo.training.batch_schedule``).
+    ``ITERATION_FIELDS`` are pretrain.py's only (finetune.py counts epochs)."""
+
+    micro_batch_size: int = _field(4, _int(1), "", "--micro-batch-size")
+    global_batch_size: int = _field(16, _int(1), "sequences per optimizer step (after any ramp-up)",
+                                    "--global-batch-size")
+    train_iters: int | None = _length(100, _optional(_int(0)), "0 with --save: save the untrained model (a control "
+                                      "run)", "--train-iters", unit=_SAMPLES)
+    train_samples: int | None = _length(None, _optional(_int(1)), "the run's length in samples instead of "
+                                        "--train-iters: the iterations it takes, the batch ramp-up counted",
+                                        "--train-samples", unit=_ITERS)
+    rampup_batch_size: tuple[int, int, int] | None = _field(
+        None, _optional(_ramp), "grow the global batch from START by INCR over SAMPLES samples to --global-batch-size",
+        "--rampup-batch-size", ("START", "INCR", "SAMPLES"), nargs=3, together=("step_batch_size_schedule",))
+    step_batch_size_schedule: list[str] | None = _field(
+        None, _optional(_words), "global batch B from T tokens consumed on (suffixes K M B T); the last B is the "
+        "global batch size (--global-batch-size: left out, or the same); one word or several (Megatron-LM's GPT-3 "
+        "script passes its quoted schedule through an unquoted ${ARGS[@]}: several)", "--step-batch-size-schedule",
+        "T:B", nargs="+", together=("rampup_batch_size",))
+    lr: float = _field(1e-3, _positive_float, "", "--lr")
+    min_lr: float = _field(0.0, _non_negative_float, "", "--min-lr")
+    lr_warmup_init: float = _field(0.0, _non_negative_float, "the lr warmup starts from", "--lr-warmup-init")
+    lr_warmup_iters: int = _length(0, _int(0), "the warmup in iterations", "--lr-warmup-iters",
+                                   unit=(*_SAMPLES, "lr_warmup_fraction"))
+    lr_decay_style: str = _field("cosine", _choice(*STYLES), "WSD: with --lr-wsd-decay-iters/-samples",
+                                 "--lr-decay-style")
+    lr_warmup_samples: int = _length(0, _int(0), "the warmup in samples, with --train-samples (default: 0)",
+                                     "--lr-warmup-samples", unit=(*_ITERS, "lr_warmup_fraction"))
+    lr_warmup_fraction: float | None = _field(None, _optional(_probability), "warmup = this fraction of the decay",
+                                              "--lr-warmup-fraction", together=("lr_warmup_iters", "lr_warmup_samples"))
+    lr_decay_iters: int | None = _length(None, _optional(_int(1)), "default: --train-iters", "--lr-decay-iters",
+                                         unit=_SAMPLES)
+    lr_decay_samples: int | None = _length(None, _optional(_int(1)), "default: --train-samples",
+                                           "--lr-decay-samples", unit=_ITERS)
+    lr_wsd_decay_style: str = _field("exponential", _choice(*WSD_STYLES), "WSD: the anneal's shape",
+                                     "--lr-wsd-decay-style")
+    lr_wsd_decay_iters: int | None = _length(None, _optional(_int(1)), "WSD: the anneal's length",
+                                             "--lr-wsd-decay-iters", unit=_SAMPLES)
+    lr_wsd_decay_samples: int | None = _length(None, _optional(_int(1)), "WSD: the anneal's length",
+                                               "--lr-wsd-decay-samples", unit=_ITERS)
+    weight_decay_incr_style: str = _field("constant", _choice(*WD_STYLES), "", "--weight-decay-incr-style",
+                                          together=("start_weight_decay", "end_weight_decay"))
+    start_weight_decay: float | None = _field(None, _optional(_non_negative_float), "linear/cosine weight decay: from",
+                                              "--start-weight-decay")
+    end_weight_decay: float | None = _field(None, _optional(_non_negative_float), "linear/cosine weight decay: to",
+                                            "--end-weight-decay")
+    optimizer: str = _field("adam", _choice("adam", "sgd"), "adam: AdamW (decoupled weight decay); sgd: with "
+                            "momentum, L2 weight decay", "--optimizer")
+    adam_beta1: float = _field(0.9, _probability, "", "--adam-beta1")
+    adam_beta2: float = _field(0.999, _probability, "", "--adam-beta2")
+    adam_eps: float = _field(1e-8, _positive_float, "", "--adam-eps")
+    sgd_momentum: float = _field(0.9, _non_negative_float, "", "--sgd-momentum")
+    weight_decay: float = _field(0.01, _non_negative_float, "", "--weight-decay")
+    clip_grad: float = _field(1.0, _non_negative_float, "global gradient norm; 0 = off", "--clip-grad")
+    init_method_std: float | None = _field(None, _optional(_INIT_STD["check"]), f"{_INIT_STD['doc']} (default: the "
+                                           f"model's)", "--init-method-std")
+    seed: int = _field(1234, _int(0), "", "--seed", meaning=True)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.rampup_batch_size is not None and self.step_batch_size_schedule is not None:
+            raise ValueError("--rampup-batch-size and --step-batch-size-schedule both set the batch size ramp; "
+                             "give one of them")
+
+    def iterations(self, batches: BatchSchedule) -> int:
+        """The iterations the run makes: --train-iters, or those --train-samples takes (``BatchSchedule.iterations``)."""
+        return self.train_iters if self.train_iters is not None else batches.iterations(self.train_samples)
+
+
+ITERATION_FIELDS = ("train_iters", "train_samples", "rampup_batch_size", "step_batch_size_schedule",
+                    "lr_warmup_samples", "lr_warmup_fraction", "lr_decay_iters", "lr_decay_samples",
+                    "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "weight_decay_incr_style",
+                    "start_weight_decay", "end_weight_decay")
 
 
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Batch sizes, run length, optimizer and learning-rate schedule; ``defaults`` override the values
-    below (``train_iters=None`` leaves the run-length flags out: finetune.py counts epochs)."""
-    d = {**dict(micro_batch_size=4, global_batch_size=16, train_iters=100, lr=1e-3, min_lr=0.0, lr_warmup_iters=0,
-                lr_decay_style="cosine", weight_decay=0.01, clip_grad=1.0, seed=1234), **defaults}
-    g = parser.add_argument_group("batch and optimizer")
-    g.add_argument("--micro-batch-size", type=positive_int, default=d["micro_batch_size"])
-    g.add_argument("--global-batch-size", type=positive_int, default=d["global_batch_size"],
-                   help="sequences per optimizer step (after any ramp-up)")
-    iterations = d["train_iters"] is not None
-    if iterations:
-        g.add_argument("--train-iters", type=non_negative_int, default=d["train_iters"],
-                       help="0 with --save: save the untrained model (a control run)")
-        g.add_argument("--train-samples", type=positive_int, help="the run's length in samples instead of "
-                       "--train-iters: the iterations it takes, the batch ramp-up counted")
-        g.add_argument("--rampup-batch-size", type=non_negative_int, nargs=3, metavar=("START", "INCR", "SAMPLES"),
-                       help="grow the global batch from START by INCR over SAMPLES samples to --global-batch-size")
-        g.add_argument("--step-batch-size-schedule", nargs="+", metavar="T:B",
-                       help="global batch B from T tokens consumed on (suffixes K M B T); the last B is the "
-                       "global batch size (--global-batch-size: left out, or the same); one word or several "
-                       "(Megatron-LM's GPT-3 script passes its quoted schedule through an unquoted ${ARGS[@]}: "
-                       "several)")
-    g.add_argument("--lr", type=positive_float, default=d["lr"])
-    g.add_argument("--min-lr", type=non_negative_float, default=d["min_lr"])
-    g.add_argument("--lr-warmup-init", type=non_negative_float, default=0.0, help="the lr warmup starts from")
-    g.add_argument("--lr-warmup-iters", type=non_negative_int, default=d["lr_warmup_iters"],
-                   help="the warmup in iterations")
-    g.add_argument("--lr-decay-style", choices=STYLES if iterations else STYLES[:-1], default=d["lr_decay_style"],
-                   help="WSD: with --lr-wsd-decay-iters/-samples" if iterations else None)
-    if iterations:
-        g.add_argument("--lr-warmup-samples", type=non_negative_int, default=0,
-                       help="the warmup in samples, with --train-samples (default: 0)")
-        g.add_argument("--lr-warmup-fraction", type=probability, help="warmup = this fraction of the decay")
-        g.add_argument("--lr-decay-iters", type=positive_int, help="default: --train-iters")
-        g.add_argument("--lr-decay-samples", type=positive_int, help="default: --train-samples")
-        g.add_argument("--lr-wsd-decay-style", choices=WSD_STYLES, default="exponential",
-                       help="WSD: the anneal's shape")
-        g.add_argument("--lr-wsd-decay-iters", type=positive_int, help="WSD: the anneal's length")
-        g.add_argument("--lr-wsd-decay-samples", type=positive_int, help="WSD: the anneal's length")
-        g.add_argument("--weight-decay-incr-style", choices=WD_STYLES, default="constant")
-        g.add_argument("--start-weight-decay", type=non_negative_float, help="linear/cosine weight decay: from")
-        g.add_argument("--end-weight-decay", type=non_negative_float, help="linear/cosine weight decay: to")
-    g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                   help="adam: AdamW (decoupled weight decay); sgd: with momentum, L2 weight decay")
-    g.add_argument("--adam-beta1", type=probability, default=0.9)
-    g.add_argument("--adam-beta2", type=probability, default=0.999)
-    g.add_argument("--adam-eps", type=positive_float, default=1e-8)
-    g.add_argument("--sgd-momentum", type=non_negative_float, default=0.9)
-    g.add_argument("--weight-decay", type=non_negative_float, default=d["weight_decay"])
-    g.add_argument("--clip-grad", type=non_negative_float, default=d["clip_grad"], help="global gradient norm; 0 = off")
-    config_flag(g, "init_method_std", help="default: the model's")
-    g.add_argument("--seed", type=non_negative_int, default=d["seed"])
+    """Batch sizes, run length, optimizer and learning-rate schedule (``TrainingConfig``); ``defaults`` override its
+    defaults (``train_iters=None`` leaves ``ITERATION_FIELDS`` out and WSD, which needs them: finetune.py counts
+    epochs)."""
+    iterations = defaults.get("train_iters", 0) is not None
+    add_section(parser, TrainingConfig, "batch and optimizer", () if iterations else ITERATION_FIELDS,
+                        **defaults)
+    if not iterations:
+        style = parser._option_string_actions["--lr-decay-style"]
+        style.choices, style.help = STYLES[:-1], None
+
+
+def set_model_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, dict[str, Any]]) -> None:
+    """Make the flags of ``defaults`` (per ``--model``: {dest: value}) None until given, their help
+    naming each model's value; ``fill_model_defaults`` fills them in once the model is known."""
+    names = set().union(*defaults.values())
+    for action in parser._actions:
+        if action.dest in names:
+            action.default = None
+            by_model = ", ".join(f"{model} {values[action.dest]:g}" for model, values in defaults.items())
+            action.help = "; ".join(filter(None, [action.help, f"default: {by_model}"]))
+
+
+def fill_model_defaults(args: argparse.Namespace, defaults: Mapping[str, dict[str, Any]]) -> argparse.Namespace:
+    """Set each flag of ``defaults[args.model]`` that is None (not given) to the model's default."""
+    unknown = sorted(set(defaults[args.model]) - set(vars(args)))
+    if unknown:
+        raise ValueError(f"the train_defaults of model {args.model!r} name {', '.join(unknown)}, which are no flags "
+                         f"of this command; use the flags' destinations (e.g. train_iters, lr, min_lr)")
+    for name, value in defaults[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 class TrainDefaults(Mapping):
@@ -129,6 +205,14 @@ def check_optimizer_resume(args: argparse.Namespace, saved_args: dict[str, Any])
                          f"add --no-load-optim (the optimizer state starts afresh) or resume with --optimizer {before}")
 
 
-def train_iterations(args: argparse.Namespace, batches: BatchSchedule) -> int:
-    """The iterations the run makes: --train-iters, or those --train-samples takes (``BatchSchedule.iterations``)."""
-    return args.train_iters if args.train_iters is not None else batches.iterations(args.train_samples)
+def resolve_global_batch_size(args: argparse.Namespace, given: set[str] | None = None) -> None:
+    """With --step-batch-size-schedule and no --global-batch-size in ``given`` (the flags written on the
+    command line; None: all of them), set ``args.global_batch_size`` to the schedule's last batch size
+    (Megatron-LM takes G from the schedule); when both are given, ``BatchSchedule`` checks that they agree."""
+    from tpzoo.training.batch_schedule import parse_step_schedule
+
+    text = getattr(args, "step_batch_size_schedule", None)
+    if text is not None and given is not None and "global_batch_size" not in given:
+        steps = parse_step_schedule(text, args.seq_length)
+        if steps:
+            args.global_batch_size = steps[-1][1]

@@ -1,75 +1,33 @@
-"""The run configuration as typed sections: each a frozen dataclass whose fields carry their Megatron-LM flag(s),
-default, meaning, check and metavar (``tpzoo.models.config._field``, as the model and engine configs declare theirs)
-and how a run treats them (``role``); a command's flag group is generated from a section (``add_section``) and
-what the flags gave becomes the section (``section_of``), which the code below the commands takes instead of the
-parsed flags.
+"""The run configuration: one typed section per concern, made once from a command's resolved flags (``RunConfig.of``)
+and handed down, so that nothing below the commands reads the parsed flags.
 
-    add_section(parser, StoppingConfig, "stopping")        # --exit-signal-handler/--no-..., --exit-interval ...
-    stopping = section_of(StoppingConfig, vars(args))        # checked like any construction: ValueError names the field
+    job = RunConfig.of(vars(args))              # ValueError naming the field or flag a section refuses
+    job.parallel.tp, job.training.lr, job.logging.log_throughput, job.stopping.exit_interval ...
+    mesh = init_mesh(job.parallel.tp, job.parallel.pp, job.parallel.dp, timeout=job.parallel.timeout)
+    plan, engine_config = job.plan(mesh), job.engine()
 
-A bool field whose default is True gets ``--flag`` and ``--no-flag`` (a flag spelt ``--no-...`` or ``--disable-...``
-alone: it turns the field off), one whose default is False a switch; any other field takes one value read by its
-check's ``parse`` (``tpzoo.flag_types``: the same range, in the flag's words), among its ``choices`` where the check
-has them, ``nargs`` values where the field says so.
-
-Roles (``role(name, *sections)`` lists the fields of a role), what a resume (``tpzoo.training.setup``) does:
-``launch``: the launch's own, never restored from a checkpoint; ``meaning``: what the run trains on, a resume that
-changes it says so; ``path``: a file or folder, recorded absolute; ``together``: flags a resume does not restore
-once this one is given. ``exclusive``: fields sharing the name are flags of which one may be given. Imports without torch.
+The sections (``SECTIONS``) and their flag groups: ``ParallelConfig`` (parallel), ``PrecisionConfig`` (precision and
+speed), ``SpeedConfig`` (Megatron-LM's speed flags) in ``tpzoo.training.parallel_config``; ``TrainingConfig`` (batch
+and optimizer) in ``tpzoo.training.optimizer_args``; ``RunIO`` (run) and ``CheckpointConfig`` in
+``tpzoo.training.checkpoint_args``; ``LoggingConfig`` in ``tpzoo.training.logging_args``; ``StoppingConfig`` here.
+Their flags are generated from them (``tpzoo.training.sections``). Imports without torch.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Mapping
 
+from tpzoo.engine.config import EngineConfig
 from tpzoo.models.config import _bool, _field, _int, _optional, _positive_float, check_fields
+from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
+from tpzoo.training.logging_args import LoggingConfig
+from tpzoo.training.optimizer_args import TrainingConfig
+from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
+from tpzoo.training.sections import add_section, role, section_of
 
-S = TypeVar("S")
-
-
-def add_section(parser: argparse.ArgumentParser, cls: type, title: str, skip: Iterable[str] = (),
-                **defaults: Any) -> argparse._ArgumentGroup:
-    """The flag group ``title`` of section ``cls``: one flag per field that declares one, except those of ``skip``;
-    ``defaults`` replace the fields' defaults in this command (pretrain.py's batch sizes, finetune.py's lr)."""
-    group, exclusive = parser.add_argument_group(title), {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("flag") is None or f.name in skip:
-            continue
-        meta, default = f.metadata, defaults.get(f.name, f.default)
-        names = (meta["flag"],) if isinstance(meta["flag"], str) else meta["flag"]
-        into = group
-        if meta.get("exclusive"):  # one of the fields that share the name
-            if meta["exclusive"] not in exclusive:
-                exclusive[meta["exclusive"]] = group.add_mutually_exclusive_group()
-            into = exclusive[meta["exclusive"]]
-        doc = meta["doc"] or None  # none: --help shows the default alone
-        if default is True and names[0].startswith(("--no-", "--disable-")):
-            into.add_argument(*names, dest=f.name, action="store_false", default=default, help=doc)
-        elif default is True:
-            into.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=True, help=doc)
-        elif default is False:
-            into.add_argument(*names, dest=f.name, action="store_true", help=doc)
-        else:
-            check = meta["check"]
-            into.add_argument(*names, dest=f.name, type=getattr(check, "parse", None), default=default,
-                              choices=getattr(check, "choices", None), nargs=meta.get("nargs"),
-                              metavar=meta.get("metavar"), help=doc)
-    return group
-
-
-def section_of(cls: type[S], values: Mapping[str, Any]) -> S:
-    """Section ``cls`` of ``values`` (flags by destination, e.g. ``vars(args)``): its fields' values, the others
-    its defaults."""
-    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
-
-
-def role(name: str, *sections: type) -> dict[str, Any]:
-    """The fields of ``sections`` that have role ``name``, by flag destination -> the role's value."""
-    return {f.name: f.metadata[name] for cls in sections for f in dataclasses.fields(cls) if f.metadata.get(name)}
+__all__ = ["RunConfig", "SECTIONS", "StoppingConfig", "add_section", "role", "section_of"]
 
 
 @dataclass(frozen=True)
@@ -90,27 +48,19 @@ class StoppingConfig:
         check_fields(self)
 
 
-def _sections() -> dict[str, type]:
-    from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
-    from tpzoo.training.logging_args import LoggingConfig
-    from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig
-
-    return dict(parallel=ParallelConfig, precision=PrecisionConfig, speed=SpeedConfig, io=RunIO,
-                checkpoint=CheckpointConfig, logging=LoggingConfig, stopping=StoppingConfig)
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """A run's resolved configuration: its typed sections (``SECTIONS``), made once from the resolved flags, and
     those flags by destination (read-only: what a checkpoint and config.toml record)."""
 
     flags: Mapping[str, Any]
-    parallel: Any
-    precision: Any
-    speed: Any
-    io: Any
-    checkpoint: Any
-    logging: Any
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    speed: SpeedConfig
+    training: TrainingConfig
+    io: RunIO
+    checkpoint: CheckpointConfig
+    logging: LoggingConfig
     stopping: StoppingConfig
 
     @classmethod
@@ -123,9 +73,21 @@ class RunConfig:
     def plan(self, mesh: Any) -> Any:
         """The ``tpzoo.parallel.ParallelPlan`` of ``mesh`` (a ``ParallelMesh``) and the sections
         (``tpzoo.training.parallel_config.plan_of``; the weights' seed: ``--seed``)."""
-        from tpzoo.training.parallel_config import plan_of
+        return plan_of(self.parallel, self.precision, self.speed, self.training.seed, mesh)
 
-        return plan_of(self.parallel, self.precision, self.speed, self.flags["seed"], mesh)
+    def engine(self, **changes: Any) -> EngineConfig:
+        """The ``EngineConfig`` of the training, parallel and precision sections, and ``changes``."""
+        t, parallel, precision = self.training, self.parallel, self.precision
+        return EngineConfig(**{
+            **dict(micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
+                   schedule=parallel.pipeline_schedule, virtual_stages=parallel.vpp,
+                   use_distributed_optimizer=parallel.use_distributed_optimizer, lr=t.lr, weight_decay=t.weight_decay,
+                   clip_grad=t.clip_grad, precision=precision.precision, optimizer=t.optimizer,
+                   adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, sgd_momentum=t.sgd_momentum,
+                   timeout_s=60.0 * parallel.distributed_timeout_minutes),
+            **precision.loss_scaling(), **changes})
 
 
-SECTIONS = _sections()  # name -> section class, in the order of RunConfig's fields
+# name -> section class, in the order of RunConfig's fields
+SECTIONS = dict(parallel=ParallelConfig, precision=PrecisionConfig, speed=SpeedConfig, training=TrainingConfig, io=RunIO,
+                checkpoint=CheckpointConfig, logging=LoggingConfig, stopping=StoppingConfig)

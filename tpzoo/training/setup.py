@@ -48,12 +48,11 @@ from tpzoo.models.families import family
 from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
-from tpzoo.training.args import engine_config, model_config
-from tpzoo.training.batch_schedule import BatchSchedule, resolve_global_batch_size
+from tpzoo.training.args import model_config
+from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, checkpoint_to_load
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
-from tpzoo.training.optimizer_args import (SCHEDULE_GIVEN_TOGETHER, check_optimizer_resume, fill_schedule_defaults,
-                                           train_iterations)
+from tpzoo.training.optimizer_args import check_optimizer_resume, fill_schedule_defaults, resolve_global_batch_size
 from tpzoo.training.parallel_config import ParallelConfig
 from tpzoo.training.run_config import SECTIONS, RunConfig, role, section_of
 
@@ -102,8 +101,7 @@ class Run:
 # flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields)
 LAUNCH_FLAGS = frozenset({*role("launch", *SECTIONS.values()), "default_model", "num_workers"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
-GIVEN_TOGETHER = {**{k: set(v) for k, v in role("together", *SECTIONS.values()).items()}, **DATA_GIVEN_TOGETHER,
-                  **SCHEDULE_GIVEN_TOGETHER}
+GIVEN_TOGETHER = {**{k: set(v) for k, v in role("together", *SECTIONS.values()).items()}, **DATA_GIVEN_TOGETHER}
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, "seed")
 PATH_FLAGS = (*DATA_PATH_FLAGS, "log_dir", *role("path", *SECTIONS.values()))
@@ -231,10 +229,10 @@ def build_run(args: argparse.Namespace, given: set[str] | None = None,
         if args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
     job = RunConfig.of(vars(args))
-    batches = BatchSchedule.from_args(args)
-    schedule = LRSchedule.from_args(args, batches)
-    train_iters = train_iterations(args, batches)
-    engine_cfg = engine_config(job.flags)
+    batches = BatchSchedule.of(job.training, args.seq_length)
+    schedule = LRSchedule.of(job.training, batches)
+    train_iters = job.training.iterations(batches)
+    engine_cfg = job.engine()
     micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size)  # G, then every size of a ramp-up
     batches.check(engine_cfg.micro_batch_size, mesh.dp_size)
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
