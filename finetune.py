@@ -9,39 +9,19 @@ from __future__ import annotations
 import argparse
 
 # light imports only until the flags are checked: a misuse is reported before torch loads
-from tpzoo.data.glue import TASKS
-from tpzoo.flag_types import positive_int, probability
-from tpzoo.models.family_flag import add_model_flag
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_stopping_args,
                                  check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
 from tpzoo.training.config_file import add_config_args, to_toml, write_config
-from tpzoo.training.finetune_lengths import seq_length_flag
+from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.optimizer_args import add_optimizer_args
-from tpzoo.training.run_config import RunConfig
+from tpzoo.training.run_config import RunConfig, add_section, section_of
 
 PROG = "finetune.py"
 
 
 def parser() -> CommandParser:
     p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT / Llama causal LM (docs/finetuning.md).")
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--load", metavar="CKPT", help="pretrained checkpoint (pretrain.py's --save dir or an iter "
-                   "folder) or tpzoo model folder (python -m tpzoo.convert from-hf); required")
-    add_model_flag(g)
-    g.add_argument("--task", choices=TASKS, help="a named classification task (GLUE ones read --data-dir)")
-    g.add_argument("--data-dir", metavar="DIR", help="the GLUE task's folder (train.tsv, dev.tsv)")
-    g.add_argument("--train-data", metavar="FILE", help="csv/tsv/jsonl: text, optional text_b, label (BERT); "
-                   "jsonl text (GPT, Llama)")
-    g.add_argument("--valid-data", metavar="FILE", help="the validation file, same columns")
-    g.add_argument("--tokenizer-model", metavar="FILE", help="default: the checkpoint's tokenizer")
-    g.add_argument("--epochs", type=positive_int, default=5)
-    g.add_argument("--seq-length", type=seq_length_flag, default=64, help="tokens per sample (longer ones are "
-                   "cut), or auto: the 95th percentile of the training samples' lengths")
-    g.add_argument("--hidden-dropout", type=probability, help="default: the checkpoint's")
-    g.add_argument("--attention-dropout", type=probability, help="default: the checkpoint's")
-    g.add_argument("--save", metavar="DIR", help="keep the best checkpoint (DIR/best) and the last (DIR/latest)")
-    g.add_argument("--log-dir", metavar="DIR", help="metrics.jsonl (default: the --save dir, else runs/)")
-    g.add_argument("--log-interval", type=positive_int, default=10, help="log the train loss every N steps")
+    add_section(p, FinetuneConfig, "fine-tuning")
     add_parallel_args(p)
     add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
                        lr_decay_style="linear")
@@ -64,7 +44,7 @@ def main(argv: list[str] | None = None):
     args = p.parse_args(argv)
     exit_on_misuse(PROG, lambda: check_flags(args))
     if args.print_config:  # the checkpoint's values (dropout, tokenizer) stay its own: not set here
-        print(to_toml(p, args), end="")
+        print(to_toml(p, vars(args)), end="")
         return None
     import torch.distributed as dist
 
@@ -72,8 +52,8 @@ def main(argv: list[str] | None = None):
     from tpzoo.training.finetune_setup import build_finetune
 
     def run():
-        built = build_finetune(args)
-        write_config(built.log_dir, to_toml(p, args))  # the --save folder, else the log folder
+        built = build_finetune(RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args)))
+        write_config(built.log_dir, to_toml(p, built.flags()))  # the --save folder, else the log folder
         return built
 
     summary = exit_on_run_error(PROG, lambda: finetune(exit_on_misuse(PROG, run)))

@@ -18,13 +18,13 @@ from tpzoo.data.data_args import DataConfig, add_data_args, check_data_flags  # 
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
                                               resolve_architecture, resolve_speed)
-from tpzoo.training.args import (CommandParser, add_model_args, add_parallel_args, add_precision_args,  # noqa: E402
-                                 add_run_args, check_output_folder, check_preset, command_parser, exit_on_misuse,
-                                 exit_on_run_error)
+from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
+                                 check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
 from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import LoggingConfig, check_logging  # noqa: E402
+from tpzoo.training.model_args import add_model_args, check_preset  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
 from tpzoo.training.optimizer_args import (TrainDefaults, add_optimizer_args, fill_schedule_defaults,  # noqa: E402
@@ -63,7 +63,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None
     merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored). ``given``: the
     flags written on the command line (None: all of them)."""
     section_of(ParallelConfig, vars(args)).check_launch()
-    check_preset(args)
+    check_preset(args.preset)
     resolve_speed(args)
     section_of(CheckpointConfig, vars(args)).check(section_of(RunIO, vars(args)))
     check_data_flags(DataConfig.of(vars(args)))
@@ -86,16 +86,16 @@ def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     import torch.distributed as dist
 
     from tpzoo.training.loop import train
-    from tpzoo.training.setup import build_run, resolve_flags
+    from tpzoo.training.resolve import resolve_flags, start_run
 
-    if args.print_config:  # the flags as build_run resolves them (a resume's merged with its checkpoint's)
+    if args.print_config:  # the flags as start_run resolves them (a resume's merged with its checkpoint's)
         return exit_on_misuse(prog, lambda: print_config(p, args, lambda saved: resolve_flags(
             args, given, saved, MODEL_DEFAULTS), described="model" not in given))
 
     def run():
-        built = build_run(args, given, MODEL_DEFAULTS)
+        built = start_run(args, given, MODEL_DEFAULTS)
         described = "model" not in given and built.loaded_from is None
-        built.config_file = to_toml(p, built.args, described)  # in the run folder now, in each checkpoint when saved
+        built.config_file = to_toml(p, built.job.flags, described)  # in the run folder now, in each checkpoint when saved
         write_config(built.save_dir, built.config_file)
         return built
 

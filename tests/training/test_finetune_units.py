@@ -24,7 +24,8 @@ from tpzoo.data.demo import demo_data
 from tpzoo.data.tasks import Example, TaskDataset
 from tpzoo.data.tokenizer import load_tokenizer, train_tokenizer
 from tpzoo.training import finetune_loop
-from tpzoo.training.finetune_lengths import auto_seq_length, length_report, percentile, seq_length_flag
+from tpzoo.training.finetune_args import FinetuneConfig, seq_length_flag
+from tpzoo.training.finetune_lengths import auto_seq_length, length_report, percentile
 from tpzoo.training.finetune_setup import finetune_data
 
 pytestmark = pytest.mark.tier("unit")
@@ -122,10 +123,9 @@ def test_dataset_lengths_are_the_uncut_token_counts(demo_tokenizer):
         assert targets == tok.encode(a)[1:] + [tok.eod] + tok.encode(b)[1:] + [tok.eod]
 
 
-def data_args(tmp_path: Path, train: list, valid: list, **flags) -> argparse.Namespace:
-    return argparse.Namespace(**{**dict(task=None, data_dir=None, load="ckpt", tp=1, sequence_parallel=False,
-                                        seq_length=64, train_data=write_labelled(tmp_path / "train.jsonl", train),
-                                        valid_data=write_labelled(tmp_path / "valid.jsonl", valid)), **flags})
+def data_args(tmp_path: Path, train: list, valid: list, **flags) -> FinetuneConfig:
+    return FinetuneConfig(**{**dict(load="ckpt", seq_length=64, train_data=write_labelled(tmp_path / "train.jsonl", train),
+                                    valid_data=write_labelled(tmp_path / "valid.jsonl", valid)), **flags})
 
 
 def test_sparse_integer_labels_are_six_classes_and_long_samples_reported(tmp_path, demo_tokenizer):
@@ -151,7 +151,7 @@ def test_sparse_integer_labels_are_six_classes_and_long_samples_reported(tmp_pat
         ds_train, ds_valid, _, report = finetune_data(auto, "classification", demo_tokenizer,
                                                       config.replace(max_position_embeddings=cap), {})
         pick = min(p95, cap)
-        assert auto.seq_length == ds_train.seq_length == ds_valid.seq_length == pick
+        assert ds_train.seq_length == ds_valid.seq_length == pick
         assert report[1] == (f"--seq-length auto: {pick} (the training samples' 95th percentile length is {p95}; "
                              f"the model's max_position_embeddings is {cap})")
         assert ds_train[0]["input_ids"].shape == (pick,)

@@ -17,7 +17,7 @@ from tpzoo.models.attention import CoreAttention
 from tpzoo.models.presets import get_preset
 from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
-from tpzoo.training.args import model_config
+from tpzoo.training.model_args import ModelChoice, model_config
 from tpzoo.training.optimizer_args import TrainDefaults, fill_schedule_defaults
 from tpzoo.training.run_config import RunConfig
 
@@ -51,7 +51,7 @@ def resolved(line: str, script_model: str = PRETRAIN_DEFAULT.family):
 
 
 def built(args, vocab_size: int):
-    return model_config(args, vocab_size=vocab_size, **args.architecture_changes)
+    return model_config(ModelChoice.of(vars(args)), vocab_size=vocab_size)
 
 
 @pytest.mark.parametrize("case, line, script", [

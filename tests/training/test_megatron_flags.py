@@ -131,9 +131,10 @@ def test_every_flag_of_the_issue_has_a_row():
 
 
 def test_ffn_hidden_size_sets_the_mlp_width(parser):
-    from tpzoo.training.args import model_config
-    config = model_config(parser.parse_args(f"--model {CAUSAL_LM.family} --num-layers 2 --hidden-size 32 "
-                                            "--num-attention-heads 4 --ffn-hidden-size 48".split()))
+    from tpzoo.training.model_args import ModelChoice, model_config
+    config = model_config(ModelChoice.of(vars(parser.parse_args(f"--model {CAUSAL_LM.family} --num-layers 2 "
+                                                                "--hidden-size 32 --num-attention-heads 4 "
+                                                                "--ffn-hidden-size 48".split()))))
     assert config.ffn_hidden_size == 48, config
 
 

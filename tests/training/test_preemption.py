@@ -301,7 +301,7 @@ def test_stopping_flags_parse_check_and_stay_with_their_launch():
     finally:
         sys.path.remove(str(ROOT))
     from tpzoo.training.run_config import StoppingConfig, section_of
-    from tpzoo.training.setup import restore_args
+    from tpzoo.training.resolve import restore_args
 
     args = parser().parse_args([])
     assert (args.exit_signal_handler, args.exit_interval, args.exit_duration_in_mins, args.max_skipped_steps) == \

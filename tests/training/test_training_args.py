@@ -152,19 +152,21 @@ def test_model_config_takes_each_familys_default_preset_and_refuses_a_foreign_fl
     """--model picks the family's default preset; a flag the family's config has no field for (or a
     preset of another family) is a ValueError naming it, and the run options are the plan's, not the config's."""
     from tpzoo.models.families import FAMILIES
-    from tpzoo.training.args import model_config
+    from tpzoo.training.model_args import ModelChoice, model_config
 
     for name, family in FAMILIES.items():
-        config = model_config(pretrain_args(["--model", name, "--num-layers", "3"]))
+        config = model_config(ModelChoice.of(vars(pretrain_args(["--model", name, "--num-layers", "3"]))))
         assert config.model_type == name and config.num_layers == 3, config
         assert "sequence_parallel" not in config.to_dict() and "seed" not in config.to_dict()
-    flagged = [n for n in FAMILIES if "num_query_groups" not in model_config(pretrain_args(["--model", n])).to_dict()]
+    flagged = [n for n in FAMILIES
+               if "num_query_groups" not in model_config(ModelChoice.of(vars(pretrain_args(["--model", n])))).to_dict()]
     assert flagged, "a family without grouped-query attention"
     with pytest.raises(ValueError, match=f"--num-query-groups does not apply to --model {flagged[0]}"):
-        model_config(pretrain_args(["--model", flagged[0], "--num-query-groups", "2"]))
+        model_config(ModelChoice.of(vars(pretrain_args(["--model", flagged[0], "--num-query-groups", "2"]))))
     other = next(n for n in FAMILIES if n != flagged[0])
     with pytest.raises(ValueError, match=f"is a {other} model but --model is {flagged[0]}"):
-        model_config(pretrain_args(["--model", flagged[0], "--preset", FAMILIES[other].default_preset]))
+        model_config(ModelChoice.of(vars(pretrain_args(["--model", flagged[0], "--preset",
+                                                       FAMILIES[other].default_preset]))))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

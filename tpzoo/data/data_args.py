@@ -117,6 +117,8 @@ class DataConfig:
     dataset_split: str | None = None
     json_key: str = "text"
     data_cache_path: str | None = None
+    split: str = "98,1,1"                            # train,valid,test weights over documents (one prefix)
+    num_workers: int = 0                             # DataLoader processes reading the train batches ahead
     seed: int = 0
     tokenizer: TokenizerFlags = TokenizerFlags()
 

@@ -28,7 +28,7 @@ def check_fsdp(config: EngineConfig, mesh: ParallelMesh) -> None:
       2.13) differentiate with respect to the stage's sharded parameters, not the gathered ones FSDP
       computes with, so the weight gradients would be lost (measured: the norms differ from step 0).
 
-    The scripts refuse the same flags before torch loads (``tpzoo.training.args.check_fsdp_flags``).
+    The scripts refuse the same flags before torch loads (``tpzoo.training.parallel_config.ParallelConfig``).
     """
     if config.use_distributed_optimizer:
         raise ValueError("FSDP shards the optimizer state over dp already; turn off use_distributed_optimizer "

@@ -38,7 +38,7 @@ from tpzoo.flag_types import positive_float, positive_int
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
-from tpzoo.training.args import config_flag
+from tpzoo.training.model_args import config_flag
 from tpzoo.training.parallel_config import KERNEL_FUSIONS, SpeedConfig
 from tpzoo.training.sections import add_section
 

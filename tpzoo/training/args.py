@@ -1,36 +1,24 @@
-"""The flags ``pretrain.py`` and ``finetune.py`` share (Megatron-LM's names, ``shared/CONTRACT.md``
-section 1), and what they turn into: the model config (what the model is) and the ``EngineConfig``; the mesh,
-precision and stopping flags are generated from their run configuration sections (``tpzoo.training.parallel_config``,
-``tpzoo.training.run_config``).
+"""What every tpzoo command's parser shares: ``CommandParser`` (one-line errors, each default stated once in
+--help, ``--config FILE`` expanded, ``given``), the misuse and run-error exits, and the flag groups pretrain.py and
+finetune.py share, generated from their run configuration sections (``tpzoo.training.run_config``).
 
     parser = command_parser("pretrain.py", "Pretrain a model on the pp x dp x tp mesh.")
-    add_model_args(parser); add_parallel_args(parser); add_precision_args(parser)
-    add_optimizer_args(parser)                        # tpzoo.training.optimizer_args: batch, schedule, optimizer
+    add_parallel_args(parser); add_precision_args(parser); add_run_args(parser)
     args = parser.parse_args()
-    config = model_config(args)                       # the preset, overridden by the model flags given
     job = RunConfig.of(vars(args))                    # the sections: job.engine(), job.plan(mesh) ...
 
-``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset. Flags a
-script does not want to default are None until given; ``model_config`` applies only those given.
-This module imports without torch. Misuse leaves through ``exit_on_misuse``: one line on stderr,
-exit status 2.
+This module imports without torch. Misuse leaves through ``exit_on_misuse``: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from collections.abc import Sequence
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from tpzoo.flag_types import positive_int
-from tpzoo.models.config import ModelConfig, field_names
-from tpzoo.models.families import FAMILIES, PRESETS, family
-from tpzoo.models.family_flag import add_model_flag
-from tpzoo.models.presets import get_preset
 from tpzoo.training.checkpoint_args import RunIO
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig
 from tpzoo.training.run_config import StoppingConfig, add_section
@@ -143,46 +131,6 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
             return
 
 
-def check_preset(args: argparse.Namespace) -> None:
-    """ValueError unless ``--preset`` (if given) is a preset of a registered family."""
-    if args.preset is not None and args.preset not in PRESETS:
-        raise ValueError(f"--preset {args.preset}: unknown preset; choose one of {', '.join(PRESETS)}")
-
-
-def model_flag_fields() -> dict[str, dataclasses.Field]:
-    """The config fields, of every registered family's config, that a flag of their own name sets (``--num-layers``:
-    ``num_layers``; ``ModelConfig.flag_fields``): the flags that override a preset's value."""
-    out = dict(ModelConfig.flag_fields())
-    for f in FAMILIES.values():
-        out.update({k: v for k, v in f.config_class.flag_fields().items() if k not in out})
-    return out
-
-
-def config_flag(group: argparse._ArgumentGroup, name: str, help: str = "default: the preset's") -> None:
-    """Add config field ``name``'s flag to ``group``: its name, value type and meaning as the field declares them
-    (``tpzoo.models.config``), None until given."""
-    f = model_flag_fields()[name]
-    group.add_argument(f.metadata["flag"], type=f.metadata["check"].parse, help=f"{f.metadata['doc']} ({help})")
-
-
-def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
-    """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
-    stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
-    the architecture flags describe, ``default_model`` first when several do)."""
-    g = parser.add_argument_group("model")
-    add_model_flag(g, metavar="FAMILY", help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
-                   f"tpzoo.models.Family of your own (docs/new-model.md) (default: the one Megatron-LM's architecture "
-                   f"flags describe, {default_model} without them)")
-    parser.set_defaults(default_model=default_model)
-    defaults = ", ".join(f.default_preset for f in FAMILIES.values())
-    g.add_argument("--preset", metavar="NAME", help=f"model shape, a preset of the --model family: "
-                   f"{', '.join(PRESETS)} (default: the family's {defaults})")
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                 "max_position_embeddings", "hidden_dropout", "attention_dropout"):
-        config_flag(g, name)
-    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
-
-
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     """The mesh flags (``tpzoo.training.parallel_config.ParallelConfig``)."""
     add_section(parser, ParallelConfig, "parallel")
@@ -191,28 +139,6 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
     """--bf16/--fp16, fp16's loss scale and the speed options (``tpzoo.training.parallel_config.PrecisionConfig``)."""
     add_section(parser, PrecisionConfig, "precision and speed")
-
-
-def model_config(args: argparse.Namespace, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
-    """``base`` (default: ``--preset``, else the ``--model`` family's default preset) with the model
-    flags given and ``changes`` applied. A flag the family's config has no field for is a ValueError."""
-    fam = family(args.model)
-    if base is None:
-        base = get_preset(args.preset or fam.default_preset)
-    if base.model_type != fam.name:
-        raise ValueError(f"--preset {args.preset} is a {base.model_type} model but --model is {args.model}; "
-                         f"drop one of them or make them agree")
-    given = {name: getattr(args, name) for name in model_flag_fields() if getattr(args, name, None) is not None}
-    foreign = [name for name in given if name not in field_names(type(base))]
-    if foreign:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
-        raise ValueError(f"{flags} does not apply to --model {base.model_type} (its {type(base).__name__} has no "
-                         f"{', '.join(foreign)}); drop it")
-    config = base.replace(**given, **changes)
-    if args.seq_length > config.max_position_embeddings:
-        raise ValueError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
-                         f"{config.max_position_embeddings}; lower the first or raise the second")
-    return config
 
 
 def add_run_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:

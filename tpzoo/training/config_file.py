@@ -30,7 +30,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from tpzoo.training.args import Unfilled
 
@@ -164,15 +164,15 @@ def _toml(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def to_toml(parser: argparse.ArgumentParser, args: argparse.Namespace, described: bool = False) -> str:
-    """The values of ``args`` as a --config file: every section's keys that hold a value (None: not set).
+def to_toml(parser: argparse.ArgumentParser, flags: Mapping[str, Any], described: bool = False) -> str:
+    """The values of ``flags`` (by destination) as a --config file: every section's keys that hold a value (None:
+    not set).
     ``described``: a new run's --model was not given, so the architecture flags picked the family (with
     Megatron-LM's defaults for what they leave out: tied, one kv head per head); it stays out of the file, for
     them to pick again."""
     lines = []
     for name, keys in sections(parser).items():
-        values = [(k, getattr(args, k)) for k in keys
-                  if getattr(args, k, None) is not None and not (described and k == "model")]
+        values = [(k, flags[k]) for k in keys if flags.get(k) is not None and not (described and k == "model")]
         if values:
             lines += [f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in values), ""]
     return "\n".join(lines)
@@ -190,7 +190,7 @@ def print_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
     saved = None if args.load is None or first_run(section_of(RunIO, vars(args))) else read_meta(args.load).get("args", {})
     resolve(saved)
     if os.environ.get("RANK", "0") == "0":
-        print(to_toml(parser, args, described=described and saved is None), end="")
+        print(to_toml(parser, vars(args), described=described and saved is None), end="")
 
 
 def write_config(folder: Path, text: str) -> None:

@@ -12,24 +12,11 @@ the samples do not exceed, so ``--seq-length auto`` leaves at most 5% of the tra
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Sequence
 
-from tpzoo.flag_types import positive_int
-
 AUTO = "auto"
 AUTO_PERCENTILE = 95
-
-
-def seq_length_flag(text: str) -> int | str:
-    """argparse type of ``--seq-length``: an integer >= 1 or ``auto``."""
-    if text == AUTO:
-        return AUTO
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
 
 
 def percentile(lengths: Sequence[int], q: float) -> int:

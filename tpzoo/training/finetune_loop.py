@@ -62,23 +62,23 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     ``--exit-interval`` or ``--exit-duration-in-mins`` (``tpzoo.training.stopping``) end the epoch early:
     it is validated and saved as the last one; ``--max-skipped-steps`` skipped steps in a row raise
     ``Diverged``. No checkpoint is saved while the last step was skipped (``engine.bad_steps`` > 0)."""
-    args, engine, rank0 = run.args, run.engine, dist.get_rank() == 0
+    tune, engine, rank0 = run.tune, run.engine, dist.get_rank() == 0
     g, n = engine.config.global_batch_size, len(run.train)
     schedule, steps = run.schedule, num_batches(n, g)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
     summary, iteration, latest = FinetuneSummary(), 0, None
     with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
-            run.log_dir, schedule.decay_steps, args.log_interval, enabled=rank0,
+            run.log_dir, schedule.decay_steps, tune.log_interval, enabled=rank0,
             writers=tensorboard_writers(run.log_dir) if rank0 else [])) as metrics:
         for line in setup_lines(run.config, engine):  # the model, the mesh, the memory per rank
             metrics.print(line)
-        metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {args.load}: {n} training samples, "
+        metrics.print(f"fine-tuning {run.config.model_type} ({run.kind}) from {tune.load}: {n} training samples, "
                       f"{len(run.valid)} validation samples, {steps} steps per epoch")
         for line in run.report:
             metrics.print(line)
-        for epoch in range(1, args.epochs + 1):
-            for batch in global_batches(run.train, g, epoch_order(n, args.seed, epoch)):
+        for epoch in range(1, tune.epochs + 1):
+            for batch in global_batches(run.train, g, epoch_order(n, run.job.training.seed, epoch)):
                 iteration += 1
                 lr = schedule.apply(engine.optimizer, iteration)
                 start = time.perf_counter()
@@ -86,18 +86,18 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                 metrics.step(batch["input_ids"].numel(), time.perf_counter() - start)
                 step = dict(loss=result.loss, lr=lr, grad_norm=result.grad_norm, skipped=result.skipped,
                             loss_scale=engine.loss_scale)
-                summary.stopped = None if iteration == args.epochs * steps else rules.reason(iteration)
+                summary.stopped = None if iteration == tune.epochs * steps else rules.reason(iteration)
                 if iteration % steps and not summary.stopped:  # the epoch's last step: on the validation line
                     metrics.log(iteration, **step)
                 check_divergence(engine, run.job.stopping.max_skipped_steps, iteration, latest,
-                                 start=f"fine-tune {args.load} again")
+                                 start=f"fine-tune {tune.load} again")
                 if summary.stopped:
                     break
             scores = validate(run)
             summary.epochs.append(scores)
             extra = {k: v for k, v in scores.items() if k != "val_loss"}
             metrics.log(iteration, **step, val_loss=scores["val_loss"], epoch=epoch, **extra)
-            last = epoch == args.epochs or summary.stopped is not None
+            last = epoch == tune.epochs or summary.stopped is not None
             if keeper is not None and engine.bad_steps:
                 metrics.print(skipped_save(iteration, engine.bad_steps, latest))
             elif keeper is not None:

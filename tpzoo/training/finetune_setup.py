@@ -1,10 +1,10 @@
 """What a fine-tuning run is built from, before its first step: the pretrained model (its kind from
 the checkpoint's family), the tokenizer, the task's data, the model config, the plan and the engine.
 
-    run = build_finetune(args)     # ValueError/FileNotFoundError on misuse, before any training
-    run.kind                       # the family's ``finetune``: "classification" (BERT) or "causal-lm" (GPT, Llama)
+    run = build_finetune(job, tune)  # RunConfig, FinetuneConfig; ValueError/FileNotFoundError on misuse
+    run.kind                         # the family's ``finetune``: "classification" (BERT) or "causal-lm" (GPT, Llama)
     run.engine, run.train, run.valid, run.label_names
-    run.report                     # lines finetune() prints once: the classes, the sample lengths
+    run.report                       # lines finetune() prints once: the classes, the sample lengths
 
 ``--load`` is a training checkpoint (``pretrain.py``'s or ``finetune.py``'s) or a tpzoo model folder
 (``python -m tpzoo.convert from-hf``). The model built is the family's ``finetune_model``
@@ -20,7 +20,7 @@ samples' lengths, within [the least a sample needs, max_position_embeddings] (``
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +38,10 @@ from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
-from tpzoo.training.args import model_config
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
+from tpzoo.training.finetune_args import FinetuneConfig
+from tpzoo.training.model_args import model_config
 from tpzoo.training.run_config import RunConfig
 from tpzoo.training.setup import default_run_dir
 
@@ -50,8 +51,8 @@ SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", 
 
 @dataclass
 class FinetuneRun:
-    args: argparse.Namespace
     job: RunConfig                    # the flags' sections
+    tune: FinetuneConfig              # finetune.py's own, --seq-length auto resolved to the length picked
     mesh: ParallelMesh
     kind: str                         # the family's finetune kind: "classification" or "causal-lm"
     tokenizer: Tokenizer
@@ -69,7 +70,11 @@ class FinetuneRun:
         """What a checkpoint of this run records besides the tensors (JSON-able)."""
         return dict(model=self.config.model_type, model_config=self.config.to_dict(),
                     tokenizer=self.tokenizer.reference(), finetune=self.kind, label_names=self.label_names,
-                    args=vars(self.args), **extra)
+                    args=self.flags(), **extra)
+
+    def flags(self) -> dict[str, Any]:
+        """The run's flags as they were resolved: the family and sequence length it fine-tunes with."""
+        return {**self.job.flags, "model": self.config.model_type, "preset": None, "seq_length": self.tune.seq_length}
 
 
 def saved_model(path: str) -> tuple[str, ModelConfig, dict[str, Any]]:
@@ -88,102 +93,105 @@ def check_label_count(names: list[str]) -> None:
         raise ValueError(f"the training data has only the label {names}; a classifier needs two or more")
 
 
-def classification_data(args: argparse.Namespace, tokenizer: Tokenizer, seq_length: int,
+def classification_data(tune: FinetuneConfig, tokenizer: Tokenizer, seq_length: int,
                         saved_names: list[str] | None = None) -> tuple[TaskDataset, TaskDataset, list[str]]:
     """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``,
     whose labels map through ``saved_names`` (the ``--load`` classifier's) when given."""
-    if args.task:
-        train, names = load_task(args.task, "train", args.data_dir)
-        valid, _ = load_task(args.task, "valid", args.data_dir)
+    if tune.task:
+        train, names = load_task(tune.task, "train", tune.data_dir)
+        valid, _ = load_task(tune.task, "valid", tune.data_dir)
     else:
         try:
-            train, names = read_examples(args.train_data, saved_names)
+            train, names = read_examples(tune.train_data, saved_names)
             check_label_count(names)  # before the validation file is read against them
-            valid, _ = read_examples(args.valid_data, names)
+            valid, _ = read_examples(tune.valid_data, names)
         except UnknownLabels as err:
             if saved_names is None:
                 raise
-            raise ValueError(f"{err.path!r} has labels {err.unknown} that the classifier --load {args.load} was not "
+            raise ValueError(f"{err.path!r} has labels {err.unknown} that the classifier --load {tune.load} was not "
                              f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune a BERT encoder "
                              f"checkpoint for new labels") from None
     check_label_count(names)
     return TaskDataset(train, tokenizer, seq_length), TaskDataset(valid, tokenizer, seq_length), names
 
 
-def finetune_data(args: argparse.Namespace, kind: str, tokenizer: Tokenizer, saved: ModelConfig,
-                  meta: dict[str, Any]) -> tuple[Any, Any, list[str] | None, list[str]]:
-    """(train, valid, label names, report lines) of the run; ``--seq-length auto`` is resolved here
-    (``args.seq_length`` becomes the pick) from the training samples' lengths."""
-    auto = args.seq_length == AUTO
-    seq_length = saved.max_position_embeddings if auto else args.seq_length  # auto: cut again below
+def finetune_data(tune: FinetuneConfig, kind: str, tokenizer: Tokenizer, saved: ModelConfig,
+                  meta: dict[str, Any], multiple: int = 1) -> tuple[Any, Any, list[str] | None, list[str]]:
+    """(train, valid, label names, report lines) of the run; ``--seq-length auto`` is resolved here from the
+    training samples' lengths (a multiple of ``multiple``: tp under sequence parallelism), the datasets' seq_length
+    the pick."""
+    auto = tune.seq_length == AUTO
+    seq_length = saved.max_position_embeddings if auto else tune.seq_length  # auto: cut again below
     names, report = None, []
     if kind == "classification":
         saved_names = meta.get("label_names")
-        train, valid, names = classification_data(args, tokenizer, seq_length, saved_names)
-        report.append(f"{len(names)} classes" + (f" (the labels of --load {args.load})" if saved_names else "")
+        train, valid, names = classification_data(tune, tokenizer, seq_length, saved_names)
+        report.append(f"{len(names)} classes" + (f" (the labels of --load {tune.load})" if saved_names else "")
                       + ": " + " ".join(n if n.split() == [n] else repr(n) for n in names))
     else:
         train, valid = (CausalLMDataset(read_texts(path), tokenizer, seq_length)
-                        for path in (args.train_data, args.valid_data))
+                        for path in (tune.train_data, tune.valid_data))
     noun, cut = SAMPLES[kind]
     if auto:
-        tp, cap = args.tp if args.sequence_parallel else 1, saved.max_position_embeddings
-        pick = auto_seq_length(train.lengths, cap, train.min_length, tp)
-        args.seq_length = train.seq_length = valid.seq_length = pick
-        report.append(f"--seq-length auto: {args.seq_length} (the training {noun}' {AUTO_PERCENTILE}th percentile "
+        tp, cap = multiple, saved.max_position_embeddings
+        pick = train.seq_length = valid.seq_length = auto_seq_length(train.lengths, cap, train.min_length, tp)
+        report.append(f"--seq-length auto: {pick} (the training {noun}' {AUTO_PERCENTILE}th percentile "
                       f"length is {percentile(train.lengths, AUTO_PERCENTILE)}; the model's max_position_embeddings is "
                       f"{cap}" + (f"; a multiple of tp={tp} under --sequence-parallel" if tp > 1 else "") + ")")
-    report += [length_report(f"{split} {noun}", data.lengths, args.seq_length, cut)
+    report += [length_report(f"{split} {noun}", data.lengths, train.seq_length, cut)
                for split, data in (("training", train), ("validation", valid))]
     return train, valid, names, report
 
 
-def check_data_args(args: argparse.Namespace, kind: str, class_name: str) -> None:
+def check_data_args(tune: FinetuneConfig, kind: str, class_name: str) -> None:
     """Exactly one data source, and one that fits the checkpoint's kind."""
-    files = args.train_data is not None or args.valid_data is not None
-    if args.task and files:
+    files = tune.train_data is not None or tune.valid_data is not None
+    if tune.task and files:
         raise ValueError("pass either --task or --train-data/--valid-data, not both")
-    if files and (args.train_data is None or args.valid_data is None):
+    if files and (tune.train_data is None or tune.valid_data is None):
         raise ValueError("--train-data and --valid-data go together; pass both")
-    if not args.task and not files:
+    if not tune.task and not files:
         raise ValueError("no data: pass --task NAME or --train-data FILE --valid-data FILE")
-    if args.task and kind == "causal-lm":
+    if tune.task and kind == "causal-lm":
         classifiers = [f.name for f in FAMILIES.values() if f.finetune == "classification"]
-        raise ValueError(f"--load {args.load} holds a {class_name.removesuffix('Model')} model, which fine-tunes "
-                         f"as a causal LM on --train-data/--valid-data text files; --task {args.task} needs a "
+        raise ValueError(f"--load {tune.load} holds a {class_name.removesuffix('Model')} model, which fine-tunes "
+                         f"as a causal LM on --train-data/--valid-data text files; --task {tune.task} needs a "
                          f"checkpoint of a classifier family ({', '.join(classifiers)})")
 
 
-def build_finetune(args: argparse.Namespace) -> FinetuneRun:
-    """Everything a fine-tuning run needs, checked before any training."""
-    if not args.load:
+def build_finetune(job: RunConfig, tune: FinetuneConfig) -> FinetuneRun:
+    """Everything the fine-tuning run of ``job`` and ``tune`` needs, checked before any training."""
+    if not tune.load:
         raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
-    class_name, saved, meta = saved_model(args.load)
+    class_name, saved, meta = saved_model(tune.load)
     fam = family(saved.model_type)
     spec, kind = fam.spec, fam.finetune
-    check_data_args(args, kind, class_name)
-    tokenizer = model_tokenizer(args.load, args.tokenizer_model, vocab_size=saved.vocab_size)
-    train, valid, names, report = finetune_data(args, kind, tokenizer, saved, meta)
+    check_data_args(tune, kind, class_name)
+    tokenizer = model_tokenizer(tune.load, tune.tokenizer_model, vocab_size=saved.vocab_size)
+    parallel = job.parallel
+    train, valid, names, report = finetune_data(tune, kind, tokenizer, saved, meta,
+                                                parallel.tp if parallel.sequence_parallel else 1)
+    tune = dataclasses.replace(tune, seq_length=train.seq_length)  # auto: the length picked
     changes: dict[str, Any] = {}
     if kind == "classification":
         if class_name == spec.finetune_model and saved.num_labels != len(names):
-            raise ValueError(f"--load {args.load} is a classifier of {saved.num_labels} labels but the data has "
+            raise ValueError(f"--load {tune.load} is a classifier of {saved.num_labels} labels but the data has "
                              f"{len(names)} ({names}); fine-tune a {spec.pretrain_model} checkpoint instead")
         changes = dict(num_labels=len(names))
-    job = RunConfig.of(vars(args))
     ecfg = job.engine()
-    total = args.epochs * num_batches(len(train), ecfg.global_batch_size)
+    t = job.training
+    total = tune.epochs * num_batches(len(train), ecfg.global_batch_size)
     # in iterations: iteration i runs at lr_at(i), the warmup rising from --lr-warmup-init
-    schedule = LRSchedule(args.lr, args.min_lr, args.lr_warmup_iters, total, args.lr_decay_style, args.lr_warmup_init)
-    args.model, args.preset = saved.model_type, None  # what model_config checks the flags against
-    config = model_config(args, saved, **changes)
+    schedule = LRSchedule(t.lr, t.min_lr, t.lr_warmup_iters, total, t.lr_decay_style, t.lr_warmup_init)
+    choice = dataclasses.replace(job.model, model=saved.model_type, preset=None, seq_length=tune.seq_length)
+    config = model_config(choice, saved, **changes)  # the checkpoint's, with the dropout flags given
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
     model_class = spec.finetune_model if spec.finetune_model != class_name else None
-    mesh = init_mesh(job.parallel.tp, job.parallel.pp, job.parallel.dp, timeout=job.parallel.timeout)
-    manual_seed(args.seed, mesh)
-    build = functools.partial(load_model, args.load, model_class=model_class, config_overrides=overrides)
+    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
+    manual_seed(t.seed, mesh)
+    build = functools.partial(load_model, tune.load, model_class=model_class, config_overrides=overrides)
     engine = Engine(build, config, ecfg, job.plan(mesh))
-    save_dir = Path(args.save) if args.save else None
-    log_dir = Path(args.log_dir) if args.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
-    return FinetuneRun(args, job, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir, log_dir,
-                       report)
+    save_dir = Path(tune.save) if tune.save else None
+    log_dir = Path(tune.log_dir) if tune.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
+    return FinetuneRun(job, tune, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir,
+                       log_dir, report)

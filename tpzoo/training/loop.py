@@ -61,8 +61,8 @@ def validation_loss(run: Run, iteration: int) -> tuple[float, dict[str, float]]:
     """Mean loss of the ``--eval-iters`` valid batches of evaluation ``iteration // eval_interval``,
     measured as the training loss is (BERT: masked-LM + sentence-order loss), and its mean part of
     each label key."""
-    g, n = run.engine.config.global_batch_size, run.args.eval_iters
-    first = iteration // run.args.eval_interval * n
+    g, n = run.engine.config.global_batch_size, run.job.io.eval_iters
+    first = iteration // run.job.io.eval_interval * n
     batches = [run.batch(run.valid, (first + j) * g) for j in range(n)]
     results = [eval_losses(run.engine, b) for b in batches]
     return sum(loss for loss, _ in results) / n, {k: sum(parts[k] for _, parts in results) / n for k in results[0][1]}
@@ -92,7 +92,7 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
 def data_entropy(run: Run) -> float | None:
     """Unigram entropy of the training data (nats/token: the loss of a model that ignores context),
     or None for data too large to count quickly or blended from several prefixes."""
-    if isinstance(run.args.data_path, list) or len(IndexedDataset(run.data_prefix).tokens) > MAX_ENTROPY_TOKENS:
+    if isinstance(run.job.data.data_path, list) or len(IndexedDataset(run.data_prefix).tokens) > MAX_ENTROPY_TOKENS:
         return None
     return unigram_entropy(run.data_prefix, run.tokenizer.vocab_size)
 
@@ -127,28 +127,28 @@ def report(summary: Summary, entropy: float | None, names: dict[str, str]) -> st
 
 def train(run: Run) -> Summary:
     """Train ``run`` from ``run.iteration`` to ``run.train_iters``; evaluate, log and save on the way."""
-    args, engine, rank0, logging = run.args, run.engine, dist.get_rank() == 0, run.job.logging
+    engine, rank0, io, logging = run.engine, dist.get_rank() == 0, run.job.io, run.job.logging
     # the logging section's measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
     timers = engine.timers = Timers(logging.timing_log_level, run.mesh.device)
     engine.measure_params_norm, engine.measure_num_zeros = logging.log_params_norm, logging.log_num_zeros_in_grad
     logged_at = run.iteration
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
-    names, evaluating = loss_names(run), args.eval_interval > 0
+    names, evaluating = loss_names(run), io.eval_interval > 0
     with ExitStack() as opened:  # closed however the loop ends: the --num-workers workers, the writers
         if run.reader is not None:
             opened.callback(run.reader.close)
         stopping = run.job.stopping
         rules = opened.enter_context(StopRules.of(stopping, run.mesh.device))
         metrics = opened.enter_context(closing(Metrics(
-            run.log_dir, run.train_iters, args.log_interval, start=run.iteration,
-            flops_per_token=flops_per_token(run.config, args.seq_length),
+            run.log_dir, run.train_iters, io.log_interval, start=run.iteration,
+            flops_per_token=flops_per_token(run.config, run.job.model.seq_length),
             peak_flops=peak_flops(run.mesh.device, engine.config.precision), world_size=dist.get_world_size(),
             enabled=rank0, **monitor_options(logging, run.job.flags, run.log_dir, run.save_dir.name, rank0))))
         for line in summary_lines(run):  # what is trained, where, in how much memory, on what data
             metrics.print(line)
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
-            how = "finetuning" if run.args.finetune else "resumed"  # --finetune: the weights only, from iteration 0
+            how = "finetuning" if run.job.checkpoint.finetune else "resumed"  # --finetune: the weights only, from iteration 0
             metrics.print(f"{how} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
                           f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
             if run.lr_schedule_changes:
@@ -170,10 +170,10 @@ def train(run: Run) -> Summary:
             result = engine.train_step(batch)
             run.consumed_samples += g
             run.lr_steps += 0 if result.skipped else g  # Megatron's scheduler steps on an update only
-            metrics.step(g * args.seq_length, time.perf_counter() - start)
+            metrics.step(g * run.job.model.seq_length, time.perf_counter() - start)
             last = run.iteration == run.train_iters
             val, val_losses = None, {}
-            if evaluating and (run.iteration % args.eval_interval == 0 or last):
+            if evaluating and (run.iteration % io.eval_interval == 0 or last):
                 timers.start("evaluate")
                 val, val_losses = evaluate(run, summary, names)
                 timers.stop("evaluate")
@@ -194,7 +194,7 @@ def train(run: Run) -> Summary:
                 wait_for_save()  # the last finite checkpoint is published before the run ends
                 raise
             summary.stopped = None if last else rules.reason(run.iteration)
-            if last or summary.stopped or (args.save_interval and run.iteration % args.save_interval == 0):
+            if last or summary.stopped or (io.save_interval and run.iteration % io.save_interval == 0):
                 timers.start("save")
                 save(run, summary, metrics)
                 timers.stop("save")

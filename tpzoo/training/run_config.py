@@ -10,7 +10,9 @@ The sections (``SECTIONS``) and their flag groups: ``ParallelConfig`` (parallel)
 speed), ``SpeedConfig`` (Megatron-LM's speed flags) in ``tpzoo.training.parallel_config``; ``TrainingConfig`` (batch
 and optimizer) in ``tpzoo.training.optimizer_args``; ``RunIO`` (run) and ``CheckpointConfig`` in
 ``tpzoo.training.checkpoint_args``; ``LoggingConfig`` in ``tpzoo.training.logging_args``; ``StoppingConfig`` here.
-Their flags are generated from them (``tpzoo.training.sections``). Imports without torch.
+Their flags are generated from them (``tpzoo.training.sections``). The model (``ModelChoice``,
+``tpzoo.training.model_args``) and the data (``DataConfig``, ``tpzoo.data.data_args``) are made from their flags
+too. Imports without torch.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from tpzoo.data.data_args import DataConfig
 from tpzoo.engine.config import EngineConfig
 from tpzoo.models.config import _bool, _field, _int, _optional, _positive_float, check_fields
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
 from tpzoo.training.logging_args import LoggingConfig
+from tpzoo.training.model_args import ModelChoice
 from tpzoo.training.optimizer_args import TrainingConfig
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
 from tpzoo.training.sections import add_section, role, section_of
@@ -54,6 +58,8 @@ class RunConfig:
     those flags by destination (read-only: what a checkpoint and config.toml record)."""
 
     flags: Mapping[str, Any]
+    model: ModelChoice
+    data: DataConfig
     parallel: ParallelConfig
     precision: PrecisionConfig
     speed: SpeedConfig
@@ -68,7 +74,8 @@ class RunConfig:
         """The sections of ``flags`` (a command's resolved flags by destination); ValueError naming the field or
         flag a section refuses."""
         flags = MappingProxyType(dict(flags))
-        return cls(flags, **{name: section_of(section, flags) for name, section in SECTIONS.items()})
+        return cls(flags, ModelChoice.of(flags), DataConfig.of(flags),
+                   **{name: section_of(section, flags) for name, section in SECTIONS.items()})
 
     def plan(self, mesh: Any) -> Any:
         """The ``tpzoo.parallel.ParallelPlan`` of ``mesh`` (a ``ParallelMesh``) and the sections

@@ -73,6 +73,6 @@ def summary_lines(run: Run) -> list[str]:
     train = f"{len(run.train):,} train samples" if run.train is not None else "no train samples read"
     return setup_lines(run.config, run.engine) + [
         f"data      {run.data_prefix} (tokenizer: {run.tokenizer.vocab_size} tokens), {train} of "
-        f"{run.args.seq_length} tokens{valid}; the run reads {run.batches.consumed_after(run.train_iters):,} "
+        f"{run.job.model.seq_length} tokens{valid}; the run reads {run.batches.consumed_after(run.train_iters):,} "
         f"({length})",
     ]

@@ -1,0 +1,108 @@
+"""The model flags (``--model --preset``, the shape flags that override the preset, ``--seq-length``) and the model
+config they make: ``ModelChoice`` is the run configuration's model section, ``model_config`` its config.
+
+    add_model_args(parser)                               # --model, --preset, --num-layers ... (None until given)
+    choice = ModelChoice.of(vars(args))                  # once resolve_architecture set the family
+    config = model_config(choice, vocab_size=32000)      # the preset, overridden by the model flags given
+
+``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset; the shape flags are
+the config fields that declare a flag of their own name (``ModelConfig.flag_fields``), generated from them.
+Imports without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from tpzoo.flag_types import positive_int
+from tpzoo.models.config import ModelConfig, field_names
+from tpzoo.models.families import FAMILIES, PRESETS, family
+from tpzoo.models.family_flag import add_model_flag
+from tpzoo.models.presets import get_preset
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What model a run trains: the family, the preset (None: the family's default), the sequence length, the
+    config fields the shape flags give (``given``) and those Megatron-LM's architecture flags set
+    (``architecture``, ``tpzoo.training.architecture_args.resolve_architecture``)."""
+
+    model: str | None
+    preset: str | None = None
+    seq_length: int = 64
+    given: Mapping[str, Any] = field(default_factory=dict)
+    architecture: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, flags: Mapping[str, Any]) -> ModelChoice:
+        """The model section of ``flags`` (a command's flags by destination)."""
+        given = {name: flags[name] for name in model_flag_fields() if flags.get(name) is not None}
+        return cls(flags.get("model"), flags.get("preset"), flags.get("seq_length", 64), MappingProxyType(given),
+                   MappingProxyType(dict(flags.get("architecture_changes") or {})))
+
+
+def check_preset(preset: str | None) -> None:
+    """ValueError unless ``--preset`` (if given) is a preset of a registered family."""
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"--preset {preset}: unknown preset; choose one of {', '.join(PRESETS)}")
+
+
+def model_flag_fields() -> dict[str, dataclasses.Field]:
+    """The config fields, of every registered family's config, that a flag of their own name sets (``--num-layers``:
+    ``num_layers``; ``ModelConfig.flag_fields``): the flags that override a preset's value."""
+    out = dict(ModelConfig.flag_fields())
+    for f in FAMILIES.values():
+        out.update({k: v for k, v in f.config_class.flag_fields().items() if k not in out})
+    return out
+
+
+def config_flag(group: argparse._ArgumentGroup, name: str, help: str = "default: the preset's") -> None:
+    """Add config field ``name``'s flag to ``group``: its name, value type and meaning as the field declares them
+    (``tpzoo.models.config``), None until given."""
+    f = model_flag_fields()[name]
+    group.add_argument(f.metadata["flag"], type=f.metadata["check"].parse, help=f"{f.metadata['doc']} ({help})")
+
+
+def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
+    """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
+    stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
+    the architecture flags describe, ``default_model`` first when several do)."""
+    g = parser.add_argument_group("model")
+    add_model_flag(g, metavar="FAMILY", help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
+                   f"tpzoo.models.Family of your own (docs/new-model.md) (default: the one Megatron-LM's architecture "
+                   f"flags describe, {default_model} without them)")
+    parser.set_defaults(default_model=default_model)
+    defaults = ", ".join(f.default_preset for f in FAMILIES.values())
+    g.add_argument("--preset", metavar="NAME", help=f"model shape, a preset of the --model family: "
+                   f"{', '.join(PRESETS)} (default: the family's {defaults})")
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                 "max_position_embeddings", "hidden_dropout", "attention_dropout"):
+        config_flag(g, name)
+    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
+
+
+def model_config(choice: ModelChoice, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:
+    """``base`` (default: ``--preset``, else the ``--model`` family's default preset) with the model
+    flags given, the architecture flags' fields and ``changes`` applied. A flag the family's config has no field for
+    is a ValueError."""
+    fam = family(choice.model)
+    if base is None:
+        base = get_preset(choice.preset or fam.default_preset)
+    if base.model_type != fam.name:
+        raise ValueError(f"--preset {choice.preset} is a {base.model_type} model but --model is {choice.model}; "
+                         f"drop one of them or make them agree")
+    given = dict(choice.given)
+    foreign = [name for name in given if name not in field_names(type(base))]
+    if foreign:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
+        raise ValueError(f"{flags} does not apply to --model {base.model_type} (its {type(base).__name__} has no "
+                         f"{', '.join(foreign)}); drop it")
+    config = base.replace(**given, **{**choice.architecture, **changes})
+    if choice.seq_length > config.max_position_embeddings:
+        raise ValueError(f"--seq-length {choice.seq_length} exceeds --max-position-embeddings "
+                         f"{config.max_position_embeddings}; lower the first or raise the second")
+    return config
