@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 # OpenMP threads that spin while they wait crawl (20-50x slower steps) on a CPU shared with other
 # processes; waiting threads that sleep cost nothing measurable. Set before torch loads OpenMP.
@@ -16,8 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.data_args import DataConfig, add_data_args, check_data_flags  # noqa: E402
 from tpzoo.models.families import FAMILIES  # noqa: E402
-from tpzoo.training.architecture_args import (add_architecture_args, add_speed_args,  # noqa: E402
-                                              resolve_architecture, resolve_speed)
+from tpzoo.training.architecture_args import add_architecture_args, add_speed_args, resolve_speed  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
                                  check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
 from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
@@ -27,9 +27,9 @@ from tpzoo.training.logging_args import LoggingConfig, check_logging  # noqa: E4
 from tpzoo.training.model_args import add_model_args, check_preset  # noqa: E402
 from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
-from tpzoo.training.optimizer_args import (TrainDefaults, add_optimizer_args, fill_schedule_defaults,  # noqa: E402
-                                           resolve_global_batch_size, set_model_defaults)
+from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, set_model_defaults  # noqa: E402
 from tpzoo.training.parallel_config import ParallelConfig  # noqa: E402
+from tpzoo.training.resolve import resolve_flags  # noqa: E402
 from tpzoo.training.run_config import RunConfig, add_section, section_of  # noqa: E402
 
 PROG = "pretrain.py"
@@ -58,42 +58,64 @@ def parser(prog: str = PROG, model: str = "gpt") -> CommandParser:
     return p
 
 
-def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> None:
-    """What the flags alone can be checked for, before torch loads (a resume's are checked once
-    merged with the checkpoint's; the launch's --use-torch-fsdp2 is never restored). ``given``: the
-    flags written on the command line (None: all of them)."""
+def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunConfig | None:
+    """What the flags alone can be checked for, before torch loads; a new run's flags resolved in place and made
+    its run configuration, returned (a resume's are resolved and checked once merged with the checkpoint's: None;
+    the launch's --use-torch-fsdp2 is never restored). ``given``: the flags written on the command line (None: all
+    of them)."""
     section_of(ParallelConfig, vars(args)).check_launch()
     check_preset(args.preset)
-    resolve_speed(args)
     section_of(CheckpointConfig, vars(args)).check(section_of(RunIO, vars(args)))
     check_data_flags(DataConfig.of(vars(args)))
     check_logging(section_of(LoggingConfig, vars(args)))
     for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    if args.load is None:
-        resolve_architecture(args)  # --model, when not given: the family the architecture flags describe
-        resolve_global_batch_size(args, given)  # --step-batch-size-schedule alone: G is its last size
-        filled = fill_schedule_defaults(argparse.Namespace(**vars(args)), MODEL_DEFAULTS)
-        job = RunConfig.of(vars(filled))  # every section's fields
-        LRSchedule.of(job.training, BatchSchedule.of(job.training, args.seq_length))  # and the batch ramp-up
-        job.engine()  # batch sizes ...
+    if args.load is not None:
+        resolve_speed(args)  # the launch's own; the others once merged with the checkpoint's (start_run)
+        return None
+    resolve_flags(args, given, None, MODEL_DEFAULTS)  # --model, when not given: the one the architecture flags describe
+    job = RunConfig.of(vars(args))  # every section's fields
+    LRSchedule.of(job.training, BatchSchedule.of(job.training, job.model.seq_length))  # and the batch ramp-up
+    job.engine()  # batch sizes ...
+    return job
+
+
+def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) -> Any:
+    """The ``tpzoo.training.setup.Run`` of the flags: the mesh of the launch's, the checkpoint of --load (every rank
+    checks its share), a resume's flags merged with the checkpoint's (``resolve_flags``; ``job``: a new run's
+    configuration, resolved by ``check_flags``), built (``build_run``)."""
+    from tpzoo.checkpoint import read_meta
+    from tpzoo.parallel import init_mesh
+    from tpzoo.training.checkpoint_args import checkpoint_to_load
+    from tpzoo.training.setup import build_run
+
+    parallel = section_of(ParallelConfig, vars(args))  # the launch's: never restored
+    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
+    checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))
+    saved = read_meta(checkpoint) if checkpoint else None  # None also for --save DIR --load DIR before DIR holds one
+    changes = []
+    if job is None:
+        changes = resolve_flags(args, given, None if saved is None else saved.get("args", {}), MODEL_DEFAULTS)
+        if saved is not None and args.save is None and not args.finetune:
+            args.save = str(checkpoint.parent)  # the run goes on saving where it saved
+        job = RunConfig.of(vars(args))
+    return build_run(job, mesh, checkpoint, saved, changes)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     p = parser(prog, model)
     args, given = p.parse_args(argv), p.given(argv)
-    exit_on_misuse(prog, lambda: check_flags(args, given))
+    job = exit_on_misuse(prog, lambda: check_flags(args, given))
     import torch.distributed as dist
 
     from tpzoo.training.loop import train
-    from tpzoo.training.resolve import resolve_flags, start_run
 
     if args.print_config:  # the flags as start_run resolves them (a resume's merged with its checkpoint's)
-        return exit_on_misuse(prog, lambda: print_config(p, args, lambda saved: resolve_flags(
+        return exit_on_misuse(prog, lambda: print_config(p, args, lambda saved: job or resolve_flags(
             args, given, saved, MODEL_DEFAULTS), described="model" not in given))
 
     def run():
-        built = start_run(args, given, MODEL_DEFAULTS)
+        built = start_run(args, given, job)
         described = "model" not in given and built.loaded_from is None
         built.config_file = to_toml(p, built.job.flags, described)  # in the run folder now, in each checkpoint when saved
         write_config(built.save_dir, built.config_file)

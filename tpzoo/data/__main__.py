@@ -20,8 +20,8 @@ import os
 import sys
 from typing import Sequence
 
-from tpzoo.data.build import add_cache_arg, data_kind
-from tpzoo.data.data_args import add_data_args
+from tpzoo.data.build import data_kind
+from tpzoo.data.data_args import add_cache_arg, add_data_args
 from tpzoo.data.tokenizer_types import add_tokenizer_args
 from tpzoo.models.families import FAMILIES
 from tpzoo.models.family_flag import add_model_flag

@@ -17,7 +17,6 @@ samples. Every family of a data kind reads the same tokenized ``--dataset`` cach
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -57,16 +56,6 @@ def cache_name(model: str) -> str:
     tokenization and caches written before the family registry stay valid."""
     kind = data_kind(model)
     return next(name for name, f in FAMILIES.items() if f.data == kind)
-
-
-def add_cache_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Add ``--data-cache-path DIR`` (Megatron-LM's name) to ``parser``."""
-    parser.add_argument(
-        "--data-cache-path",
-        metavar="DIR",
-        help="where --dataset files are tokenized and the demo corpus is built, once "
-        f"(default: {DEFAULT_CACHE})",
-    )
 
 
 def parse_split(split: str) -> list[float]:

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from tpzoo.data.build import DataSources, add_cache_arg, data_kind, resolve_data
-from tpzoo.data.sources import DATASET_PARTS, DatasetSource, add_dataset_source_args
+from tpzoo.data.build import DEFAULT_CACHE, DataSources, data_kind, resolve_data
+from tpzoo.data.sources import DATASET_PARTS, DatasetSource
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, add_tokenizer_args, tokenizer_of, tokenizer_type
 from tpzoo.flag_types import non_negative_int
@@ -68,6 +68,27 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def add_dataset_source_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the flags that pick what a ``--dataset`` folder or name holds: ``--dataset-config``,
+    ``--dataset-split``, ``--json-key``."""
+    parser.add_argument("--dataset-config", metavar="NAME",
+                        help="the configuration of a --dataset name (datasets' load_dataset(name, NAME))")
+    parser.add_argument("--dataset-split", metavar="SPLIT",
+                        help="the split of a --dataset name or save_to_disk DatasetDict folder (default: train)")
+    parser.add_argument("--json-key", default="text", metavar="KEY",
+                        help="the text field of --dataset rows or columns (default: %(default)s)")
+
+
+def add_cache_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add ``--data-cache-path DIR`` (Megatron-LM's name) to ``parser``."""
+    parser.add_argument(
+        "--data-cache-path",
+        metavar="DIR",
+        help="where --dataset files are tokenized and the demo corpus is built, once "
+        f"(default: {DEFAULT_CACHE})",
+    )
 
 
 def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argparse.ArgumentParser:

@@ -10,7 +10,6 @@ sentence or line per line inside, the layout BERT's original pretraining data us
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import glob
@@ -160,17 +159,6 @@ def iter_texts(source: Any, key: str = "text") -> Iterator[str]:
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes: a DatasetDict's, a Dataset's
 DATASET_PARTS = ("dataset_config", "dataset_split", "json_key")  # the flags that pick what --dataset reads
 NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # a dataset name, "name" or "owner/name"
-
-
-def add_dataset_source_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Add the flags that pick what a ``--dataset`` folder or name holds: ``--dataset-config``,
-    ``--dataset-split``, ``--json-key``."""
-    parser.add_argument("--dataset-config", metavar="NAME",
-                        help="the configuration of a --dataset name (datasets' load_dataset(name, NAME))")
-    parser.add_argument("--dataset-split", metavar="SPLIT",
-                        help="the split of a --dataset name or save_to_disk DatasetDict folder (default: train)")
-    parser.add_argument("--json-key", default="text", metavar="KEY",
-                        help="the text field of --dataset rows or columns (default: %(default)s)")
 
 
 @dataclass(frozen=True)

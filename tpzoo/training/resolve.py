@@ -1,17 +1,17 @@
-"""pretrain.py's flags resolved once, in one place, into the run configuration (``RunConfig``), and the run
-started from it (``start_run``): the mesh of the launch's flags, the checkpoint of ``--load``, the flags merged with
-the checkpoint's, Megatron-LM's architecture and speed flags mapped onto tpzoo's, the family's schedule defaults and
-a batch-size schedule's global batch size; then ``tpzoo.training.setup.build_run`` builds the run of the
-configuration.
+"""pretrain.py's flags resolved in place, once, in one place (``resolve_flags``), before the run configuration is
+made of them (``RunConfig.of``): a resume's merged with the checkpoint's flags, Megatron-LM's architecture and speed
+flags mapped onto tpzoo's, the family's schedule defaults and a batch-size schedule's global batch size filled in.
 
-    run = start_run(args, given, MODEL_DEFAULTS)   # ValueError/FileNotFoundError on misuse, before any training
+    resolve_flags(args, given, saved_args, MODEL_DEFAULTS)   # saved_args: --load's recorded flags, or None
+    job = RunConfig.of(vars(args))
 
 A resume (``--load``) continues the run as it was configured: every flag the checkpoint recorded
 (model, tokenizer, data and split, sequence length, batch sizes, schedule, seed, precision, intervals)
 is taken from it unless written on the command line (``given``); the mesh and the speed options
 (``LAUNCH_FLAGS``: the sections' launch fields) belong to each launch. A flag given also keeps those it goes with
 from being restored (``GIVEN_TOGETHER``: the sections' together fields, another data source's tokenizer). Flags
-given that change what the run trains on (``MEANING_FLAGS``) are named in ``Run.run_changes``.
+given that change what the run trains on (``MEANING_FLAGS``) are named in ``Run.run_changes``; a checkpoint
+records the flags with their files absolute (``absolute_paths``). Imports without torch.
 """
 
 from __future__ import annotations
@@ -19,21 +19,35 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tpzoo.checkpoint import read_meta
-from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS
+import os
+
+from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS
+from tpzoo.data.sources import absolute_specs
 from tpzoo.models.families import family
-from tpzoo.parallel import init_mesh
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
-from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, checkpoint_to_load
 from tpzoo.training.optimizer_args import check_optimizer_resume, fill_schedule_defaults, resolve_global_batch_size
-from tpzoo.training.parallel_config import ParallelConfig
-from tpzoo.training.run_config import SECTIONS, RunConfig, role, section_of
-from tpzoo.training.setup import Run, absolute_paths, build_run
+from tpzoo.training.run_config import SECTIONS, role
 
 # flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields)
-LAUNCH_FLAGS = frozenset({*role("launch", *SECTIONS.values()), "default_model", "num_workers"})
+# and those of the hand-written groups: the script's default family, the data loader's workers, an accepted no-op
+LAUNCH_FLAGS = frozenset({*role("launch", *SECTIONS.values()), "default_model", "num_workers",
+                          "attention_softmax_in_fp32"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 GIVEN_TOGETHER = {**{k: set(v) for k, v in role("together", *SECTIONS.values()).items()}, **DATA_GIVEN_TOGETHER}
+# flags naming files: a checkpoint records them absolute (``absolute_paths``)
+PATH_FLAGS = (*DATA_PATH_FLAGS, *role("path", *SECTIONS.values()))
+
+
+def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with its file flags (``PATH_FLAGS``, ``--dataset`` entries) made absolute, so that a
+    checkpoint's flags name the same files from any working directory."""
+    out = dict(args)
+    for name in PATH_FLAGS:
+        if isinstance(out.get(name), str):  # a --data-path blend's prefixes are absolute already
+            out[name] = os.path.abspath(out[name])
+    if out.get("dataset"):
+        out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
+    return out
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, *role("meaning", *SECTIONS.values()))
 
@@ -85,19 +99,3 @@ def resolve_flags(args: argparse.Namespace, given: set[str] | None, saved_args: 
         fill_schedule_defaults(args, model_defaults)
     resolve_global_batch_size(args, given)  # --step-batch-size-schedule without --global-batch-size
     return changes
-
-
-def start_run(args: argparse.Namespace, given: set[str] | None = None,
-              model_defaults: dict[str, dict[str, Any]] | None = None) -> Run:
-    """The run of ``args``, resolved in place (``resolve_flags``) and built (``build_run``); resumes from ``--load``
-    if given. ``given``: the flags written on the command line (all of them when None); a resume takes the others
-    from the checkpoint. ``model_defaults``: per ``--model``, values for the flags still None."""
-    parallel = section_of(ParallelConfig, vars(args))  # the launch's: never restored
-    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
-    # every rank checks its share of the checkpoint's files
-    checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))
-    saved = read_meta(checkpoint) if checkpoint else None  # None also for --save DIR --load DIR before DIR holds one
-    changes = resolve_flags(args, given, None if saved is None else saved.get("args", {}), model_defaults)
-    if saved is not None and args.save is None and not args.finetune:
-        args.save = str(checkpoint.parent)  # the run goes on saving where it saved
-    return build_run(RunConfig.of(vars(args)), mesh, checkpoint, saved, changes)

@@ -16,7 +16,6 @@ run's flags with their files made absolute (``absolute_paths``).
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,8 @@ from tpzoo.checkpoint.load import check_saved_parts
 from tpzoo.checkpoint.model import recorded_config
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
-from tpzoo.data.data_args import DATA_PATH_FLAGS, run_data
+from tpzoo.data.data_args import run_data
 from tpzoo.data.loader import BatchReader
-from tpzoo.data.sources import absolute_specs
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import tokenizer_of
 from tpzoo.engine import Engine
@@ -45,7 +43,8 @@ from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
 from tpzoo.training.model_args import model_config
-from tpzoo.training.run_config import SECTIONS, RunConfig, role
+from tpzoo.training.resolve import absolute_paths
+from tpzoo.training.run_config import RunConfig
 
 
 @dataclass
@@ -86,22 +85,6 @@ class Run:
                     data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
                     lr_schedule=dict(self.schedule.state_dict(), num_steps=self.lr_steps),
                     args=absolute_paths(self.job.flags))
-
-
-# flags naming files: a checkpoint records them absolute
-PATH_FLAGS = (*DATA_PATH_FLAGS, *role("path", *SECTIONS.values()))
-
-
-def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with its file flags (``PATH_FLAGS``, ``--dataset`` entries) made absolute, so that a
-    checkpoint's flags name the same files from any working directory."""
-    out = dict(args)
-    for name in PATH_FLAGS:
-        if isinstance(out.get(name), str):  # a --data-path blend's prefixes are absolute already
-            out[name] = os.path.abspath(out[name])
-    if out.get("dataset"):
-        out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
-    return out
 
 
 def differing_fields(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
