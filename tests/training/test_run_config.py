@@ -80,3 +80,14 @@ def test_the_resume_rules_derive_from_the_sections_roles():
         "weight_decay_incr_style": {"start_weight_decay", "end_weight_decay"}}
     assert MEANING_FLAGS == ("seq_length", *DATA_MEANING_FLAGS, "seed")
     assert set(PATH_FLAGS) >= {"log_dir", "tensorboard_dir", "wandb_save_dir", "data_path", "tokenizer_model"}
+
+
+def test_the_docs_example_of_the_run_configuration_runs():
+    """docs/config.md's code: a RunConfig made of flags, its sections typed and checked."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1 and "RunConfig.of" in blocks[0]
+    exec(compile(blocks[0], "docs/config.md", "exec"), {})

@@ -204,7 +204,7 @@ def run_data(data: DataConfig, model: str, tokenizer: Tokenizer | None = None
 
 
 def _given_together() -> dict[str, set[str]]:
-    """A resume's flags (``tpzoo.training.setup.GIVEN_TOGETHER``): a data source given keeps every other
+    """A resume's flags (``tpzoo.training.resolve.GIVEN_TOGETHER``): a data source given keeps every other
     source and the tokenizer flags from being restored (it brings its own tokenizer); a tokenizer
     flag given keeps the other tokenizer flags."""
     sources = {"data_path", "dataset", "mock_data", *SPLIT_PATHS}

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float, check_fields
-
+from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, positive_number
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
 INTERLEAVED = ("interleaved-1f1b", "interleaved-zero-bubble")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -49,39 +48,39 @@ def _zero_stage(v: object) -> str | None:
 class EngineConfig:
     """Batch, schedule, optimizer and precision of a training run (see docs/parallelism.md)."""
 
-    micro_batch_size: int = _field(1, _int(1), "sequences per micro-batch")
-    global_batch_size: int = _field(8, _int(1), "sequences per optimizer step, over all dp ranks")
-    schedule: str = _field("1f1b", _choice(*SCHEDULES), "pipeline schedule (ignored when pp = 1)")
-    virtual_stages: int | None = _field(None, _optional(_int(1)),
+    micro_batch_size: int = option(1, at_least(1), "sequences per micro-batch")
+    global_batch_size: int = option(8, at_least(1), "sequences per optimizer step, over all dp ranks")
+    schedule: str = option("1f1b", one_of(*SCHEDULES), "pipeline schedule (ignored when pp = 1)")
+    virtual_stages: int | None = option(None, optional(at_least(1)),
                                         "model chunks per pp rank; None: 2 for interleaved schedules, else 1")
-    stage_layers: tuple[int, ...] | None = _field(None, _stage_layers,
+    stage_layers: tuple[int, ...] | None = option(None, _stage_layers,
                                                   "explicit layers per stage (chunk); None: even split")
-    use_distributed_optimizer: bool = _field(False, _bool, "optimizer state (and main weights) sharded over dp: "
+    use_distributed_optimizer: bool = option(False, boolean, "optimizer state (and main weights) sharded over dp: "
                                              "ZeRO-1, or ZeRO-2 with zero_stage")
-    zero_stage: int | None = _field(None, _optional(_zero_stage), "with use_distributed_optimizer (None: 2): 1 "
+    zero_stage: int | None = option(None, optional(_zero_stage), "with use_distributed_optimizer (None: 2): 1 "
                                     "all-reduces the gradients, every dp rank keeps them all; 2 reduce-scatters them, "
                                     "each rank keeps its owned parameters' gradients (~1/dp)")
-    optimizer: str = _field("adam", _choice(*OPTIMIZERS), "adam: AdamW (decoupled weight decay); sgd: SGD with "
+    optimizer: str = option("adam", one_of(*OPTIMIZERS), "adam: AdamW (decoupled weight decay); sgd: SGD with "
                             "momentum (weight decay added to the gradient)")
-    lr: float = _field(1e-3, _positive_float, "learning rate (the schedule sets it each step)")
-    weight_decay: float = _field(0.01, _non_negative, "weight decay")
-    adam_beta1: float = _field(0.9, _unit, "AdamW's first-moment decay")
-    adam_beta2: float = _field(0.999, _unit, "AdamW's second-moment decay")
-    adam_eps: float = _field(1e-8, _positive_float, "AdamW epsilon (added to sqrt of the second moment)")
-    sgd_momentum: float = _field(0.9, _non_negative, "SGD's momentum")
-    clip_grad: float = _field(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
-    precision: str = _field("fp32", _choice(*PRECISIONS), "fp32, or bf16/fp16 weights and gradients with float32 "
+    lr: float = option(1e-3, positive_number, "learning rate (the schedule sets it each step)")
+    weight_decay: float = option(0.01, _non_negative, "weight decay")
+    adam_beta1: float = option(0.9, _unit, "AdamW's first-moment decay")
+    adam_beta2: float = option(0.999, _unit, "AdamW's second-moment decay")
+    adam_eps: float = option(1e-8, positive_number, "AdamW epsilon (added to sqrt of the second moment)")
+    sgd_momentum: float = option(0.9, _non_negative, "SGD's momentum")
+    clip_grad: float = option(1.0, _non_negative, "clip the global gradient norm to this; 0 = off")
+    precision: str = option("fp32", one_of(*PRECISIONS), "fp32, or bf16/fp16 weights and gradients with float32 "
                             "main weights in the optimizer (fp16: + loss scaling); see docs/parallelism.md")
-    loss_scale: float | None = _field(None, _optional(_positive_float),
+    loss_scale: float | None = option(None, optional(positive_number),
                                       "fp16: a static loss scale (never changes; an overflow still skips the step); "
                                       "None: dynamic, the four fields below")
-    initial_loss_scale: float = _field(2.0**16, _positive_float, "fp16: the dynamic loss scale to start from")
-    min_loss_scale: float = _field(1.0, _positive_float, "fp16: the dynamic scale never backs off below this")
-    loss_scale_window: int = _field(1000, _int(1), "fp16: clean steps in a row before the scale doubles")
-    hysteresis: int = _field(1, _int(1), "fp16: overflows since the last growth before the scale halves "
+    initial_loss_scale: float = option(2.0**16, positive_number, "fp16: the dynamic loss scale to start from")
+    min_loss_scale: float = option(1.0, positive_number, "fp16: the dynamic scale never backs off below this")
+    loss_scale_window: int = option(1000, at_least(1), "fp16: clean steps in a row before the scale doubles")
+    hysteresis: int = option(1, at_least(1), "fp16: overflows since the last growth before the scale halves "
                              "(Megatron's --hysteresis, whose default is 2; 1: at every overflow)")
-    bucket_mb: float = _field(25.0, _positive_float, "gradient all-reduce bucket size over dp, MiB")
-    timeout_s: float = _field(600.0, _positive_float, "timeout of the process groups the engine makes and bound "
+    bucket_mb: float = option(25.0, positive_number, "gradient all-reduce bucket size over dp, MiB")
+    timeout_s: float = option(600.0, positive_number, "timeout of the process groups the engine makes and bound "
                               "of its roll call (--distributed-timeout-minutes x 60)")
 
     def __post_init__(self) -> None:

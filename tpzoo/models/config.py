@@ -8,7 +8,7 @@ what the family is and adds its own fields: ``TransformerConfig`` (GPT-2 and BER
 config: it is the ``tpzoo.parallel.ParallelPlan`` applied to it.
 
 Every field declares, next to it, its check, its meaning and the Megatron-LM flag that sets it
-(``_field(default, check, doc, flag)``); ``__post_init__`` runs the checks, then those that tie
+(``option(default, check, doc, flag)``); ``__post_init__`` runs the checks, then those that tie
 fields together. Errors name the field and the value. Sizes that depend on the mesh (heads or ffn
 not divisible by tp) are checked when a model is built for a mesh (``ShardingPlan.tp_divides``). A
 config round-trips through a plain dict (``to_dict`` / ``from_dict``), which is what a checkpoint
@@ -19,14 +19,11 @@ imports without torch: the training scripts check their flags against it before 
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from tpzoo.fields import Check, at_least, boolean, check_fields, fraction, one_of, option, optional, positive_number
 from tpzoo.run_options import PLAN_OPTIONS
-
-Check = Callable[[Any], str | None]  # returns what is wrong with the value, or None
 
 LAYERNORM_POSITIONS = ("pre", "post")
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope")  # Megatron-LM's --position-embedding-type
@@ -40,123 +37,45 @@ OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 RUN_OPTIONS = frozenset({"hidden_dropout", "attention_dropout", "init_method_std", "make_vocab_size_divisible_by"})
 
 
-def _parses(parse: Callable[[str], Any]) -> Callable[[Check], Check]:
-    """Give a check the ``tpzoo.flag_types`` function that reads its field's command-line flag (``parse``)."""
-    def attach(check: Check) -> Check:
-        check.parse = parse
-        return check
-    return attach
-
-
-def _int(minimum: int) -> Check:
-    @_parses(positive_int if minimum >= 1 else non_negative_int)
-    def check(v: Any) -> str | None:
-        if isinstance(v, bool) or not isinstance(v, int):
-            return f"must be an int, got {type(v).__name__} {v!r}"
-        return None if v >= minimum else f"must be >= {minimum}, got {v}"
-    return check
-
-
-def _optional(inner: Check) -> Check:
-    """``inner``, or None; the same flag (its ``parse`` and ``choices``)."""
-    check = lambda v: None if v is None else inner(v)  # noqa: E731
-    check.__dict__.update(vars(inner))
-    return check
-
-
-@_parses(str)
-def _text(v: Any) -> str | None:
-    return None if isinstance(v, str) else f"must be a str, got {type(v).__name__} {v!r}"
-
-
-@_parses(probability)
-def _probability(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return f"must be a float in [0, 1), got {type(v).__name__} {v!r}"
-    return None if 0.0 <= v < 1.0 else f"must lie in [0, 1), got {v}"
-
-
-@_parses(positive_float)
-def _positive_float(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return f"must be a finite float, got {type(v).__name__} {v!r}"
-    return None if v > 0 else f"must be > 0, got {v}"
-
-
-@_parses(non_negative_float)
-def _non_negative_float(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return f"must be a finite float, got {type(v).__name__} {v!r}"
-    return None if v >= 0 else f"must be >= 0, got {v}"
-
-
-def _bool(v: Any) -> str | None:
-    return None if isinstance(v, bool) else f"must be True or False, got {type(v).__name__} {v!r}"
-
-
-def _choice(*options: Any) -> Check:
-    """One of ``options``; its flag takes them as ``choices`` (read as their type: ints for ints)."""
-    shown = ", ".join(repr(o) for o in options)
-    check = _parses(type(options[0]))(lambda v: None if v in options else f"must be one of {shown}, got {v!r}")
-    check.choices = options
-    return check
-
-
-def _field(default: Any, check: Check | None, doc: str, flag: str | tuple[str, ...] | None = None,
-           metavar: str | tuple[str, ...] | None = None, **role: Any) -> Any:
-    """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any; a tuple:
-    the flag and its aliases; ``metavar``: what its value is called in --help). ``role``: how a run configuration
-    treats the field (``tpzoo.training.run_config``: ``launch``, ``meaning``, ``path``, ``together``, ``nargs``)."""
-    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "metavar": metavar, **role})
-
-
-def check_fields(config: Any) -> None:
-    """ValueError naming the first field of the dataclass ``config`` whose check fails (a field without one passes)."""
-    for f in dataclasses.fields(config):
-        problem = (f.metadata.get("check") or (lambda v: None))(getattr(config, f.name))
-        if problem:
-            raise ValueError(f"{type(config).__name__}.{f.name} {problem}")
-
-
 def _narrowed(cls: type, name: str, default: Any, doc: str, check: Check | None = None) -> Any:
     """Field ``name`` of ``cls`` with another default, meaning and (optionally) check; the same flag."""
     meta = cls.__dataclass_fields__[name].metadata
-    return _field(default, check or meta["check"], doc, meta["flag"])
+    return option(default, check or meta["check"], doc, meta["flag"])
 
 
 @dataclass
 class ModelConfig:
     """What every tpzoo transformer has; a family's config subclasses it (see module docstring)."""
 
-    model_type: str = _field("", lambda v: None if isinstance(v, str) and v else f"must name a family, got {v!r}",
+    model_type: str = option("", lambda v: None if isinstance(v, str) and v else f"must name a family, got {v!r}",
                              "the model family (tpzoo.models.families)")
-    num_layers: int = _field(12, _int(1), "transformer layers", "--num-layers")
-    hidden_size: int = _field(768, _int(1), "width h of the residual stream", "--hidden-size")
-    num_attention_heads: int = _field(12, _int(1), "attention heads n; h / n features each", "--num-attention-heads")
-    ffn_hidden_size: int | None = _field(None, _optional(_int(1)), "MLP width f; None: the family's (GPT, BERT: 4 h)",
+    num_layers: int = option(12, at_least(1), "transformer layers", "--num-layers")
+    hidden_size: int = option(768, at_least(1), "width h of the residual stream", "--hidden-size")
+    num_attention_heads: int = option(12, at_least(1), "attention heads n; h / n features each", "--num-attention-heads")
+    ffn_hidden_size: int | None = option(None, optional(at_least(1)), "MLP width f; None: the family's (GPT, BERT: 4 h)",
                                          "--ffn-hidden-size")
-    vocab_size: int = _field(50257, _int(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
-    make_vocab_size_divisible_by: int = _field(128, _int(1), "the vocabulary is padded with unused rows to "
+    vocab_size: int = option(50257, at_least(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
+    make_vocab_size_divisible_by: int = option(128, at_least(1), "the vocabulary is padded with unused rows to "
                                                "V' = a multiple of this x tp", "--make-vocab-size-divisible-by")
-    max_position_embeddings: int = _field(1024, _int(1), "the longest sequence (learned positions: their count)",
+    max_position_embeddings: int = option(1024, at_least(1), "the longest sequence (learned positions: their count)",
                                           "--max-position-embeddings")
-    hidden_dropout: float = _field(0.1, _probability, "dropout on embeddings and residual branches", "--hidden-dropout")
-    attention_dropout: float = _field(0.1, _probability, "dropout on attention probabilities", "--attention-dropout")
-    layernorm_epsilon: float = _field(1e-5, _positive_float, "epsilon of the norms (LayerNorm or RMSNorm)",
+    hidden_dropout: float = option(0.1, fraction, "dropout on embeddings and residual branches", "--hidden-dropout")
+    attention_dropout: float = option(0.1, fraction, "dropout on attention probabilities", "--attention-dropout")
+    layernorm_epsilon: float = option(1e-5, positive_number, "epsilon of the norms (LayerNorm or RMSNorm)",
                                       "--norm-epsilon")
-    tie_word_embeddings: bool = _field(True, _bool, "output layer shares the word embedding weight (Megatron-LM: "
+    tie_word_embeddings: bool = option(True, boolean, "output layer shares the word embedding weight (Megatron-LM: "
                                        "False with --untie-embeddings-and-output-weights)",
                                        "--untie-embeddings-and-output-weights")
-    init_method_std: float = _field(0.02, _positive_float, "std of the normal weight init", "--init-method-std")
+    init_method_std: float = option(0.02, positive_number, "std of the normal weight init", "--init-method-std")
 
-    position_embedding_type: str = _field("learned_absolute", _choice(*POSITION_EMBEDDING_TYPES),
+    position_embedding_type: str = option("learned_absolute", one_of(*POSITION_EMBEDDING_TYPES),
                                           "learned_absolute: a learned position table; rope: rotary positions",
                                           "--position-embedding-type")
-    normalization: str = _field("LayerNorm", _choice(*NORMALIZATIONS), "the norms: LayerNorm or RMSNorm",
+    normalization: str = option("LayerNorm", one_of(*NORMALIZATIONS), "the norms: LayerNorm or RMSNorm",
                                 "--normalization")
-    activation: str = _field("gelu", _choice(*ACTIVATIONS), "MLP activation: gelu (erf), gelu_tanh, or gated "
+    activation: str = option("gelu", one_of(*ACTIVATIONS), "MLP activation: gelu (erf), gelu_tanh, or gated "
                              "swiglu / geglu (Megatron-LM's --swiglu: swiglu)", "--swiglu")
-    add_bias_linear: bool = _field(True, _bool, "biases on the linear layers", "--add-bias-linear")
+    add_bias_linear: bool = option(True, boolean, "biases on the linear layers", "--add-bias-linear")
 
     def __post_init__(self) -> None:
         check_fields(self)  # a subclass's plain fields (no check) are taken as they are
@@ -218,18 +137,18 @@ class ModelConfig:
 class TransformerConfig(ModelConfig):
     """GPT-2 and BERT: learned positions, LayerNorm, GELU MLP with biases (see docs/models.md)."""
 
-    model_type: str = _field("gpt", _choice("gpt", "bert"), "gpt (causal, pre-LN) or bert (bidirectional, post-LN)")
-    type_vocab_size: int = _field(0, _int(0), "token types (BERT segments); 0 for none")
-    layernorm_position: str = _field("pre", _choice(*LAYERNORM_POSITIONS),
+    model_type: str = option("gpt", one_of("gpt", "bert"), "gpt (causal, pre-LN) or bert (bidirectional, post-LN)")
+    type_vocab_size: int = option(0, at_least(0), "token types (BERT segments); 0 for none")
+    layernorm_position: str = option("pre", one_of(*LAYERNORM_POSITIONS),
                                      "pre: x + f(LN(x)) and a final LN (GPT); post: LN(x + f(x)) (BERT)")
-    num_labels: int = _field(2, _int(2), "classes of BertForSequenceClassification")
+    num_labels: int = option(2, at_least(2), "classes of BertForSequenceClassification")
     position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "learned_absolute",
-                                             "learned absolute positions", _choice("learned_absolute"))
-    normalization: str = _narrowed(ModelConfig, "normalization", "LayerNorm", "LayerNorm", _choice("LayerNorm"))
+                                             "learned absolute positions", one_of("learned_absolute"))
+    normalization: str = _narrowed(ModelConfig, "normalization", "LayerNorm", "LayerNorm", one_of("LayerNorm"))
     activation: str = _narrowed(ModelConfig, "activation", "gelu_tanh", "MLP activation: gelu (erf) or gelu_tanh",
-                                _choice("gelu", "gelu_tanh"))
+                                one_of("gelu", "gelu_tanh"))
     add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", True, "biases on every linear layer",
-                                      _choice(True))
+                                      one_of(True))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -241,22 +160,22 @@ class TransformerConfig(ModelConfig):
 class LlamaConfig(ModelConfig):
     """A Llama-family decoder; ``layernorm_epsilon`` is RMSNorm's epsilon (Hugging Face's rms_norm_eps)."""
 
-    model_type: str = _field("llama", _choice("llama"), "llama")
+    model_type: str = option("llama", one_of("llama"), "llama")
     hidden_dropout: float = _narrowed(ModelConfig, "hidden_dropout", 0.0, "dropout on embeddings and residual "
                                       "branches (Llama: none)")
     attention_dropout: float = _narrowed(ModelConfig, "attention_dropout", 0.0, "dropout on attention probabilities "
                                          "(Llama: none)")
     tie_word_embeddings: bool = _narrowed(ModelConfig, "tie_word_embeddings", False, "output layer shares the word "
                                           "embedding weight (Llama: its own)")
-    num_query_groups: int | None = _field(None, _optional(_int(1)), "key/value heads g (grouped-query attention); "
+    num_query_groups: int | None = option(None, optional(at_least(1)), "key/value heads g (grouped-query attention); "
                                           "None: one per head", "--num-query-groups")
-    rotary_base: float = _field(10000.0, _positive_float, "rotary base theta (Hugging Face's rope_theta)",
+    rotary_base: float = option(10000.0, positive_number, "rotary base theta (Hugging Face's rope_theta)",
                                 "--rotary-base")
     position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "rope", "rotary positions",
-                                             _choice("rope"))
-    normalization: str = _narrowed(ModelConfig, "normalization", "RMSNorm", "RMSNorm", _choice("RMSNorm"))
-    activation: str = _narrowed(ModelConfig, "activation", "swiglu", "SwiGLU MLP", _choice("swiglu"))
-    add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", False, "no biases", _choice(False))
+                                             one_of("rope"))
+    normalization: str = _narrowed(ModelConfig, "normalization", "RMSNorm", "RMSNorm", one_of("RMSNorm"))
+    activation: str = _narrowed(ModelConfig, "activation", "swiglu", "SwiGLU MLP", one_of("swiglu"))
+    add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", False, "no biases", one_of(False))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -84,18 +84,18 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
     add_section(parser, SpeedConfig, "speed (Megatron-LM's flags; docs/training.md)")
 
 
-def _field(config_class: type, name: str) -> Any:
+def option(config_class: type, name: str) -> Any:
     return next((f for f in dataclasses.fields(config_class) if f.name == name), None)
 
 
 def _takes(config_class: type, trait: str, value: Any) -> bool:
     """Whether a config of ``config_class`` can have Megatron-LM trait ``trait`` = ``value`` (its fields' checks)."""
     if trait == "group_query_attention":
-        return not value or _field(config_class, "num_query_groups") is not None
+        return not value or option(config_class, "num_query_groups") is not None
     if trait == "swiglu":
-        field, wanted = _field(config_class, "activation"), [a for a in ACTIVATIONS if (a == "swiglu") == value]
+        field, wanted = option(config_class, "activation"), [a for a in ACTIVATIONS if (a == "swiglu") == value]
     else:
-        field, wanted = _field(config_class, trait), [value]
+        field, wanted = option(config_class, trait), [value]
     check = field.metadata.get("check") or (lambda v: None if v == field.default else "other")  # a plain default
     return any(check(v) is None for v in wanted)
 
@@ -105,8 +105,8 @@ def _family_value(config_class: type, trait: str) -> Any:
     if trait == "group_query_attention":
         return False
     if trait == "swiglu":
-        return _field(config_class, "activation").default == "swiglu"
-    return _field(config_class, trait).default
+        return option(config_class, "activation").default == "swiglu"
+    return option(config_class, trait).default
 
 
 def _show(trait: str, value: Any) -> str:
@@ -158,16 +158,16 @@ def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]
     """The config fields the flags set (``described``: the family was picked by the flags, whose
     absent tie and grouping flags then mean Megatron-LM's tied, ungrouped model)."""
     config_class = family(args.model).config_class
-    grouped = _field(config_class, "num_query_groups") is not None
+    grouped = option(config_class, "num_query_groups") is not None
     changes: dict[str, Any] = {}
     if args.norm_epsilon is not None:
         changes["layernorm_epsilon"] = args.norm_epsilon
     if args.rotary_percent not in (None, 1.0):
-        if _field(config_class, "rotary_percent") is None:
+        if option(config_class, "rotary_percent") is None:
             raise ValueError(f"--rotary-percent {args.rotary_percent}: --model {args.model} rotates every feature of a "
                              f"head; drop it or pass 1.0 (partial rotary: a family whose config has rotary_percent)")
         changes["rotary_percent"] = args.rotary_percent
-    if args.rotary_base is not None and _field(config_class, "rotary_base") is None:  # model_config sets it
+    if args.rotary_base is not None and option(config_class, "rotary_base") is None:  # model_config sets it
         raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
                          f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
     if args.untie_embeddings_and_output_weights or described:

@@ -22,29 +22,27 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpzoo.models.config import _bool, _field, _int, _optional, _text, check_fields
-
-
+from tpzoo.fields import at_least, boolean, check_fields, option, optional, string
 def _launch_switch(doc: str, flag: str) -> bool:
-    return _field(False, _bool, doc, flag, launch=True)
+    return option(False, boolean, doc, flag, launch=True)
 
 
 @dataclass(frozen=True)
 class RunIO:
     """Where a run saves and from what it resumes, and how often it evaluates, logs and saves (``run``)."""
 
-    save: str | None = _field(None, _optional(_text), "checkpoint folder (default: runs/<model>-<time>)", "--save",
+    save: str | None = option(None, optional(string), "checkpoint folder (default: runs/<model>-<time>)", "--save",
                               "DIR", launch=True)
-    save_interval: int | None = _field(None, _optional(_int(1)), "save every N iterations (default: only at the end)",
+    save_interval: int | None = option(None, optional(at_least(1)), "save every N iterations (default: only at the end)",
                                        ("--save-interval", "--persistent-save-interval"))
-    load: str | None = _field(None, _optional(_text), "resume the run saved in DIR (its newest checkpoint, or "
+    load: str | None = option(None, optional(string), "resume the run saved in DIR (its newest checkpoint, or "
                               "DIR/iter_N) as it was configured; flags given change only what they name", "--load",
                               "DIR", launch=True)
-    eval_interval: int = _field(50, _int(0), "validation loss every N iterations and at the end; 0 = never",
+    eval_interval: int = option(50, at_least(0), "validation loss every N iterations and at the end; 0 = never",
                                 "--eval-interval")
-    eval_iters: int = _field(4, _int(1), "global batches per evaluation", "--eval-iters")
-    log_interval: int = _field(10, _int(1), "log every N iterations", "--log-interval")
-    log_dir: str | None = _field(None, _optional(_text), "metrics.jsonl and TensorBoard events (default: the --save "
+    eval_iters: int = option(4, at_least(1), "global batches per evaluation", "--eval-iters")
+    log_interval: int = option(10, at_least(1), "log every N iterations", "--log-interval")
+    log_dir: str | None = option(None, optional(string), "metrics.jsonl and TensorBoard events (default: the --save "
                                  "dir)", "--log-dir", "DIR", path=True)
 
     def __post_init__(self) -> None:

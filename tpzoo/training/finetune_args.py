@@ -15,7 +15,7 @@ from typing import Any
 
 from tpzoo.data.glue import TASKS
 from tpzoo.flag_types import positive_int
-from tpzoo.models.config import _choice, _field, _int, _optional, _parses, _probability, _text, check_fields
+from tpzoo.fields import at_least, check_fields, fraction, one_of, option, optional, parses, string
 from tpzoo.models.family_flag import OUTSIDE, model_flag
 from tpzoo.training.finetune_lengths import AUTO
 
@@ -30,19 +30,19 @@ def seq_length_flag(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
 
 
-@_parses(seq_length_flag)
+@parses(seq_length_flag)
 def _seq_length(v: Any) -> str | None:
     ok = v == AUTO or type(v) is int and v >= 1
     return None if ok else f"must be an integer >= 1 or 'auto', got {v!r}"
 
 
-@_parses(model_flag)
+@parses(model_flag)
 def _family(v: Any) -> str | None:
-    return _text(v)
+    return string(v)
 
 
 def _path(doc: str, flag: str, metavar: str) -> Any:
-    return _field(None, _optional(_text), doc, flag, metavar)
+    return option(None, optional(string), doc, flag, metavar)
 
 
 @dataclass(frozen=True)
@@ -51,24 +51,24 @@ class FinetuneConfig:
 
     load: str | None = _path("pretrained checkpoint (pretrain.py's --save dir or an iter folder) or tpzoo model folder "
                              "(python -m tpzoo.convert from-hf); required", "--load", "CKPT")
-    model: str | None = _field(None, _optional(_family), OUTSIDE, "--model", "MODULE:NAME")
-    task: str | None = _field(None, _optional(_choice(*TASKS)), "a named classification task (GLUE ones read "
+    model: str | None = option(None, optional(_family), OUTSIDE, "--model", "MODULE:NAME")
+    task: str | None = option(None, optional(one_of(*TASKS)), "a named classification task (GLUE ones read "
                               "--data-dir)", "--task")
     data_dir: str | None = _path("the GLUE task's folder (train.tsv, dev.tsv)", "--data-dir", "DIR")
     train_data: str | None = _path("csv/tsv/jsonl: text, optional text_b, label (BERT); jsonl text (GPT, Llama)",
                                    "--train-data", "FILE")
     valid_data: str | None = _path("the validation file, same columns", "--valid-data", "FILE")
     tokenizer_model: str | None = _path("default: the checkpoint's tokenizer", "--tokenizer-model", "FILE")
-    epochs: int = _field(5, _int(1), "", "--epochs")
-    seq_length: int | str = _field(64, _seq_length, "tokens per sample (longer ones are cut), or auto: the 95th "
+    epochs: int = option(5, at_least(1), "", "--epochs")
+    seq_length: int | str = option(64, _seq_length, "tokens per sample (longer ones are cut), or auto: the 95th "
                                    "percentile of the training samples' lengths", "--seq-length")
-    hidden_dropout: float | None = _field(None, _optional(_probability), "default: the checkpoint's",
+    hidden_dropout: float | None = option(None, optional(fraction), "default: the checkpoint's",
                                           "--hidden-dropout")
-    attention_dropout: float | None = _field(None, _optional(_probability), "default: the checkpoint's",
+    attention_dropout: float | None = option(None, optional(fraction), "default: the checkpoint's",
                                              "--attention-dropout")
     save: str | None = _path("keep the best checkpoint (DIR/best) and the last (DIR/latest)", "--save", "DIR")
     log_dir: str | None = _path("metrics.jsonl (default: the --save dir, else runs/)", "--log-dir", "DIR")
-    log_interval: int = _field(10, _int(1), "log the train loss every N steps", "--log-interval")
+    log_interval: int = option(10, at_least(1), "log the train loss every N steps", "--log-interval")
 
     def __post_init__(self) -> None:
         check_fields(self)

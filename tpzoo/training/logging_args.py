@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _text, check_fields
-
+from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, string
 TIMING_LEVELS = (0, 1, 2)
 TIMING_OPTIONS = ("max", "minmax", "all")
 WANDB_FLAGS = ("wandb_exp_name", "wandb_save_dir", "wandb_entity")
@@ -20,24 +19,24 @@ TO_BOARD = "to TensorBoard / W&B"
 
 
 def _switch(doc: str, flag: str) -> bool:
-    return _field(False, _bool, doc, flag)
+    return option(False, boolean, doc, flag)
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
     """What a run logs besides its loss lines (Megatron-LM's names; docs/training.md)."""
 
-    tensorboard_dir: str | None = _field(None, _optional(_text), "TensorBoard events here (needs tensorboard; "
+    tensorboard_dir: str | None = option(None, optional(string), "TensorBoard events here (needs tensorboard; "
                                          "default: the log dir when tensorboard is installed)", "--tensorboard-dir",
                                          "DIR", path=True)
-    tensorboard_log_interval: int | None = _field(None, _optional(_int(1)), f"also write the train scalars {TO_BOARD} "
+    tensorboard_log_interval: int | None = option(None, optional(at_least(1)), f"also write the train scalars {TO_BOARD} "
                                                   "every N iterations (default: the logged lines only)",
                                                   "--tensorboard-log-interval", "N")
-    tensorboard_queue_size: int = _field(1000, _int(1), "events TensorBoard queues before it writes them to disk",
+    tensorboard_queue_size: int = option(1000, at_least(1), "events TensorBoard queues before it writes them to disk",
                                          "--tensorboard-queue-size", "N", launch=True)
     log_timers_to_tensorboard: bool = _switch(f"write the timers (time/<name>) and the throughput {TO_BOARD} too",
                                               "--log-timers-to-tensorboard")
-    log_loss_scale_to_tensorboard: bool = _field(True, _bool, "leave the loss scale out of TensorBoard / W&B", (
+    log_loss_scale_to_tensorboard: bool = option(True, boolean, "leave the loss scale out of TensorBoard / W&B", (
         "--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard"))
     log_validation_ppl_to_tensorboard: bool = _switch("log the validation perplexity exp(val loss) as val_ppl",
                                                       "--log-validation-ppl-to-tensorboard")
@@ -52,20 +51,20 @@ class LoggingConfig:
                                     "--log-params-norm")
     log_num_zeros_in_grad: bool = _switch("log the number of zero entries of the reduced gradients (each counted "
                                           "once)", "--log-num-zeros-in-grad")
-    timing_log_level: int | None = _field(None, _optional(_choice(*TIMING_LEVELS)), "time the iteration (0), its "
+    timing_log_level: int | None = option(None, optional(one_of(*TIMING_LEVELS)), "time the iteration (0), its "
                                           "forward-backward, gradient sync, optimizer, evaluation and save (1), and "
                                           "the batch read (2); logged as time/<name> seconds per iteration (default: "
                                           "no timers)", "--timing-log-level", "{0,1,2}", launch=True)
-    timing_log_option: str = _field("minmax", _choice(*TIMING_OPTIONS), "the timers over the ranks: max, minmax "
+    timing_log_option: str = option("minmax", one_of(*TIMING_OPTIONS), "the timers over the ranks: max, minmax "
                                     "(time/<name> the max, time/<name>/min) or all (time/<name>/rank<r> too)",
                                     "--timing-log-option", launch=True)
-    wandb_project: str | None = _field(None, _optional(_text), "log to Weights & Biases under this project (needs "
+    wandb_project: str | None = option(None, optional(string), "log to Weights & Biases under this project (needs "
                                        "wandb; WANDB_MODE=offline works without a network)", "--wandb-project", "NAME")
-    wandb_exp_name: str | None = _field(None, _optional(_text), "the W&B run's name (default: the run folder's name)",
+    wandb_exp_name: str | None = option(None, optional(string), "the W&B run's name (default: the run folder's name)",
                                         "--wandb-exp-name", "NAME")
-    wandb_save_dir: str | None = _field(None, _optional(_text), "W&B's local files go to DIR/wandb (default: the log "
+    wandb_save_dir: str | None = option(None, optional(string), "W&B's local files go to DIR/wandb (default: the log "
                                         "dir)", "--wandb-save-dir", "DIR", path=True)
-    wandb_entity: str | None = _field(None, _optional(_text), "the W&B team or user the project belongs to",
+    wandb_entity: str | None = option(None, optional(string), "the W&B team or user the project belongs to",
                                       "--wandb-entity", "NAME")
 
     def __post_init__(self) -> None:

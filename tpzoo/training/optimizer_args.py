@@ -19,8 +19,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpzoo.models.config import (ModelConfig, _choice, _field, _int, _non_negative_float, _optional, _parses,
-                                 _positive_float, _probability, check_fields)
+from tpzoo.fields import (at_least, check_fields, fraction, non_negative_number, one_of, option, optional, parses,
+                          positive_number)
+from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, family
 from tpzoo.flag_types import non_negative_int
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
@@ -40,13 +41,13 @@ _SAMPLES = ("train_samples", "lr_decay_samples", "lr_warmup_samples", "lr_wsd_de
 _ITERS = ("train_iters", "lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters")
 
 
-@_parses(non_negative_int)
+@parses(non_negative_int)
 def _ramp(v: Any) -> str | None:
     ok = isinstance(v, (list, tuple)) and len(v) == 3 and all(type(x) is int and x >= 0 for x in v)
     return None if ok else f"must be 3 integers >= 0 (START INCR SAMPLES), got {v!r}"
 
 
-@_parses(str)
+@parses(str)
 def _words(v: Any) -> str | None:
     ok = isinstance(v, str) or isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v)
     return None if ok else f"must be THRESHOLD:BATCH words (a string or a list of them), got {v!r}"
@@ -54,7 +55,7 @@ def _words(v: Any) -> str | None:
 
 def _length(default: Any, check: Any, doc: str, flag: str, *, unit: tuple[str, ...], **role: Any) -> Any:
     """A field counted in iterations or in samples: given on a resume, the other unit's are not restored."""
-    return _field(default, check, doc, flag, together=unit, **role)
+    return option(default, check, doc, flag, together=unit, **role)
 
 
 _INIT_STD = ModelConfig.__dataclass_fields__["init_method_std"].metadata
@@ -66,60 +67,60 @@ class TrainingConfig:
     names and meanings; the formulas: ``tpzoo.training.lr_schedule`` and ``tpzoo.training.batch_schedule``).
     ``ITERATION_FIELDS`` are pretrain.py's only (finetune.py counts epochs)."""
 
-    micro_batch_size: int = _field(4, _int(1), "", "--micro-batch-size")
-    global_batch_size: int = _field(16, _int(1), "sequences per optimizer step (after any ramp-up)",
+    micro_batch_size: int = option(4, at_least(1), "", "--micro-batch-size")
+    global_batch_size: int = option(16, at_least(1), "sequences per optimizer step (after any ramp-up)",
                                     "--global-batch-size")
-    train_iters: int | None = _length(100, _optional(_int(0)), "0 with --save: save the untrained model (a control "
+    train_iters: int | None = _length(100, optional(at_least(0)), "0 with --save: save the untrained model (a control "
                                       "run)", "--train-iters", unit=_SAMPLES)
-    train_samples: int | None = _length(None, _optional(_int(1)), "the run's length in samples instead of "
+    train_samples: int | None = _length(None, optional(at_least(1)), "the run's length in samples instead of "
                                         "--train-iters: the iterations it takes, the batch ramp-up counted",
                                         "--train-samples", unit=_ITERS)
-    rampup_batch_size: tuple[int, int, int] | None = _field(
-        None, _optional(_ramp), "grow the global batch from START by INCR over SAMPLES samples to --global-batch-size",
+    rampup_batch_size: tuple[int, int, int] | None = option(
+        None, optional(_ramp), "grow the global batch from START by INCR over SAMPLES samples to --global-batch-size",
         "--rampup-batch-size", ("START", "INCR", "SAMPLES"), nargs=3, together=("step_batch_size_schedule",))
-    step_batch_size_schedule: list[str] | None = _field(
-        None, _optional(_words), "global batch B from T tokens consumed on (suffixes K M B T); the last B is the "
+    step_batch_size_schedule: list[str] | None = option(
+        None, optional(_words), "global batch B from T tokens consumed on (suffixes K M B T); the last B is the "
         "global batch size (--global-batch-size: left out, or the same); one word or several (Megatron-LM's GPT-3 "
         "script passes its quoted schedule through an unquoted ${ARGS[@]}: several)", "--step-batch-size-schedule",
         "T:B", nargs="+", together=("rampup_batch_size",))
-    lr: float = _field(1e-3, _positive_float, "", "--lr")
-    min_lr: float = _field(0.0, _non_negative_float, "", "--min-lr")
-    lr_warmup_init: float = _field(0.0, _non_negative_float, "the lr warmup starts from", "--lr-warmup-init")
-    lr_warmup_iters: int = _length(0, _int(0), "the warmup in iterations", "--lr-warmup-iters",
+    lr: float = option(1e-3, positive_number, "", "--lr")
+    min_lr: float = option(0.0, non_negative_number, "", "--min-lr")
+    lr_warmup_init: float = option(0.0, non_negative_number, "the lr warmup starts from", "--lr-warmup-init")
+    lr_warmup_iters: int = _length(0, at_least(0), "the warmup in iterations", "--lr-warmup-iters",
                                    unit=(*_SAMPLES, "lr_warmup_fraction"))
-    lr_decay_style: str = _field("cosine", _choice(*STYLES), "WSD: with --lr-wsd-decay-iters/-samples",
+    lr_decay_style: str = option("cosine", one_of(*STYLES), "WSD: with --lr-wsd-decay-iters/-samples",
                                  "--lr-decay-style")
-    lr_warmup_samples: int = _length(0, _int(0), "the warmup in samples, with --train-samples (default: 0)",
+    lr_warmup_samples: int = _length(0, at_least(0), "the warmup in samples, with --train-samples (default: 0)",
                                      "--lr-warmup-samples", unit=(*_ITERS, "lr_warmup_fraction"))
-    lr_warmup_fraction: float | None = _field(None, _optional(_probability), "warmup = this fraction of the decay",
+    lr_warmup_fraction: float | None = option(None, optional(fraction), "warmup = this fraction of the decay",
                                               "--lr-warmup-fraction", together=("lr_warmup_iters", "lr_warmup_samples"))
-    lr_decay_iters: int | None = _length(None, _optional(_int(1)), "default: --train-iters", "--lr-decay-iters",
+    lr_decay_iters: int | None = _length(None, optional(at_least(1)), "default: --train-iters", "--lr-decay-iters",
                                          unit=_SAMPLES)
-    lr_decay_samples: int | None = _length(None, _optional(_int(1)), "default: --train-samples",
+    lr_decay_samples: int | None = _length(None, optional(at_least(1)), "default: --train-samples",
                                            "--lr-decay-samples", unit=_ITERS)
-    lr_wsd_decay_style: str = _field("exponential", _choice(*WSD_STYLES), "WSD: the anneal's shape",
+    lr_wsd_decay_style: str = option("exponential", one_of(*WSD_STYLES), "WSD: the anneal's shape",
                                      "--lr-wsd-decay-style")
-    lr_wsd_decay_iters: int | None = _length(None, _optional(_int(1)), "WSD: the anneal's length",
+    lr_wsd_decay_iters: int | None = _length(None, optional(at_least(1)), "WSD: the anneal's length",
                                              "--lr-wsd-decay-iters", unit=_SAMPLES)
-    lr_wsd_decay_samples: int | None = _length(None, _optional(_int(1)), "WSD: the anneal's length",
+    lr_wsd_decay_samples: int | None = _length(None, optional(at_least(1)), "WSD: the anneal's length",
                                                "--lr-wsd-decay-samples", unit=_ITERS)
-    weight_decay_incr_style: str = _field("constant", _choice(*WD_STYLES), "", "--weight-decay-incr-style",
+    weight_decay_incr_style: str = option("constant", one_of(*WD_STYLES), "", "--weight-decay-incr-style",
                                           together=("start_weight_decay", "end_weight_decay"))
-    start_weight_decay: float | None = _field(None, _optional(_non_negative_float), "linear/cosine weight decay: from",
+    start_weight_decay: float | None = option(None, optional(non_negative_number), "linear/cosine weight decay: from",
                                               "--start-weight-decay")
-    end_weight_decay: float | None = _field(None, _optional(_non_negative_float), "linear/cosine weight decay: to",
+    end_weight_decay: float | None = option(None, optional(non_negative_number), "linear/cosine weight decay: to",
                                             "--end-weight-decay")
-    optimizer: str = _field("adam", _choice("adam", "sgd"), "adam: AdamW (decoupled weight decay); sgd: with "
+    optimizer: str = option("adam", one_of("adam", "sgd"), "adam: AdamW (decoupled weight decay); sgd: with "
                             "momentum, L2 weight decay", "--optimizer")
-    adam_beta1: float = _field(0.9, _probability, "", "--adam-beta1")
-    adam_beta2: float = _field(0.999, _probability, "", "--adam-beta2")
-    adam_eps: float = _field(1e-8, _positive_float, "", "--adam-eps")
-    sgd_momentum: float = _field(0.9, _non_negative_float, "", "--sgd-momentum")
-    weight_decay: float = _field(0.01, _non_negative_float, "", "--weight-decay")
-    clip_grad: float = _field(1.0, _non_negative_float, "global gradient norm; 0 = off", "--clip-grad")
-    init_method_std: float | None = _field(None, _optional(_INIT_STD["check"]), f"{_INIT_STD['doc']} (default: the "
+    adam_beta1: float = option(0.9, fraction, "", "--adam-beta1")
+    adam_beta2: float = option(0.999, fraction, "", "--adam-beta2")
+    adam_eps: float = option(1e-8, positive_number, "", "--adam-eps")
+    sgd_momentum: float = option(0.9, non_negative_number, "", "--sgd-momentum")
+    weight_decay: float = option(0.01, non_negative_number, "", "--weight-decay")
+    clip_grad: float = option(1.0, non_negative_number, "global gradient norm; 0 = off", "--clip-grad")
+    init_method_std: float | None = option(None, optional(_INIT_STD["check"]), f"{_INIT_STD['doc']} (default: the "
                                            f"model's)", "--init-method-std")
-    seed: int = _field(1234, _int(0), "", "--seed", meaning=True)
+    seed: int = option(1234, at_least(0), "", "--seed", meaning=True)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from tpzoo.engine.config import SCHEDULES
-from tpzoo.models.config import _bool, _choice, _field, _int, _optional, _positive_float, check_fields
+from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, positive_number
 from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
 
 if TYPE_CHECKING:
@@ -34,31 +34,31 @@ ABSENT_FUSIONS = ("bias_swiglu", "bias_dropout", "rope", "gradient_accumulation"
 
 def _launch(default: object, check: object, doc: str, flag: str | tuple[str, ...], metavar: str | None = None,
             **role: object) -> object:
-    return _field(default, check, doc, flag, metavar, launch=True, **role)
+    return option(default, check, doc, flag, metavar, launch=True, **role)
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
     """The mesh (tp x pp x dp = world size; dp inferred when None) and how the model and state spread over it."""
 
-    tp: int = _launch(1, _int(1), "", ("--tensor-model-parallel-size", "--tp"))
-    pp: int = _launch(1, _int(1), "", ("--pipeline-model-parallel-size", "--pp"))
-    dp: int | None = _launch(None, _optional(_int(1)), "default: world size / (tp x pp)",
+    tp: int = _launch(1, at_least(1), "", ("--tensor-model-parallel-size", "--tp"))
+    pp: int = _launch(1, at_least(1), "", ("--pipeline-model-parallel-size", "--pp"))
+    dp: int | None = _launch(None, optional(at_least(1)), "default: world size / (tp x pp)",
                              ("--data-parallel-size", "--dp"))
-    vpp: int | None = _launch(None, _optional(_int(1)), "model chunks per pp rank (interleaved schedules; default: 2 "
+    vpp: int | None = _launch(None, optional(at_least(1)), "model chunks per pp rank (interleaved schedules; default: 2 "
                               "for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
-    pipeline_schedule: str = _launch("1f1b", _choice(*SCHEDULES), "", "--pipeline-schedule")
-    sequence_parallel: bool = _launch(False, _bool, "", "--sequence-parallel")
-    use_distributed_optimizer: bool = _launch(False, _bool, "ZeRO-2 over dp: optimizer state and main weights "
+    pipeline_schedule: str = _launch("1f1b", one_of(*SCHEDULES), "", "--pipeline-schedule")
+    sequence_parallel: bool = _launch(False, boolean, "", "--sequence-parallel")
+    use_distributed_optimizer: bool = _launch(False, boolean, "ZeRO-2 over dp: optimizer state and main weights "
                                               "sharded, gradients reduce-scattered to their owner",
                                               "--use-distributed-optimizer")
-    use_torch_fsdp2: bool = _launch(False, _bool, "weights, gradients and optimizer state sharded over dp by torch's "
+    use_torch_fsdp2: bool = _launch(False, boolean, "weights, gradients and optimizer state sharded over dp by torch's "
                                     "FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1",
                                     "--use-torch-fsdp2")
-    distributed_timeout_minutes: float = _launch(10.0, _positive_float, "a collective waiting this long on a peer "
+    distributed_timeout_minutes: float = _launch(10.0, positive_number, "a collective waiting this long on a peer "
                                                  "fails; every rank then exits naming the stuck or dead ones",
                                                  "--distributed-timeout-minutes")
-    local_rank: int | None = _launch(None, _optional(_int(0)), "this process's rank on its node, as "
+    local_rank: int | None = _launch(None, optional(at_least(0)), "this process's rank on its node, as "
                                      "torch.distributed.launch passes it (torchrun sets LOCAL_RANK instead); must "
                                      "agree with LOCAL_RANK", "--local-rank")
 
@@ -95,8 +95,8 @@ class ParallelConfig:
                                  f"drop --local-rank (torchrun sets LOCAL_RANK)")
 
 
-def _fp16(doc: str, flag: str, check: object = _optional(_int(1)), metavar: str | None = None) -> object:
-    return _field(None, check, f"fp16: {doc}", flag, metavar)
+def _fp16(doc: str, flag: str, check: object = optional(at_least(1)), metavar: str | None = None) -> object:
+    return option(None, check, f"fp16: {doc}", flag, metavar)
 
 
 @dataclass(frozen=True)
@@ -104,26 +104,26 @@ class PrecisionConfig:
     """--bf16/--fp16, fp16's loss scale (Megatron's flags; None until given: refused without --fp16, else
     ``LOSS_SCALE_DEFAULTS``) and tpzoo's speed options."""
 
-    bf16: bool = _field(False, _bool, "bf16 weights and grads, fp32 main weights", "--bf16", exclusive="dtype",
+    bf16: bool = option(False, boolean, "bf16 weights and grads, fp32 main weights", "--bf16", exclusive="dtype",
                         together=("fp16", *LOSS_SCALE_FLAGS))  # --bf16 on an fp16 run: its loss scale stays behind
-    fp16: bool = _field(False, _bool, "fp16 weights and grads, fp32 main weights, loss scaling", "--fp16",
+    fp16: bool = option(False, boolean, "fp16 weights and grads, fp32 main weights, loss scaling", "--fp16",
                         exclusive="dtype", together=("bf16",))
     loss_scale: float | None = _fp16("a static loss scale (an overflow still skips its step); default: dynamic, the "
-                                     "flags below", "--loss-scale", _optional(_positive_float))
+                                     "flags below", "--loss-scale", optional(positive_number))
     initial_loss_scale: float | None = _fp16(f"the dynamic loss scale to start from (default: "
                                              f"{LOSS_SCALE_DEFAULTS['initial_loss_scale']:g})", "--initial-loss-scale",
-                                             _optional(_positive_float))
+                                             optional(positive_number))
     min_loss_scale: float | None = _fp16(f"the dynamic scale never backs off below this (default: "
                                          f"{LOSS_SCALE_DEFAULTS['min_loss_scale']:g})", "--min-loss-scale",
-                                         _optional(_positive_float))
+                                         optional(positive_number))
     loss_scale_window: int | None = _fp16(f"clean steps in a row before the scale doubles (default: "
                                           f"{LOSS_SCALE_DEFAULTS['loss_scale_window']})", "--loss-scale-window")
     hysteresis: int | None = _fp16(f"overflows since the scale last grew before it halves (default: "
                                    f"{LOSS_SCALE_DEFAULTS['hysteresis']})", "--hysteresis")
-    recompute_activations: bool = _launch(False, _bool, "recompute each layer in backward", "--recompute-activations")
-    kernels: str = _launch("auto", _choice(*KERNEL_BACKENDS), "", "--kernels")
-    attention_backend: str = _launch("auto", _choice(*ATTENTION_BACKENDS), "", "--attention-backend")
-    compile: bool = _launch(False, _bool, "torch.compile each layer and the loss head (backend: "
+    recompute_activations: bool = _launch(False, boolean, "recompute each layer in backward", "--recompute-activations")
+    kernels: str = _launch("auto", one_of(*KERNEL_BACKENDS), "", "--kernels")
+    attention_backend: str = _launch("auto", one_of(*ATTENTION_BACKENDS), "", "--attention-backend")
+    compile: bool = _launch(False, boolean, "torch.compile each layer and the loss head (backend: "
                             "$TPZOO_COMPILE_BACKEND, inductor if unset; docs/training.md); off unless given: its "
                             "speed-up is not yet measured on a GPU", "--compile")
 
@@ -146,7 +146,7 @@ class PrecisionConfig:
 
 
 def _accepted(doc: str, flag: str) -> object:
-    return _launch(False, _bool, doc, flag)
+    return _launch(False, boolean, doc, flag)
 
 
 @dataclass(frozen=True)
@@ -158,13 +158,13 @@ class SpeedConfig:
                                           "--overlap-grad-reduce")
     overlap_param_gather: bool = _accepted("with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of "
                                            "its compute", "--overlap-param-gather")
-    recompute_granularity: str | None = _launch(None, _optional(_choice(*RECOMPUTE_GRANULARITIES)), "full: whole "
+    recompute_granularity: str | None = _launch(None, optional(one_of(*RECOMPUTE_GRANULARITIES)), "full: whole "
                                                 "layers (by --recompute-method); selective: core attention only",
                                                 "--recompute-granularity")
-    recompute_method: str | None = _launch(None, _optional(_choice(*RECOMPUTE_METHODS)), "full recompute: uniform "
+    recompute_method: str | None = _launch(None, optional(one_of(*RECOMPUTE_METHODS)), "full recompute: uniform "
                                            "(groups of --recompute-num-layers layers) or block (the first N layers "
                                            "of each pipeline stage)", "--recompute-method")
-    recompute_num_layers: int | None = _launch(None, _optional(_int(1)), "", "--recompute-num-layers")
+    recompute_num_layers: int | None = _launch(None, optional(at_least(1)), "", "--recompute-num-layers")
     no_masked_softmax_fusion: bool = _accepted("= --kernels torch", "--no-masked-softmax-fusion")
     no_bias_gelu_fusion: bool = _accepted("= --kernels torch", "--no-bias-gelu-fusion")
     no_bias_swiglu_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-bias-swiglu-fusion")

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from tpzoo.data.data_args import DataConfig
 from tpzoo.engine.config import EngineConfig
-from tpzoo.models.config import _bool, _field, _int, _optional, _positive_float, check_fields
+from tpzoo.fields import at_least, boolean, check_fields, option, optional, positive_number
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
 from tpzoo.training.logging_args import LoggingConfig
 from tpzoo.training.model_args import ModelChoice
@@ -38,14 +38,14 @@ __all__ = ["RunConfig", "SECTIONS", "StoppingConfig", "add_section", "role", "se
 class StoppingConfig:
     """When a run stops early (Megatron-LM's names; ``tpzoo.training.stopping``)."""
 
-    exit_signal_handler: bool = _field(True, _bool, "on SIGTERM or SIGINT finish the step, save and exit 0 (a "
+    exit_signal_handler: bool = option(True, boolean, "on SIGTERM or SIGINT finish the step, save and exit 0 (a "
                                        "second Ctrl-C kills)", "--exit-signal-handler", launch=True)
-    exit_interval: int | None = _field(None, _optional(_int(1)), "save and exit 0 after an iteration divisible by N",
+    exit_interval: int | None = option(None, optional(at_least(1)), "save and exit 0 after an iteration divisible by N",
                                        "--exit-interval", "N", launch=True)
-    exit_duration_in_mins: float | None = _field(None, _optional(_positive_float), "save and exit 0 once M minutes "
+    exit_duration_in_mins: float | None = option(None, optional(positive_number), "save and exit 0 once M minutes "
                                                  "have passed since training started", "--exit-duration-in-mins", "M",
                                                  launch=True)
-    max_skipped_steps: int = _field(10, _int(1), "exit 1 after N steps in a row skipped for a non-finite loss or "
+    max_skipped_steps: int = option(10, at_least(1), "exit 1 after N steps in a row skipped for a non-finite loss or "
                                     "gradient norm", "--max-skipped-steps", "N", launch=True)
 
     def __post_init__(self) -> None:

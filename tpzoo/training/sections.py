@@ -1,5 +1,5 @@
 """Run configuration sections: frozen dataclasses whose fields carry their Megatron-LM flag(s), default, meaning,
-check and metavar (``tpzoo.models.config._field``, as the model and engine configs declare theirs) and how a run
+check and metavar (``tpzoo.fields.option``, as the model and engine configs declare theirs) and how a run
 treats them (``role``). A command's flag group is generated from a section (``add_section``) and what the flags gave
 becomes the section (``section_of``).
 
@@ -11,7 +11,7 @@ alone: it turns the field off), one whose default is False a switch; any other f
 check's ``parse`` (``tpzoo.flag_types``: the same range, in the flag's words), among its ``choices`` where the check
 has them, ``nargs`` values where the field says so; an empty meaning shows the default alone in --help.
 
-Roles (``role(name, *sections)`` lists the fields of a role), what a resume (``tpzoo.training.setup``) does:
+Roles (``role(name, *sections)`` lists the fields of a role), what a resume (``tpzoo.training.resolve``) does:
 ``launch``: the launch's own, never restored from a checkpoint; ``meaning``: what the run trains on, a resume that
 changes it says so; ``path``: a file or folder, recorded absolute; ``together``: flags a resume does not restore
 once this one is given. ``exclusive``: fields sharing the name are flags of which one may be given.
