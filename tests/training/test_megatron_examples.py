@@ -351,9 +351,7 @@ def launch_line(script: str, journey: Journey, positional: list[str]) -> list[st
 def check_current_line(journey: Journey) -> None:
     """The current script's line (--step-batch-size-schedule) parses, passes pretrain.py's checks and gives the
     batch sizes the ramp-up line trained with."""
-    from tpzoo.training.batch_schedule import BatchSchedule
-    from tpzoo.training.optimizer_args import TrainingConfig
-    from tpzoo.training.run_config import section_of
+    from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
 
     pretrain = script("pretrain")
     check_launches(journey)
@@ -367,7 +365,8 @@ def check_current_line(journey: Journey) -> None:
         except SystemExit:
             raise AssertionError(f"the current script's line is refused: {err.getvalue()}") from None
     pretrain.check_flags(args)
-    schedule, consumed, sizes = BatchSchedule.of(section_of(TrainingConfig, vars(args)), args.seq_length), 0, []
+    steps = parse_step_schedule(args.step_batch_size_schedule, args.seq_length)  # the line's --load: resolved later
+    schedule, consumed, sizes = BatchSchedule(args.global_batch_size, steps=steps), 0, []
     for _ in range(ITERS):
         sizes.append(schedule.batch_at(consumed))
         consumed += sizes[-1]

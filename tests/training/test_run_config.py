@@ -55,9 +55,9 @@ def test_help_names_each_flag_its_value_and_meaning():
 def test_the_resume_rules_derive_from_the_sections_roles():
     """A resume's lists of flags are the sections' roles, no longer kept by hand: they equal the lists written
     out before the sections existed (the launch's flags, those given together, what the run trains on)."""
-    from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS
     from tpzoo.training.resolve import GIVEN_TOGETHER, LAUNCH_FLAGS, MEANING_FLAGS, PATH_FLAGS
 
+    splits = ("train_data_path", "valid_data_path", "test_data_path")
     fusions = ("masked_softmax", "bias_gelu", "bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
     assert LAUNCH_FLAGS == {
         "tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
@@ -68,18 +68,24 @@ def test_the_resume_rules_derive_from_the_sections_roles():
         "recompute_granularity", "recompute_method", "recompute_num_layers", "no_persist_layer_norm",
         "attention_softmax_in_fp32", *(f"no_{name}_fusion" for name in fusions), "finetune", "no_load_optim",
         "no_load_rng", "no_save_optim", "no_save_rng", "use_checkpoint_args", "exit_on_missing_checkpoint"}
+    sources, parts = {"data_path", "dataset", "mock_data", *splits}, {"dataset_config", "dataset_split", "json_key"}
+    tokenizer = {"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size", "null_tokenizer_eod_id",
+                 "null_tokenizer_pad_id"}
     samples = {"train_samples", "lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples"}
     iters = {"train_iters", "lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters"}
     loss_scale = {"loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"}
     assert GIVEN_TOGETHER == {
-        "bf16": {"fp16", *loss_scale}, "fp16": {"bf16"}, **DATA_GIVEN_TOGETHER,
+        "bf16": {"fp16", *loss_scale}, "fp16": {"bf16"},
+        **{s: (sources - {s}) | tokenizer | parts for s in sources}, **{t: tokenizer - {t} for t in tokenizer},
         **{name: samples for name in iters}, **{name: iters for name in samples},
         "lr_warmup_iters": samples | {"lr_warmup_fraction"}, "lr_warmup_samples": iters | {"lr_warmup_fraction"},
         "lr_warmup_fraction": {"lr_warmup_iters", "lr_warmup_samples"},
         "rampup_batch_size": {"step_batch_size_schedule"}, "step_batch_size_schedule": {"rampup_batch_size"},
         "weight_decay_incr_style": {"start_weight_decay", "end_weight_decay"}}
-    assert MEANING_FLAGS == ("seq_length", *DATA_MEANING_FLAGS, "seed")
-    assert set(PATH_FLAGS) >= {"log_dir", "tensorboard_dir", "wandb_save_dir", "data_path", "tokenizer_model"}
+    assert MEANING_FLAGS[0] == "seq_length" and set(MEANING_FLAGS) == {
+        "seq_length", *sources, *parts, *tokenizer, "split", "seed"}
+    assert set(PATH_FLAGS) == {"data_path", *splits, "tokenizer_model", "vocab_file", "merge_file", "data_cache_path",
+                               "log_dir", "tensorboard_dir", "wandb_save_dir"}
 
 
 def test_the_docs_example_of_the_run_configuration_runs():

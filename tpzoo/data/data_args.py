@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 from tpzoo.data.build import DEFAULT_CACHE, DataSources, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, DatasetSource
 from tpzoo.data.tokenizer import Tokenizer
-from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, add_tokenizer_args, tokenizer_of, tokenizer_type
-from tpzoo.flag_types import non_negative_int
+from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, tokenizer_of, tokenizer_type
+from tpzoo.fields import add_section, at_least, boolean, check_fields, option, optional, string
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
 # flags naming where the data is: at most one source
@@ -70,78 +70,67 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def add_dataset_source_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Add the flags that pick what a ``--dataset`` folder or name holds: ``--dataset-config``,
-    ``--dataset-split``, ``--json-key``."""
-    parser.add_argument("--dataset-config", metavar="NAME",
-                        help="the configuration of a --dataset name (datasets' load_dataset(name, NAME))")
-    parser.add_argument("--dataset-split", metavar="SPLIT",
-                        help="the split of a --dataset name or save_to_disk DatasetDict folder (default: train)")
-    parser.add_argument("--json-key", default="text", metavar="KEY",
-                        help="the text field of --dataset rows or columns (default: %(default)s)")
+def _prefixes(v: Any) -> str | None:
+    ok = isinstance(v, str) or isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+    return None if ok else f"must be a prefix or a blend's [W1, P1, W2, P2, ...], got {v!r}"
 
 
-def add_cache_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Add ``--data-cache-path DIR`` (Megatron-LM's name) to ``parser``."""
-    parser.add_argument(
-        "--data-cache-path",
-        metavar="DIR",
-        help="where --dataset files are tokenized and the demo corpus is built, once "
-        f"(default: {DEFAULT_CACHE})",
-    )
+def _files(v: Any) -> str | None:
+    ok = isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v)
+    return None if ok else f"must be a list of files, globs, folders or a dataset name, got {v!r}"
 
 
-def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argparse.ArgumentParser:
-    """Add the data and tokenizer flags (module docstring, ``--split``, ``--data-cache-path``) to
-    ``parser``; ``loader``: also ``--num-workers`` (a training script's)."""
-    group = parser.add_argument_group("data")
-    group.add_argument("--data-path", metavar="PREFIX", nargs="+", action=_Prefix, blend=True,
-                       help="indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split; or Megatron-LM's "
-                       "blend W1 PREFIX1 W2 PREFIX2 ... (each prefix split, samples drawn by weight)")
-    for split in ("train", "valid", "test"):
-        group.add_argument(f"--{split}-data-path", metavar="PREFIX", nargs="+", action=_Prefix,
-                           help=f"the {split} split's indexed dataset (instead of --data-path and --split)")
-    group.add_argument("--mock-data", action="store_true",
-                       help="random tokens of the tokenizer's vocabulary, fixed by --seed (needs tokenizer flags)")
-    group.add_argument(
-        "--dataset",
-        metavar="SPEC",
-        nargs="+",
-        help="json/jsonl/txt/parquet/csv files, globs or folders; a folder saved by datasets' save_to_disk; or a "
-        "dataset name in datasets' local cache (docs/data.md); tokenized once into --data-cache-path",
-    )
-    add_dataset_source_args(group)
-    add_tokenizer_args(group)
-    if loader:
-        group.add_argument("--num-workers", type=non_negative_int, default=0, metavar="N",
-                           help="DataLoader worker processes reading the next training batches ahead (tpzoo's 0: "
-                           "read in the training process; Megatron-LM's 2)")
-    group.add_argument(
-        "--split", default="98,1,1", help="train,valid,test weights over documents (default: %(default)s)"
-    )
-    add_cache_arg(group)
-    return parser
+_SOURCES = ("data_path", "dataset", "mock_data", *SPLIT_PATHS)
+
+
+def _source(default: Any, check: Any, doc: str, flag: str, metavar: str | None = None, **role: Any) -> Any:
+    """A flag naming where the data is: given on a resume, the checkpoint's other sources, dataset parts and
+    tokenizer stay behind (another source brings its own tokenizer)."""
+    return option(default, check, doc, flag, metavar, meaning=True, together=(*_SOURCES, *DATASET_PARTS,
+                                                                               *TOKENIZER_FLAGS), **role)
+
+
+def _split_path(split: str) -> Any:
+    return _source(None, optional(string), f"the {split} split's indexed dataset (instead of --data-path and --split)",
+                   f"--{split}-data-path", "PREFIX", path=True, nargs="+", action=_Prefix)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The data flags' values (``add_data_args``; None: not given), what ``run_data`` reads. ``seed``: the mock
-    data's (``--seed``)."""
+    """The data and tokenizer flags (Megatron-LM's names; module docstring), what ``run_data`` reads; None: not
+    given. ``seed``: the mock data's (``--seed``)."""
 
-    data_path: str | list[str] | None = None          # a prefix, or a blend's [W1, P1, W2, P2, ...]
-    train_data_path: str | None = None
-    valid_data_path: str | None = None
-    test_data_path: str | None = None
-    mock_data: bool = False
-    dataset: list[str] | None = None
-    dataset_config: str | None = None
-    dataset_split: str | None = None
-    json_key: str = "text"
-    data_cache_path: str | None = None
-    split: str = "98,1,1"                            # train,valid,test weights over documents (one prefix)
-    num_workers: int = 0                             # DataLoader processes reading the train batches ahead
-    seed: int = 0
+    data_path: str | list[str] | None = _source(
+        None, optional(_prefixes), "indexed dataset PREFIX (PREFIX.bin + PREFIX.idx), split by --split; or "
+        "Megatron-LM's blend W1 PREFIX1 W2 PREFIX2 ... (each prefix split, samples drawn by weight)", "--data-path",
+        "PREFIX", path=True, nargs="+", action=_Prefix, action_options=dict(blend=True))
+    train_data_path: str | None = _split_path("train")
+    valid_data_path: str | None = _split_path("valid")
+    test_data_path: str | None = _split_path("test")
+    mock_data: bool = _source(False, boolean, "random tokens of the tokenizer's vocabulary, fixed by --seed (needs "
+                              "tokenizer flags)", "--mock-data")
+    dataset: list[str] | None = _source(None, optional(_files), "json/jsonl/txt/parquet/csv files, globs or folders; a "
+                                        "folder saved by datasets' save_to_disk; or a dataset name in datasets' local "
+                                        "cache (docs/data.md); tokenized once into --data-cache-path", "--dataset",
+                                        "SPEC", nargs="+")
+    dataset_config: str | None = option(None, optional(string), "the configuration of a --dataset name (datasets' "
+                                        "load_dataset(name, NAME))", "--dataset-config", "NAME", meaning=True)
+    dataset_split: str | None = option(None, optional(string), "the split of a --dataset name or save_to_disk "
+                                       "DatasetDict folder (default: train)", "--dataset-split", "SPLIT", meaning=True)
+    json_key: str = option("text", string, "the text field of --dataset rows or columns", "--json-key", "KEY",
+                           meaning=True)
     tokenizer: TokenizerFlags = TokenizerFlags()
+    num_workers: int = option(0, at_least(0), "DataLoader worker processes reading the next training batches ahead "
+                              "(tpzoo's 0: read in the training process; Megatron-LM's 2)", "--num-workers", "N",
+                              launch=True)
+    split: str = option("98,1,1", string, "train,valid,test weights over documents", "--split", meaning=True)
+    data_cache_path: str | None = option(None, optional(string), f"where --dataset files are tokenized and the demo "
+                                         f"corpus is built, once (default: {DEFAULT_CACHE})", "--data-cache-path",
+                                         "DIR", path=True)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> DataConfig:
@@ -157,6 +146,19 @@ class DataConfig:
                 raise ValueError(f"--{given[0].replace('_', '-')} goes with --dataset (a name or save_to_disk folder)")
             return None
         return DatasetSource(tuple(map(str, self.dataset)), self.dataset_config, self.dataset_split, self.json_key)
+
+
+def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argparse.ArgumentParser:
+    """The data and tokenizer flags (``DataConfig``) on ``parser``; ``loader``: also ``--num-workers`` (a training
+    script's)."""
+    add_section(parser, DataConfig, "data", () if loader else ("num_workers",))
+    return parser
+
+
+def add_cache_arg(parser: argparse.ArgumentParser) -> None:
+    """``--data-cache-path DIR`` (Megatron-LM's name) alone on ``parser``."""
+    others = [f.name for cls in (DataConfig, TokenizerFlags) for f in fields(cls) if f.name != "data_cache_path"]
+    add_section(parser, DataConfig, "data", others, group=parser)
 
 
 def check_data_flags(data: DataConfig) -> None:
@@ -201,19 +203,3 @@ def run_data(data: DataConfig, model: str, tokenizer: Tokenizer | None = None
     others = [resolve_data(model, getattr(data, s), None, tok)[1] if getattr(data, s) else None
               for s in SPLIT_PATHS[1:]]
     return tok, train, DataSources(per_split=(train, *others))
-
-
-def _given_together() -> dict[str, set[str]]:
-    """A resume's flags (``tpzoo.training.resolve.GIVEN_TOGETHER``): a data source given keeps every other
-    source and the tokenizer flags from being restored (it brings its own tokenizer); a tokenizer
-    flag given keeps the other tokenizer flags."""
-    sources = {"data_path", "dataset", "mock_data", *SPLIT_PATHS}
-    out = {s: (sources - {s}) | set(TOKENIZER_FLAGS) | set(DATASET_PARTS) for s in sources}
-    out.update({t: set(TOKENIZER_FLAGS) - {t} for t in TOKENIZER_FLAGS})
-    return out
-
-
-DATA_GIVEN_TOGETHER = _given_together()
-# flags that change what a run trains on, and flags naming files (made absolute in a checkpoint)
-DATA_MEANING_FLAGS = ("data_path", "dataset", *DATASET_PARTS, "mock_data", *SPLIT_PATHS, *TOKENIZER_FLAGS, "split")
-DATA_PATH_FLAGS = ("data_path", *SPLIT_PATHS, "tokenizer_model", "vocab_file", "merge_file", "data_cache_path")

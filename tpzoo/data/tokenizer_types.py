@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from tpzoo.data.tokenizer import (HFTokenizer, SentencePieceTokenizer, Tokenizer, byte_level_bpe, hf_tokenizers,
                                   load_tokenizer)
+from tpzoo.fields import add_section, at_least, check_fields, integer, one_of, option, optional, string
 
 
 class GPT2BPETokenizer(HFTokenizer):
@@ -143,17 +144,50 @@ REFUSED_TYPES = {
 NULL_OPTIONS = ("null_tokenizer_eod_id", "null_tokenizer_pad_id")  # NullTokenizer's only
 
 
+class _TokenizerType(argparse.Action):
+    """``--tokenizer-type NAME``: one of ``TYPES``; a ``REFUSED_TYPES`` name ends parsing with its reason."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option_string: str | None = None) -> None:
+        if value in REFUSED_TYPES:
+            parser.error(f"--tokenizer-type {value} is a Megatron-LM tokenizer tpzoo does not support: "
+                         f"{REFUSED_TYPES[value]}")
+        if value not in TYPES:
+            parser.error(f"--tokenizer-type {value} is unknown; pass one of {', '.join(TYPES)}")
+        setattr(namespace, self.dest, value)
+
+
+_NAMES = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size", *NULL_OPTIONS)
+
+
+def _tokenizer(default: Any, check: Any, doc: str, flag: str, metavar: str, **role: Any) -> Any:
+    """A tokenizer flag: what the run trains on; given on a resume, the checkpoint's other tokenizer flags stay."""
+    return option(default, check, doc, flag, metavar, meaning=True, together=_NAMES, **role)
+
+
 @dataclass(frozen=True)
 class TokenizerFlags:
-    """The tokenizer flags' values (``add_tokenizer_args``; None: not given), what ``tokenizer_of`` reads."""
+    """Megatron-LM's tokenizer flags, and ``--tokenizer-model`` (a file or folder alone: tpzoo's); None: not given.
+    What ``tokenizer_of`` reads."""
 
-    tokenizer_type: str | None = None
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    tokenizer_model: str | None = None
-    vocab_size: int | None = None
-    null_tokenizer_eod_id: int | None = None
-    null_tokenizer_pad_id: int = -1
+    tokenizer_type: str | None = _tokenizer(None, optional(one_of(*TYPES)), f"Megatron-LM's tokenizer name: "
+                                            f"{', '.join(TYPES)} (without it: the one the files given mean)",
+                                            "--tokenizer-type", "NAME", action=_TokenizerType)
+    vocab_file: str | None = _tokenizer(None, optional(string), "GPT-2 vocab.json (with --merge-file) or BERT "
+                                        "vocab.txt", "--vocab-file", "FILE", path=True)
+    merge_file: str | None = _tokenizer(None, optional(string), "GPT-2 merges.txt", "--merge-file", "FILE", path=True)
+    tokenizer_model: str | None = _tokenizer(None, optional(string), "sentencepiece .model, or a Hugging Face "
+                                             "tokenizer.json or folder (default: the one the data was made with)",
+                                             "--tokenizer-model", "PATH", path=True)
+    vocab_size: int | None = _tokenizer(None, optional(at_least(1)), "NullTokenizer's vocabulary (eod = N - 1)",
+                                        "--vocab-size", "N")
+    null_tokenizer_eod_id: int | None = _tokenizer(None, optional(integer), "NullTokenizer's eod (N - 1 when not "
+                                                   "given)", "--null-tokenizer-eod-id", "ID")
+    null_tokenizer_pad_id: int = _tokenizer(-1, integer, "NullTokenizer's pad (default: -1, none)",
+                                            "--null-tokenizer-pad-id", "ID")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TokenizerFlags:
@@ -168,33 +202,9 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-class _TokenizerType(argparse.Action):
-    """``--tokenizer-type NAME``: one of ``TYPES``; a ``REFUSED_TYPES`` name ends parsing with its reason."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
-        if value in REFUSED_TYPES:
-            parser.error(f"--tokenizer-type {value} is a Megatron-LM tokenizer tpzoo does not support: "
-                         f"{REFUSED_TYPES[value]}")
-        if value not in TYPES:
-            parser.error(f"--tokenizer-type {value} is unknown; pass one of {', '.join(TYPES)}")
-        setattr(namespace, self.dest, value)
-
-
 def add_tokenizer_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Megatron-LM's tokenizer flags, and ``--tokenizer-model`` (a file or folder alone: tpzoo's)."""
-    parser.add_argument("--tokenizer-type", action=_TokenizerType, metavar="NAME",
-                        help=f"Megatron-LM's tokenizer name: {', '.join(TYPES)} (without it: the one the files "
-                        "given mean)")
-    parser.add_argument("--vocab-file", metavar="FILE", help="GPT-2 vocab.json (with --merge-file) or BERT vocab.txt")
-    parser.add_argument("--merge-file", metavar="FILE", help="GPT-2 merges.txt")
-    parser.add_argument("--tokenizer-model", metavar="PATH", help="sentencepiece .model, or a Hugging Face "
-                        "tokenizer.json or folder (default: the one the data was made with)")
-    parser.add_argument("--vocab-size", type=int, metavar="N", help="NullTokenizer's vocabulary (eod = N - 1)")
-    parser.add_argument("--null-tokenizer-eod-id", type=int, metavar="ID",
-                        help="NullTokenizer's eod (N - 1 when not given)")
-    parser.add_argument("--null-tokenizer-pad-id", type=int, default=-1, metavar="ID",
-                        help="NullTokenizer's pad (default: -1, none)")
+    """The tokenizer flags (``TokenizerFlags``) on ``parser``."""
+    add_section(parser, TokenizerFlags, "tokenizer", group=parser)
 
 
 def tokenizer_type(flags: TokenizerFlags) -> str | None:

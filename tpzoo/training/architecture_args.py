@@ -40,7 +40,7 @@ from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
 from tpzoo.training.model_args import config_flag
 from tpzoo.training.parallel_config import KERNEL_FUSIONS, SpeedConfig
-from tpzoo.training.sections import add_section
+from tpzoo.fields import add_section
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")

@@ -61,6 +61,12 @@ class CommandParser(argparse.ArgumentParser):
                 self.error(str(e))
         return super().parse_known_args(args, namespace)
 
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's; each subcommand's parser a CommandParser stating its defaults once too."""
+        kwargs.setdefault("parser_class", lambda **options: CommandParser(formatter_class=DefaultsOnceFormatter,
+                                                                          **options))
+        return super().add_subparsers(**kwargs)
+
     def given(self, argv: list[str] | None = None) -> set[str]:
         """The destinations of the flags written on the command line (``argv``, default sys.argv),
         as opposed to those left at their defaults."""

@@ -25,7 +25,7 @@ from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, family
 from tpzoo.flag_types import non_negative_int
 from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
-from tpzoo.training.sections import add_section
+from tpzoo.fields import add_section
 
 if TYPE_CHECKING:
     from tpzoo.training.batch_schedule import BatchSchedule

@@ -21,21 +21,21 @@ from typing import Any
 
 import os
 
-from tpzoo.data.data_args import DATA_GIVEN_TOGETHER, DATA_MEANING_FLAGS, DATA_PATH_FLAGS
+from tpzoo.data.data_args import DataConfig
 from tpzoo.data.sources import absolute_specs
 from tpzoo.models.families import family
 from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
 from tpzoo.training.optimizer_args import check_optimizer_resume, fill_schedule_defaults, resolve_global_batch_size
 from tpzoo.training.run_config import SECTIONS, role
 
+_ALL = (DataConfig, *SECTIONS.values())  # the run configuration's sections whose fields have roles
 # flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields)
-# and those of the hand-written groups: the script's default family, the data loader's workers, an accepted no-op
-LAUNCH_FLAGS = frozenset({*role("launch", *SECTIONS.values()), "default_model", "num_workers",
-                          "attention_softmax_in_fp32"})
+# and those of the architecture group: the script's default family, an accepted no-op
+LAUNCH_FLAGS = frozenset({*role("launch", *_ALL), "default_model", "attention_softmax_in_fp32"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
-GIVEN_TOGETHER = {**{k: set(v) for k, v in role("together", *SECTIONS.values()).items()}, **DATA_GIVEN_TOGETHER}
+GIVEN_TOGETHER = {name: set(others) - {name} for name, others in role("together", *_ALL).items()}
 # flags naming files: a checkpoint records them absolute (``absolute_paths``)
-PATH_FLAGS = (*DATA_PATH_FLAGS, *role("path", *SECTIONS.values()))
+PATH_FLAGS = tuple(role("path", *_ALL))
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
         out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
     return out
 # flags that change what the run trains on: a resume that changes one says so
-MEANING_FLAGS = ("seq_length", *DATA_MEANING_FLAGS, *role("meaning", *SECTIONS.values()))
+MEANING_FLAGS = ("seq_length", *role("meaning", *_ALL))
 
 
 def restore_args(args: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> list[str]:

@@ -10,7 +10,7 @@ The sections (``SECTIONS``) and their flag groups: ``ParallelConfig`` (parallel)
 speed), ``SpeedConfig`` (Megatron-LM's speed flags) in ``tpzoo.training.parallel_config``; ``TrainingConfig`` (batch
 and optimizer) in ``tpzoo.training.optimizer_args``; ``RunIO`` (run) and ``CheckpointConfig`` in
 ``tpzoo.training.checkpoint_args``; ``LoggingConfig`` in ``tpzoo.training.logging_args``; ``StoppingConfig`` here.
-Their flags are generated from them (``tpzoo.training.sections``). The model (``ModelChoice``,
+Their flags are generated from them (``tpzoo.fields.add_section``). The model (``ModelChoice``,
 ``tpzoo.training.model_args``) and the data (``DataConfig``, ``tpzoo.data.data_args``) are made from their flags
 too. Imports without torch.
 """
@@ -29,7 +29,7 @@ from tpzoo.training.logging_args import LoggingConfig
 from tpzoo.training.model_args import ModelChoice
 from tpzoo.training.optimizer_args import TrainingConfig
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
-from tpzoo.training.sections import add_section, role, section_of
+from tpzoo.fields import add_section, role, section_of
 
 __all__ = ["RunConfig", "SECTIONS", "StoppingConfig", "add_section", "role", "section_of"]
 
