@@ -20,12 +20,11 @@ from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import add_architecture_args, add_speed_args, resolve_speed  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
                                  check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
-from tpzoo.training.batch_schedule import BatchSchedule  # noqa: E402
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
-from tpzoo.training.logging_args import LoggingConfig, check_logging  # noqa: E402
+from tpzoo.training.logging_args import LoggingConfig  # noqa: E402
 from tpzoo.training.model_args import add_model_args, check_preset  # noqa: E402
-from tpzoo.training.lr_schedule import LRSchedule  # noqa: E402
+from tpzoo.training.monitor import check_logging  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
 from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, set_model_defaults  # noqa: E402
 from tpzoo.training.parallel_config import ParallelConfig  # noqa: E402
@@ -75,7 +74,7 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunC
         return None
     resolve_flags(args, given, None, MODEL_DEFAULTS)  # --model, when not given: the one the architecture flags describe
     job = RunConfig.of(vars(args))  # every section's fields
-    LRSchedule.of(job.training, BatchSchedule.of(job.training, job.model.seq_length))  # and the batch ramp-up
+    job.training.lr_schedule(job.training.batches(job.model.seq_length))  # and the batch ramp-up
     job.engine()  # batch sizes ...
     return job
 

@@ -13,7 +13,6 @@ import math
 import pytest
 
 from tpzoo.training.args import add_parallel_args, add_precision_args
-from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.lr_schedule import LRSchedule
 from tpzoo.training.optimizer_args import (TrainingConfig, add_optimizer_args, fill_schedule_defaults,
                                            set_model_defaults)
@@ -41,8 +40,8 @@ def lrs(line: str, defaults: dict | None = None) -> tuple[list[float], list[int]
     """(lr, global batch size) of every iteration of the run the flags describe, as the loop steps them."""
     args = flags(line, defaults)
     training = section_of(TrainingConfig, vars(args))
-    batches = BatchSchedule.of(training, args.seq_length)
-    schedule = LRSchedule.of(training, batches)
+    batches = training.batches(args.seq_length)
+    schedule = training.lr_schedule(batches)
     out, sizes, consumed = [], [], 0
     for _ in range(training.iterations(batches)):
         out.append(schedule.lr_at(consumed))
@@ -91,7 +90,7 @@ def test_inverse_square_root_wsd_and_weight_decay_increment():
     args = flags("--global-batch-size 2 --train-iters 8 --weight-decay-incr-style linear --start-weight-decay 0.0 "
                  "--end-weight-decay 0.1")
     training = section_of(TrainingConfig, vars(args))
-    schedule = LRSchedule.of(training, BatchSchedule.of(training, args.seq_length))
+    schedule = training.lr_schedule(training.batches(args.seq_length))
     assert [schedule.wd_at(n) for n in (0, 4, 16, 18)] == pytest.approx([0.0, 0.1 * 4 / 16, 0.1, 0.1])
 
 

@@ -36,9 +36,9 @@ from doc_helpers import ROOT, clean_env
 from families import CAUSAL_LM
 from pretrain_helpers import script
 from real_text import documents, write_jsonl
+from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
 
 pytestmark = pytest.mark.tier("journey")
-
 
 
 # torchrun of the scripts; one OpenMP thread per rank (4 ranks on 2 cores)
@@ -351,8 +351,6 @@ def launch_line(script: str, journey: Journey, positional: list[str]) -> list[st
 def check_current_line(journey: Journey) -> None:
     """The current script's line (--step-batch-size-schedule) parses, passes pretrain.py's checks and gives the
     batch sizes the ramp-up line trained with."""
-    from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
-
     pretrain = script("pretrain")
     check_launches(journey)
     argv = launch_line(GPT3_175B_CURRENT, journey, journey.positional)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from tpzoo.training.checkpoint_args import RunIO
+from tpzoo.training.config_file import Unfilled, expand_config
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig
 from tpzoo.training.run_config import StoppingConfig, add_section
 
@@ -53,8 +54,6 @@ class CommandParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         """argparse's, with ``--config FILE`` (where the parser has it) replaced by the file's flags, put first."""
         if "config" in {a.dest for a in self._actions}:
-            from tpzoo.training.config_file import expand_config
-
             try:
                 args = expand_config(self, list(sys.argv[1:] if args is None else args))
             except ValueError as e:
@@ -71,16 +70,6 @@ class CommandParser(argparse.ArgumentParser):
         """The destinations of the flags written on the command line (``argv``, default sys.argv),
         as opposed to those left at their defaults."""
         return set(vars(self.parse_args(argv, Unfilled())))
-
-
-class Unfilled(argparse.Namespace):
-    """A namespace that claims to hold every attribute, so argparse fills in no defaults and only the
-    flags actually given land in it."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return None
 
 
 def command_parser(prog: str, description: str) -> CommandParser:

@@ -18,10 +18,6 @@ is dropped); with a step schedule, iterations while c < N.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tpzoo.training.optimizer_args import TrainingConfig
 
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
@@ -76,13 +72,6 @@ class BatchSchedule:
                 raise ValueError(f"--step-batch-size-schedule batch sizes {[b for _, b in self.steps]} must be >= 1 "
                                  f"and end at --global-batch-size {g}; make them agree, or leave out "
                                  f"--global-batch-size (then the schedule's last size)")
-
-    @classmethod
-    def of(cls, training: TrainingConfig, seq_length: int) -> BatchSchedule:
-        """--global-batch-size with --rampup-batch-size or --step-batch-size-schedule (tokens / ``seq_length``)."""
-        rampup, steps = training.rampup_batch_size, training.step_batch_size_schedule
-        return cls(training.global_batch_size, tuple(rampup) if rampup is not None else None,
-                   parse_step_schedule(steps, seq_length) if steps is not None else None)
 
     def batch_at(self, consumed: int) -> int:
         """The global batch size of the iteration that starts after ``consumed`` samples."""

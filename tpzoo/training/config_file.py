@@ -32,8 +32,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from tpzoo.training.args import Unfilled
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -42,6 +40,16 @@ else:  # pragma: no cover - Python 3.10
 CONFIG_FILE = "config.toml"  # the resolved flags in a run folder
 # argparse's own groups hold --help and the configuration flags themselves; the refused flags are never values
 _NO_SECTION = ("positional arguments", "options", "Megatron-LM flags tpzoo refuses (docs/megatron.md)")
+
+
+class Unfilled(argparse.Namespace):
+    """A namespace that claims to hold every attribute, so argparse fills in no defaults and only the
+    flags actually given land in it."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return None
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ Weights & Biases, throughput, the params norm, zeros in the gradients and the ti
 line: ``tpzoo.training.metrics`` (fields) and ``tpzoo.training.monitor`` (writers).
 
 Checked before torch loads: a ``--wandb-*`` flag without ``--wandb-project`` (the section refuses it), a flag whose
-library is not installed and ``--wandb-project`` online without a W&B API key (``check_logging``).
+library is not installed and ``--wandb-project`` online without a W&B API key (``monitor.check_logging``).
 """
 
 from __future__ import annotations
@@ -73,17 +73,3 @@ class LoggingConfig:
             if getattr(self, name) is not None and self.wandb_project is None:
                 raise ValueError(f"--{name.replace('_', '-')} names a W&B setting but W&B is off; add --wandb-project "
                                  f"NAME or drop --{name.replace('_', '-')}")
-
-
-def check_logging(config: LoggingConfig) -> None:
-    """ValueError naming the flag and the fix: a missing library (``monitor.require``), an online W&B run without
-    an API key (``monitor.wandb_key_missing``)."""
-    from tpzoo.training.monitor import require, wandb_key_missing
-
-    if config.tensorboard_dir is not None:
-        require("tensorboard", "--tensorboard-dir")
-    if config.wandb_project is not None:
-        require("wandb", "--wandb-project")
-        if wandb_key_missing():  # else rank 0 would stop in wandb.init while the others wait in a collective
-            raise ValueError("--wandb-project needs a W&B API key and none is configured: run `wandb login` (or "
-                             "set WANDB_API_KEY), or log without a network with WANDB_MODE=offline")

@@ -14,7 +14,7 @@ iteration is the schedule at the samples consumed BEFORE it (iteration 1: n = 0)
     weight decay:     end_wd for n > I (I = increment steps); else start_wd + (end_wd - start_wd) c,
                       c = n / I (linear), (1 + cos(pi (1 - n / I))) / 2 (cosine); constant: weight decay
 
-In samples (``of``), Megatron-LM's ``get_optimizer_param_scheduler``: with --train-iters T and
+In samples (``tpzoo.training.optimizer_args.TrainingConfig.lr_schedule``), Megatron-LM's ``get_optimizer_param_scheduler``: with --train-iters T and
 the final global batch G, D = --lr-decay-iters (default T) x G, W = --lr-warmup-iters x G, A =
 --lr-wsd-decay-iters x G, I = T x G; with --train-samples, D = --lr-decay-samples (default
 --train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples, I = --train-samples; with
@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from tpzoo.training.batch_schedule import BatchSchedule
-    from tpzoo.training.optimizer_args import TrainingConfig
 
 STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -74,26 +72,6 @@ class LRSchedule:
                              "--lr-wsd-decay-samples")
         if self.start_wd is not None and not 0 <= self.start_wd <= self.end_wd:
             raise ValueError(f"--start-weight-decay {self.start_wd} must lie in [0, --end-weight-decay {self.end_wd}]")
-
-    @classmethod
-    def of(cls, training: TrainingConfig, batches: BatchSchedule) -> LRSchedule:
-        """The schedule of the training section, in samples (see the module docstring); ``training.train_iters``
-        None means sample-based (--train-samples). ValueError for the flag pairs Megatron-LM refuses."""
-        check_schedule_flags(training)
-        g = batches.global_batch_size
-        if training.train_iters is not None:
-            decay = (training.lr_decay_iters or training.train_iters) * g
-            warmup = (training.lr_warmup_iters or 0) * g
-            wsd = training.lr_wsd_decay_iters * g if training.lr_wsd_decay_iters is not None else None
-            incr = training.train_iters * g
-        else:
-            decay = training.lr_decay_samples or training.train_samples
-            warmup, wsd, incr = training.lr_warmup_samples, training.lr_wsd_decay_samples, training.train_samples
-        if training.lr_warmup_fraction is not None:
-            warmup = training.lr_warmup_fraction * decay
-        start, end = weight_decay_range(training)
-        return cls(training.lr, training.min_lr, warmup, decay, training.lr_decay_style, training.lr_warmup_init, wsd,
-                   training.lr_wsd_decay_style, start, end, incr, training.weight_decay_incr_style)
 
     def lr_at(self, n: float) -> float:
         """The learning rate after ``n`` steps (pretrain.py: samples consumed before the iteration)."""
@@ -164,37 +142,3 @@ def earlier_format(saved: dict[str, Any]) -> bool:
     (iterations, not the samples before it): its run goes on at n = consumed samples + G (``Run.lr_steps``),
     the lr it would have had."""
     return "warmup_iters" in saved
-
-
-def check_schedule_flags(training: TrainingConfig) -> None:
-    """ValueError naming the pair, for the flags Megatron-LM's arguments.py refuses together: --train-iters
-    with --train-samples, an *-iters flag in a run counted in samples (or *-samples in one counted in
-    iterations), --lr-warmup-fraction with --lr-warmup-iters/-samples."""
-    if training.train_iters is not None and training.train_samples is not None:
-        raise ValueError("--train-iters and --train-samples both set the run's length; give one of them")
-    if training.train_iters is None and training.train_samples is None:
-        raise ValueError("give --train-iters or --train-samples (the run's length)")
-    unit, other = ("samples", "iters") if training.train_iters is None else ("iters", "samples")
-    for name in (f"lr_decay_{other}", f"lr_wsd_decay_{other}", f"lr_warmup_{other}"):
-        if getattr(training, name):
-            flag = f"--{name.replace('_', '-')}"
-            raise ValueError(f"{flag} counts {other}, but the run's length is --train-{unit}; give "
-                             f"{flag.replace(other, unit)} instead")
-    if training.lr_warmup_fraction is not None and getattr(training, f"lr_warmup_{unit}"):
-        raise ValueError(f"--lr-warmup-fraction and --lr-warmup-{unit} both set the warmup; give one of them")
-
-
-def weight_decay_range(training: TrainingConfig) -> tuple[float | None, float | None]:
-    """(start, end) weight decay of --weight-decay-incr-style (Megatron-LM's rules): constant takes neither
-    --start-weight-decay nor --end-weight-decay (None, None: --weight-decay throughout); linear and cosine
-    need both."""
-    start, end = training.start_weight_decay, training.end_weight_decay
-    if training.weight_decay_incr_style == "constant":
-        if start is not None or end is not None:
-            raise ValueError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or "
-                             "cosine; with constant, give --weight-decay")
-        return None, None
-    if start is None or end is None:
-        raise ValueError(f"--weight-decay-incr-style {training.weight_decay_incr_style} needs both --start-weight-decay "
-                         f"and --end-weight-decay")
-    return start, end

@@ -84,6 +84,18 @@ class WandbWriter:
         self.run.finish()
 
 
+def check_logging(config: LoggingConfig) -> None:
+    """ValueError naming the flag and the fix: a missing library (``monitor.require``), an online W&B run without
+    an API key (``monitor.wandb_key_missing``)."""
+    if config.tensorboard_dir is not None:
+        require("tensorboard", "--tensorboard-dir")
+    if config.wandb_project is not None:
+        require("wandb", "--wandb-project")
+        if wandb_key_missing():  # else rank 0 would stop in wandb.init while the others wait in a collective
+            raise ValueError("--wandb-project needs a W&B API key and none is configured: run `wandb login` (or "
+                             "set WANDB_API_KEY), or log without a network with WANDB_MODE=offline")
+
+
 def open_writers(logging: LoggingConfig, flags: Mapping[str, Any], log_dir: Path, run_name: str) -> list[Any]:
     """The writers ``logging`` asks for (see the module's docstring; W&B's config: the run's ``flags``); rank 0
     calls this."""

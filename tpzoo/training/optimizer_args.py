@@ -17,18 +17,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpzoo.fields import (at_least, check_fields, fraction, non_negative_number, one_of, option, optional, parses,
-                          positive_number)
+from tpzoo.fields import (add_section, at_least, check_fields, fraction, non_negative_number, one_of, option, optional,
+                          parses, positive_number)
+from tpzoo.flag_types import non_negative_int
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, family
-from tpzoo.flag_types import non_negative_int
-from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES
-from tpzoo.fields import add_section
-
-if TYPE_CHECKING:
-    from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.batch_schedule import BatchSchedule, parse_step_schedule
+from tpzoo.training.lr_schedule import STYLES, WD_STYLES, WSD_STYLES, LRSchedule
 
 # a family's iteration-counted defaults (tpzoo.models.families train_defaults) that do not apply once the
 # run is counted in samples, or its warmup set another way
@@ -128,6 +125,35 @@ class TrainingConfig:
             raise ValueError("--rampup-batch-size and --step-batch-size-schedule both set the batch size ramp; "
                              "give one of them")
 
+    def batches(self, seq_length: int) -> BatchSchedule:
+        """--global-batch-size with --rampup-batch-size or --step-batch-size-schedule (tokens / ``seq_length``)."""
+        rampup, steps = self.rampup_batch_size, self.step_batch_size_schedule
+        return BatchSchedule(self.global_batch_size, tuple(rampup) if rampup is not None else None,
+                             parse_step_schedule(steps, seq_length) if steps is not None else None)
+
+    def lr_schedule(self, batches: BatchSchedule) -> LRSchedule:
+        """The lr and weight-decay schedule, in samples (``tpzoo.training.lr_schedule``: with --train-iters T and the
+        final global batch G, decay D = --lr-decay-iters (default T) x G, warmup W = --lr-warmup-iters x G, WSD's
+        A = --lr-wsd-decay-iters x G, the weight decay's increment I = T x G; with --train-samples, D =
+        --lr-decay-samples (default --train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples, I =
+        --train-samples; with --lr-warmup-fraction, W = fraction x D). ValueError for the flag pairs Megatron-LM
+        refuses."""
+        check_schedule_flags(self)
+        g = batches.global_batch_size
+        if self.train_iters is not None:
+            decay = (self.lr_decay_iters or self.train_iters) * g
+            warmup = (self.lr_warmup_iters or 0) * g
+            wsd = self.lr_wsd_decay_iters * g if self.lr_wsd_decay_iters is not None else None
+            incr = self.train_iters * g
+        else:
+            decay = self.lr_decay_samples or self.train_samples
+            warmup, wsd, incr = self.lr_warmup_samples, self.lr_wsd_decay_samples, self.train_samples
+        if self.lr_warmup_fraction is not None:
+            warmup = self.lr_warmup_fraction * decay
+        start, end = weight_decay_range(self)
+        return LRSchedule(self.lr, self.min_lr, warmup, decay, self.lr_decay_style, self.lr_warmup_init, wsd,
+                          self.lr_wsd_decay_style, start, end, incr, self.weight_decay_incr_style)
+
     def iterations(self, batches: BatchSchedule) -> int:
         """The iterations the run makes: --train-iters, or those --train-samples takes (``BatchSchedule.iterations``)."""
         return self.train_iters if self.train_iters is not None else batches.iterations(self.train_samples)
@@ -210,10 +236,42 @@ def resolve_global_batch_size(args: argparse.Namespace, given: set[str] | None =
     """With --step-batch-size-schedule and no --global-batch-size in ``given`` (the flags written on the
     command line; None: all of them), set ``args.global_batch_size`` to the schedule's last batch size
     (Megatron-LM takes G from the schedule); when both are given, ``BatchSchedule`` checks that they agree."""
-    from tpzoo.training.batch_schedule import parse_step_schedule
-
     text = getattr(args, "step_batch_size_schedule", None)
     if text is not None and given is not None and "global_batch_size" not in given:
         steps = parse_step_schedule(text, args.seq_length)
         if steps:
             args.global_batch_size = steps[-1][1]
+
+
+def check_schedule_flags(training: TrainingConfig) -> None:
+    """ValueError naming the pair, for the flags Megatron-LM's arguments.py refuses together: --train-iters
+    with --train-samples, an *-iters flag in a run counted in samples (or *-samples in one counted in
+    iterations), --lr-warmup-fraction with --lr-warmup-iters/-samples."""
+    if training.train_iters is not None and training.train_samples is not None:
+        raise ValueError("--train-iters and --train-samples both set the run's length; give one of them")
+    if training.train_iters is None and training.train_samples is None:
+        raise ValueError("give --train-iters or --train-samples (the run's length)")
+    unit, other = ("samples", "iters") if training.train_iters is None else ("iters", "samples")
+    for name in (f"lr_decay_{other}", f"lr_wsd_decay_{other}", f"lr_warmup_{other}"):
+        if getattr(training, name):
+            flag = f"--{name.replace('_', '-')}"
+            raise ValueError(f"{flag} counts {other}, but the run's length is --train-{unit}; give "
+                             f"{flag.replace(other, unit)} instead")
+    if training.lr_warmup_fraction is not None and getattr(training, f"lr_warmup_{unit}"):
+        raise ValueError(f"--lr-warmup-fraction and --lr-warmup-{unit} both set the warmup; give one of them")
+
+
+def weight_decay_range(training: TrainingConfig) -> tuple[float | None, float | None]:
+    """(start, end) weight decay of --weight-decay-incr-style (Megatron-LM's rules): constant takes neither
+    --start-weight-decay nor --end-weight-decay (None, None: --weight-decay throughout); linear and cosine
+    need both."""
+    start, end = training.start_weight_decay, training.end_weight_decay
+    if training.weight_decay_incr_style == "constant":
+        if start is not None or end is not None:
+            raise ValueError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or "
+                             "cosine; with constant, give --weight-decay")
+        return None, None
+    if start is None or end is None:
+        raise ValueError(f"--weight-decay-incr-style {training.weight_decay_incr_style} needs both --start-weight-decay "
+                         f"and --end-weight-decay")
+    return start, end

@@ -135,8 +135,8 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     io, model, data = job.io, job.model, job.data
     if saved is not None:
         check_saved_parts(checkpoint, saved["checkpoint"], **job.checkpoint.load_options())  # before data and model
-    batches = BatchSchedule.of(job.training, model.seq_length)
-    schedule = LRSchedule.of(job.training, batches)
+    batches = job.training.batches(model.seq_length)
+    schedule = job.training.lr_schedule(batches)
     train_iters = job.training.iterations(batches)
     engine_cfg = job.engine()
     micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size)  # G, then every size of a ramp-up
