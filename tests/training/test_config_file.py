@@ -16,7 +16,7 @@ from doc_helpers import ROOT, commands
 from families import CAUSAL_LM
 from pretrain_helpers import TINY, metrics, pretrain, run, script
 
-from tpzoo.training.config_file import CONFIG_FILE, reference, sections
+from tpzoo.training.config_file import CONFIG_FILE, file_argv, reference, sections
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -47,6 +47,22 @@ def test_the_file_stands_for_its_flags_and_flags_given_override_it(tmp_path):
                                                                                                    [8, 8, 64], 0.02)
     assert args.log_loss_scale_to_tensorboard is False and args.config is None
     assert {"num_layers", "tp", "sequence_parallel", "rampup_batch_size", "lr"} <= p.given(["--config", path])
+
+
+def test_a_yaml_file_stands_for_the_same_flags(tmp_path):
+    """run.yaml: the sections and keys of run.toml (YAML's 1e-3 is text to it: the flag reads it as a number)."""
+    toml = config_file(tmp_path, '[model]\nnum_layers = 3\n\n[parallel]\ntp = 2\nsequence_parallel = true\n\n'
+                                 '[batch_and_optimizer]\nrampup_batch_size = [8, 8, 64]\nlr = 0.001\n')
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("model:\n  num_layers: 3\nparallel:\n  tp: 2\n  sequence_parallel: true\n"
+                    "batch_and_optimizer:\n  rampup_batch_size: [8, 8, 64]\n  lr: 1e-3\n")
+    p = PRETRAIN.parser()
+    assert vars(p.parse_args(["--config", str(yaml)])) == vars(p.parse_args(["--config", toml]))
+    for text, message in (("parallel:\n  tpp: 2\n", "[parallel] has no key tpp"),
+                          ("parallel: [tp\n", "not a YAML file"), ("- tp\n", "a YAML file of sections")):
+        yaml.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(f"--config {yaml}: ") + ".*" + re.escape(message)):
+            file_argv(p, str(yaml))
 
 
 @pytest.mark.parametrize("text, message", [

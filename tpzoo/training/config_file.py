@@ -1,4 +1,5 @@
-"""Run configuration files for pretrain.py and finetune.py: ``--config run.toml`` and ``--print-config``.
+"""Run configuration files for pretrain.py and finetune.py: ``--config run.toml`` (or ``run.yaml``, the same
+sections and keys) and ``--print-config``.
 
 A file holds a command's flags in sections named after its flag groups (the headings of ``--help``), each key
 a flag's destination (Megatron-LM's name with underscores; docs/config.md lists every key)::
@@ -98,14 +99,32 @@ def _tokens(actions: list[argparse.Action], value: Any) -> list[str] | None:
     return None
 
 
-def file_argv(parser: argparse.ArgumentParser, path: str) -> list[str]:
-    """The flags ``path`` spells, checked: ValueError naming the file, section and key for anything wrong."""
+def read_file(path: str) -> dict[str, Any]:
+    """The sections of the TOML file ``path``, or of the YAML file (``.yaml``, ``.yml``: the same sections and keys,
+    read by PyYAML, which ``datasets`` installs); ValueError naming the file for one that cannot be read."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except OSError as e:
         raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--config {path}: not a TOML file ({e})") from None
+    if not path.endswith((".yaml", ".yml")):
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"--config {path}: not a TOML file ({e})") from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {path}: not a YAML file ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: a YAML file of sections (model:, parallel: ...), got {data!r}")
+    return data
+
+
+def file_argv(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    """The flags ``path`` spells, checked: ValueError naming the file, section and key for anything wrong."""
+    data = read_file(path)
     known = sections(parser)
     owner = {dest: name for name, keys in known.items() for dest in keys}
     argv: list[str] = []
@@ -129,7 +148,8 @@ def file_argv(parser: argparse.ArgumentParser, path: str) -> list[str]:
                     checked = parser.parse_args(words, Unfilled())
                 except ValueError as e:
                     raise ValueError(f"--config {path}: [{name}] {key} = {value!r}: {e}") from None
-            if isinstance(value, str) and isinstance(getattr(checked, key, None), (int, float)):
+            quoted = isinstance(value, str) and not path.endswith((".yaml", ".yml"))  # YAML reads 1e-3 as text
+            if quoted and isinstance(getattr(checked, key, None), (int, float)):
                 raise ValueError(f"--config {path}: [{name}] {key} = {value!r}: a number, not a string; drop the "
                                  f"quotes")
             argv += words

@@ -339,7 +339,9 @@ _BY_REASON: dict[str, str] = {
     "tpzoo has no straggler detection":
         "--log-straggler --straggler-ctrlr-port --straggler-minmax-count --disable-straggler-on-startup",
     "tpzoo has no workload inspector server": "--run-workload-inspector-server",
-    "tpzoo has no experimental features or YAML configs": "--enable-experimental --yaml-cfg",
+    "tpzoo has no experimental features": "--enable-experimental",
+    "tpzoo reads its configuration files with --config (TOML or YAML of its own sections, docs/config.md)":
+        "--yaml-cfg",
     "tpzoo keeps fp32 main weights and Adam state":
         "--use-precision-aware-optimizer --main-grads-dtype --main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype",
     "tpzoo has no supervised fine-tuning datasets (tpzoo.finetune has its own tasks)":
