@@ -15,7 +15,8 @@ A bool field whose default is True gets ``--flag`` and ``--no-flag`` (a flag spe
 alone: it turns the field off), one whose default is False a switch; any other field takes one value read by its
 check's ``parse`` (``tpzoo.flag_types``: the same range, in the flag's words), among its ``choices`` where the check
 has them, ``nargs`` values where the field says so, through the field's own argparse ``action`` where it has one; a
-field holding a section holds its flags in its place. An empty meaning shows the default alone in --help.
+``switch`` is None until given (its flag: True, its ``off`` flag: False); a field holding a section holds its flags
+in its place. An empty meaning shows the default alone in --help.
 
 Roles (``role(name, *sections)`` lists the fields of a role), what a resume (``tpzoo.training.resolve``) does:
 ``launch``: the launch's own, never restored from a checkpoint; ``meaning``: what the run trains on, a resume that
@@ -141,6 +142,10 @@ def add_section(parser: argparse.ArgumentParser, cls: type, title: str, skip: It
         if meta.get("action"):  # its own parsing (Megatron-LM's --data-path blend)
             into.add_argument(*names, dest=f.name, action=meta["action"], default=default, nargs=meta.get("nargs"),
                               metavar=meta.get("metavar"), help=doc, **meta.get("action_options", {}))
+        elif meta.get("switch"):  # None until given: the flag sets True, its ``off`` flag (and meaning) False
+            if meta.get("off"):
+                into.add_argument(meta["off"][0], dest=f.name, action="store_false", default=None, help=meta["off"][1])
+            into.add_argument(*names, dest=f.name, action="store_true", default=None, help=doc)
         elif default is True and names[0].startswith(("--no-", "--disable-")):
             into.add_argument(*names, dest=f.name, action="store_false", default=default, help=doc)
         elif default is True:

@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
-from tpzoo.flag_types import positive_float, positive_int
+from tpzoo.fields import add_section, at_least, boolean, one_of, option, optional, positive_number
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
-from tpzoo.training.model_args import config_flag
+from tpzoo.training.model_args import model_flag_fields
 from tpzoo.training.parallel_config import KERNEL_FUSIONS, SpeedConfig
-from tpzoo.fields import add_section
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -49,29 +49,50 @@ TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normal
                               add_bias_linear=True, group_query_attention=False)
 
 
+def _config_field(name: str, help: str) -> Any:
+    """The model config field ``name``'s flag (``tpzoo.models.config``), None until given."""
+    meta = model_flag_fields()[name].metadata
+    return option(None, optional(meta["check"]), f"{meta['doc']} ({help})", meta["flag"])
+
+
+def _trait(doc: str, flag: str, off: tuple[str, str] | None = None) -> Any:
+    """A switch that is None until given: ``flag`` sets True, ``off`` (flag, meaning) False."""
+    return option(None, optional(boolean), doc, flag, switch=True, off=off)
+
+
+@dataclass(frozen=True)
+class ArchitectureConfig:
+    """Megatron-LM's architecture flags; each None until given (``resolve_architecture`` reads them)."""
+
+    position_embedding_type: str | None = option(None, optional(one_of(*POSITION_EMBEDDING_TYPES)), "learned_absolute "
+                                                 "(gpt, bert) or rope (llama); the others: no family has them",
+                                                 "--position-embedding-type")
+    rotary_base: float | None = _config_field("rotary_base", "rope families; default: the preset's")
+    rotary_percent: float | None = option(None, optional(positive_number), "the share of each head's features "
+                                          "rotary positions turn: 1.0, or less for a family whose config has "
+                                          "rotary_percent (GPT-NeoX's)", "--rotary-percent")
+    normalization: str | None = option(None, optional(one_of(*NORMALIZATIONS)), "LayerNorm (gpt, bert) or RMSNorm "
+                                       "(llama)", "--normalization")
+    norm_epsilon: float | None = option(None, optional(positive_number), "epsilon of the norms (default: the "
+                                        "preset's)", "--norm-epsilon")
+    swiglu: bool | None = _trait("SwiGLU MLP (llama)", "--swiglu")
+    untie_embeddings_and_output_weights: bool | None = _trait("an output layer of its own",
+                                                              "--untie-embeddings-and-output-weights")
+    group_query_attention: bool | None = _trait("--num-query-groups kv heads (llama; 1 unless given)",
+                                                "--group-query-attention")
+    add_bias_linear: bool | None = _trait("biases in the linear layers (gpt, bert)", "--add-bias-linear",
+                                          ("--disable-bias-linear", "no biases in the linear layers (llama)"))
+    kv_channels: int | None = option(None, optional(at_least(1)), "only hidden size / heads, tpzoo's head size",
+                                     "--kv-channels")
+    make_vocab_size_divisible_by: int | None = _config_field("make_vocab_size_divisible_by",
+                                                             "default: the preset's, 128")
+    attention_softmax_in_fp32: bool = option(False, boolean, "accepted: tpzoo's attention softmax is always float32",
+                                             "--attention-softmax-in-fp32", launch=True)
+
+
 def add_architecture_args(parser: argparse.ArgumentParser) -> None:
-    """Megatron-LM's architecture flags; each None (or absent) until given."""
-    g = parser.add_argument_group("model architecture (Megatron-LM's flags; docs/models.md)")
-    g.add_argument("--position-embedding-type", choices=POSITION_EMBEDDING_TYPES,
-                   help="learned_absolute (gpt, bert) or rope (llama); the others: no family has them")
-    config_flag(g, "rotary_base", help="rope families; default: the preset's")
-    g.add_argument("--rotary-percent", type=positive_float, help="the share of each head's features rotary "
-                   "positions turn: 1.0, or less for a family whose config has rotary_percent (GPT-NeoX's)")
-    g.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (gpt, bert) or RMSNorm (llama)")
-    g.add_argument("--norm-epsilon", type=positive_float, help="epsilon of the norms (default: the preset's)")
-    g.add_argument("--swiglu", action="store_true", default=None, help="SwiGLU MLP (llama)")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
-                   help="an output layer of its own")
-    g.add_argument("--group-query-attention", action="store_true", default=None,
-                   help="--num-query-groups kv heads (llama; 1 unless given)")
-    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false", default=None,
-                   help="no biases in the linear layers (llama)")
-    g.add_argument("--add-bias-linear", dest="add_bias_linear", action="store_true", default=None,
-                   help="biases in the linear layers (gpt, bert)")
-    g.add_argument("--kv-channels", type=positive_int, help="only hidden size / heads, tpzoo's head size")
-    config_flag(g, "make_vocab_size_divisible_by", help="default: the preset's, 128")
-    g.add_argument("--attention-softmax-in-fp32", action="store_true",
-                   help="accepted: tpzoo's attention softmax is always float32")
+    """Megatron-LM's architecture flags (``ArchitectureConfig``)."""
+    add_section(parser, ArchitectureConfig, "model architecture (Megatron-LM's flags; docs/models.md)")
 
 
 def add_speed_args(parser: argparse.ArgumentParser) -> None:

@@ -24,14 +24,14 @@ import os
 from tpzoo.data.data_args import DataConfig
 from tpzoo.data.sources import absolute_specs
 from tpzoo.models.families import family
-from tpzoo.training.architecture_args import resolve_architecture, resolve_speed
+from tpzoo.training.architecture_args import ArchitectureConfig, resolve_architecture, resolve_speed
 from tpzoo.training.optimizer_args import check_optimizer_resume, fill_schedule_defaults, resolve_global_batch_size
 from tpzoo.training.run_config import SECTIONS, role
 
-_ALL = (DataConfig, *SECTIONS.values())  # the run configuration's sections whose fields have roles
-# flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields)
-# and those of the architecture group: the script's default family, an accepted no-op
-LAUNCH_FLAGS = frozenset({*role("launch", *_ALL), "default_model", "attention_softmax_in_fp32"})
+_ALL = (DataConfig, ArchitectureConfig, *SECTIONS.values())  # the sections whose fields have roles
+# flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields,
+# and the script's default family, which no flag sets)
+LAUNCH_FLAGS = frozenset({*role("launch", *_ALL), "default_model"})
 # a flag given on the command line also keeps these from being restored (another data source brings its own tokenizer)
 GIVEN_TOGETHER = {name: set(others) - {name} for name, others in role("together", *_ALL).items()}
 # flags naming files: a checkpoint records them absolute (``absolute_paths``)
