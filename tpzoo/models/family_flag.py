@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from tpzoo.fields import parses, string
 from tpzoo.models.families import resolve_family
 
 OUTSIDE = ("the family of a model from outside tpzoo: module:NAME, a tpzoo.models.Family, its module imported first "
@@ -18,6 +19,12 @@ def model_flag(value: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value
+
+
+@parses(model_flag)
+def family_name(value: object) -> str | None:
+    """The check of a ``--model`` field: a string, read by ``model_flag``."""
+    return string(value)
 
 
 def add_model_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str = OUTSIDE,

@@ -39,7 +39,7 @@ from tpzoo.fields import add_section, at_least, boolean, one_of, option, optiona
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
-from tpzoo.training.model_args import model_flag_fields
+from tpzoo.training.model_args import config_field
 from tpzoo.training.parallel_config import KERNEL_FUSIONS, SpeedConfig
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
@@ -47,12 +47,6 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # what a model is, as Megatron-LM's flags say it: trait -> its value when no flag sets it (Megatron-LM's)
 TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                               add_bias_linear=True, group_query_attention=False)
-
-
-def _config_field(name: str, help: str) -> Any:
-    """The model config field ``name``'s flag (``tpzoo.models.config``), None until given."""
-    meta = model_flag_fields()[name].metadata
-    return option(None, optional(meta["check"]), f"{meta['doc']} ({help})", meta["flag"])
 
 
 def _trait(doc: str, flag: str, off: tuple[str, str] | None = None) -> Any:
@@ -67,7 +61,7 @@ class ArchitectureConfig:
     position_embedding_type: str | None = option(None, optional(one_of(*POSITION_EMBEDDING_TYPES)), "learned_absolute "
                                                  "(gpt, bert) or rope (llama); the others: no family has them",
                                                  "--position-embedding-type")
-    rotary_base: float | None = _config_field("rotary_base", "rope families; default: the preset's")
+    rotary_base: float | None = config_field("rotary_base", "rope families; default: the preset's")
     rotary_percent: float | None = option(None, optional(positive_number), "the share of each head's features "
                                           "rotary positions turn: 1.0, or less for a family whose config has "
                                           "rotary_percent (GPT-NeoX's)", "--rotary-percent")
@@ -84,7 +78,7 @@ class ArchitectureConfig:
                                           ("--disable-bias-linear", "no biases in the linear layers (llama)"))
     kv_channels: int | None = option(None, optional(at_least(1)), "only hidden size / heads, tpzoo's head size",
                                      "--kv-channels")
-    make_vocab_size_divisible_by: int | None = _config_field("make_vocab_size_divisible_by",
+    make_vocab_size_divisible_by: int | None = config_field("make_vocab_size_divisible_by",
                                                              "default: the preset's, 128")
     attention_softmax_in_fp32: bool = option(False, boolean, "accepted: tpzoo's attention softmax is always float32",
                                              "--attention-softmax-in-fp32", launch=True)

@@ -16,7 +16,7 @@ from typing import Any
 from tpzoo.data.glue import TASKS
 from tpzoo.flag_types import positive_int
 from tpzoo.fields import at_least, check_fields, fraction, one_of, option, optional, parses, string
-from tpzoo.models.family_flag import OUTSIDE, model_flag
+from tpzoo.models.family_flag import OUTSIDE, family_name
 from tpzoo.training.finetune_lengths import AUTO
 
 
@@ -36,11 +36,6 @@ def _seq_length(v: Any) -> str | None:
     return None if ok else f"must be an integer >= 1 or 'auto', got {v!r}"
 
 
-@parses(model_flag)
-def _family(v: Any) -> str | None:
-    return string(v)
-
-
 def _path(doc: str, flag: str, metavar: str) -> Any:
     return option(None, optional(string), doc, flag, metavar)
 
@@ -51,7 +46,7 @@ class FinetuneConfig:
 
     load: str | None = _path("pretrained checkpoint (pretrain.py's --save dir or an iter folder) or tpzoo model folder "
                              "(python -m tpzoo.convert from-hf); required", "--load", "CKPT")
-    model: str | None = option(None, optional(_family), OUTSIDE, "--model", "MODULE:NAME")
+    model: str | None = option(None, optional(family_name), OUTSIDE, "--model", "MODULE:NAME")
     task: str | None = option(None, optional(one_of(*TASKS)), "a named classification task (GLUE ones read "
                               "--data-dir)", "--task")
     data_dir: str | None = _path("the GLUE task's folder (train.tsv, dev.tsv)", "--data-dir", "DIR")

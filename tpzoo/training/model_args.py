@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tpzoo.flag_types import positive_int
+from tpzoo.fields import add_section, at_least, option, optional, string
 from tpzoo.models.config import ModelConfig, field_names
 from tpzoo.models.families import FAMILIES, PRESETS, family
-from tpzoo.models.family_flag import add_model_flag
+from tpzoo.models.family_flag import family_name
 from tpzoo.models.presets import get_preset
 
 
@@ -60,29 +60,45 @@ def model_flag_fields() -> dict[str, dataclasses.Field]:
     return out
 
 
-def config_flag(group: argparse._ArgumentGroup, name: str, help: str = "default: the preset's") -> None:
-    """Add config field ``name``'s flag to ``group``: its name, value type and meaning as the field declares them
-    (``tpzoo.models.config``), None until given."""
-    f = model_flag_fields()[name]
-    group.add_argument(f.metadata["flag"], type=f.metadata["check"].parse, help=f"{f.metadata['doc']} ({help})")
+def config_field(name: str, help: str = "default: the preset's") -> Any:
+    """A field for the model config field ``name``'s flag (``tpzoo.models.config``: its name, check and meaning),
+    None until given."""
+    meta = model_flag_fields()[name].metadata
+    return option(None, optional(meta["check"]), f"{meta['doc']} ({help})", meta["flag"])
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """The model group: the family (None until given: ``resolve_architecture`` sets the one Megatron-LM's
+    architecture flags describe), the preset and the shape fields that override it (None: the preset's), the sequence
+    length."""
+
+    model: str | None = option(None, optional(family_name), "the model family", "--model", "FAMILY")
+    preset: str | None = option(None, optional(string), "model shape, a preset of the --model family", "--preset",
+                                "NAME")
+    num_layers: int | None = config_field("num_layers")
+    hidden_size: int | None = config_field("hidden_size")
+    num_attention_heads: int | None = config_field("num_attention_heads")
+    num_query_groups: int | None = config_field("num_query_groups")
+    ffn_hidden_size: int | None = config_field("ffn_hidden_size")
+    max_position_embeddings: int | None = config_field("max_position_embeddings")
+    hidden_dropout: float | None = config_field("hidden_dropout")
+    attention_dropout: float | None = config_field("attention_dropout")
+    seq_length: int = option(64, at_least(1), "tokens per training sequence", "--seq-length", meaning=True)
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
-    """``--model --preset`` and the shape flags that override the preset (None = the preset's). ``--model``
-    stays None until given: ``tpzoo.training.architecture_args.resolve_architecture`` sets it (the family
-    the architecture flags describe, ``default_model`` first when several do)."""
-    g = parser.add_argument_group("model")
-    add_model_flag(g, metavar="FAMILY", help=f"the model family: {', '.join(FAMILIES)}, or module:NAME, a "
-                   f"tpzoo.models.Family of your own (docs/new-model.md) (default: the one Megatron-LM's architecture "
-                   f"flags describe, {default_model} without them)")
+    """The model group (``ModelFlags``), its help naming the registered families and presets and ``default_model``,
+    the family when the architecture flags describe several."""
+    add_section(parser, ModelFlags, "model")
     parser.set_defaults(default_model=default_model)
+    flags = parser._option_string_actions
+    flags["--model"].help = (f"the model family: {', '.join(FAMILIES)}, or module:NAME, a tpzoo.models.Family of your "
+                             f"own (docs/new-model.md) (default: the one Megatron-LM's architecture flags describe, "
+                             f"{default_model} without them)")
     defaults = ", ".join(f.default_preset for f in FAMILIES.values())
-    g.add_argument("--preset", metavar="NAME", help=f"model shape, a preset of the --model family: "
-                   f"{', '.join(PRESETS)} (default: the family's {defaults})")
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                 "max_position_embeddings", "hidden_dropout", "attention_dropout"):
-        config_flag(g, name)
-    g.add_argument("--seq-length", type=positive_int, default=64, help="tokens per training sequence")
+    flags["--preset"].help = (f"model shape, a preset of the --model family: {', '.join(PRESETS)} (default: the "
+                              f"family's {defaults})")
 
 
 def model_config(choice: ModelChoice, base: ModelConfig | None = None, **changes: Any) -> ModelConfig:

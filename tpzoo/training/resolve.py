@@ -25,10 +25,11 @@ from tpzoo.data.data_args import DataConfig
 from tpzoo.data.sources import absolute_specs
 from tpzoo.models.families import family
 from tpzoo.training.architecture_args import ArchitectureConfig, resolve_architecture, resolve_speed
+from tpzoo.training.model_args import ModelFlags
 from tpzoo.training.optimizer_args import check_optimizer_resume, fill_schedule_defaults, resolve_global_batch_size
 from tpzoo.training.run_config import SECTIONS, role
 
-_ALL = (DataConfig, ArchitectureConfig, *SECTIONS.values())  # the sections whose fields have roles
+_ALL = (ModelFlags, DataConfig, ArchitectureConfig, *SECTIONS.values())  # the sections whose fields have roles
 # flags of one launch, not of the run: a resume never takes them from the checkpoint (the sections' launch fields,
 # and the script's default family, which no flag sets)
 LAUNCH_FLAGS = frozenset({*role("launch", *_ALL), "default_model"})
@@ -49,7 +50,7 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
         out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
     return out
 # flags that change what the run trains on: a resume that changes one says so
-MEANING_FLAGS = ("seq_length", *role("meaning", *_ALL))
+MEANING_FLAGS = tuple(role("meaning", *_ALL))
 
 
 def restore_args(args: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> list[str]:
