@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpzoo.data.glue import TASKS
-from tpzoo.flag_types import positive_int
 from tpzoo.fields import at_least, check_fields, fraction, one_of, option, optional, parses, string
+from tpzoo.flag_types import positive_int
 from tpzoo.models.family_flag import OUTSIDE, family_name
 from tpzoo.training.finetune_lengths import AUTO
 

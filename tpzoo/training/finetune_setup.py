@@ -38,9 +38,9 @@ from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.data.batches import num_batches
+from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
-from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.model_args import model_config
 from tpzoo.training.run_config import RunConfig
 from tpzoo.training.setup import default_run_dir

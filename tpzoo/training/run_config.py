@@ -19,17 +19,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tpzoo.data.data_args import DataConfig
 from tpzoo.engine.config import EngineConfig
-from tpzoo.fields import at_least, boolean, check_fields, option, optional, positive_number
+from tpzoo.fields import (add_section, at_least, boolean, check_fields, option, optional, positive_number, role,
+                          section_of)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
 from tpzoo.training.logging_args import LoggingConfig
 from tpzoo.training.model_args import ModelChoice
 from tpzoo.training.optimizer_args import TrainingConfig
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
-from tpzoo.fields import add_section, role, section_of
+
+if TYPE_CHECKING:
+    from tpzoo.parallel import ParallelMesh, ParallelPlan
 
 __all__ = ["RunConfig", "SECTIONS", "StoppingConfig", "add_section", "role", "section_of"]
 
@@ -77,7 +80,7 @@ class RunConfig:
         return cls(flags, ModelChoice.of(flags), DataConfig.of(flags),
                    **{name: section_of(section, flags) for name, section in SECTIONS.items()})
 
-    def plan(self, mesh: Any) -> Any:
+    def plan(self, mesh: ParallelMesh) -> ParallelPlan:
         """The ``tpzoo.parallel.ParallelPlan`` of ``mesh`` (a ``ParallelMesh``) and the sections
         (``tpzoo.training.parallel_config.plan_of``; the weights' seed: ``--seed``)."""
         return plan_of(self.parallel, self.precision, self.speed, self.training.seed, mesh)
