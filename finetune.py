@@ -31,18 +31,20 @@ def parser() -> CommandParser:
     return p
 
 
-def check_flags(args: argparse.Namespace) -> None:
+def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig]:
     """What the flags alone can be checked for, before torch loads: each section's fields (--use-torch-fsdp2's
-    misuse ...), the launch (--local-rank), the folders written to."""
-    RunConfig.of(vars(args)).parallel.check_launch()
-    check_output_folder("--save", args.save)
-    check_output_folder("--log-dir", args.log_dir)
+    misuse ...), the launch (--local-rank), the folders written to; the run's configuration and own section."""
+    job, tune = RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args))
+    job.parallel.check_launch()
+    check_output_folder("--save", tune.save)
+    check_output_folder("--log-dir", tune.log_dir)
+    return job, tune
 
 
 def main(argv: list[str] | None = None):
     p = parser()
     args = p.parse_args(argv)
-    exit_on_misuse(PROG, lambda: check_flags(args))
+    job, tune = exit_on_misuse(PROG, lambda: check_flags(args))
     if args.print_config:  # the checkpoint's values (dropout, tokenizer) stay its own: not set here
         print(to_toml(p, vars(args)), end="")
         return None
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None):
     from tpzoo.training.finetune_setup import build_finetune
 
     def run():
-        built = build_finetune(RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args)))
+        built = build_finetune(job, tune)
         write_config(built.log_dir, to_toml(p, built.flags()))  # the --save folder, else the log folder
         return built
 

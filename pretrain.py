@@ -88,7 +88,7 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
     from tpzoo.training.checkpoint_args import checkpoint_to_load
     from tpzoo.training.setup import build_run
 
-    parallel = section_of(ParallelConfig, vars(args))  # the launch's: never restored
+    parallel = job.parallel if job else section_of(ParallelConfig, vars(args))  # the launch's: never restored
     mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
     checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))
     saved = read_meta(checkpoint) if checkpoint else None  # None also for --save DIR --load DIR before DIR holds one
