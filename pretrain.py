@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):
     def run():
         built = start_run(args, given, job)
         described = "model" not in given and built.loaded_from is None
-        built.config_file = to_toml(p, built.job.flags, described)  # in the run folder now, in each checkpoint when saved
+        built.config_file = to_toml(p, built.job.flags, described)  # in the run folder now, in each checkpoint saved
         write_config(built.save_dir, built.config_file)
         return built
 

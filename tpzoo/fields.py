@@ -108,8 +108,10 @@ def option(default: Any, check: Check | None, doc: str, flag: str | tuple[str, .
            metavar: str | tuple[str, ...] | None = None, **role: Any) -> Any:
     """A config field: its default, its check, its meaning and the Megatron-LM flag that sets it (if any; a tuple:
     the flag and its aliases; ``metavar``: what its value is called in --help). ``role``: how a run configuration
-    treats the field (``tpzoo.training.run_config``: ``launch``, ``meaning``, ``path``, ``together``, ``nargs``)."""
-    return dataclasses.field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "metavar": metavar, **role})
+    treats the field and its flag (``role`` and ``add_section`` below: ``launch``, ``meaning``, ``path``, ``together``,
+    ``nargs``, ``exclusive``, ``action``, ``switch``)."""
+    meta = {"check": check, "doc": doc, "flag": flag, "metavar": metavar, **role}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def check_fields(config: Any) -> None:

@@ -94,8 +94,8 @@ def test_step_schedule_gives_the_global_batch_size():
                 pretrain_script.check_flags(args, p.given(argv))
             continue
         pretrain_script.check_flags(args, p.given(argv))
-        assert args.global_batch_size == g and sizes(BatchSchedule(g, steps=parse_step_schedule(args.step_batch_size_schedule,
-                                                                                    args.seq_length)), 5) == [2, 2, 4, 4, 8]
+        steps = parse_step_schedule(args.step_batch_size_schedule, args.seq_length)
+        assert args.global_batch_size == g and sizes(BatchSchedule(g, steps=steps), 5) == [2, 2, 4, 4, 8]
     with pytest.raises(ValueError, match="end at --global-batch-size 32"):  # a library caller: all flags given
         pretrain_script.check_flags(p.parse_args(argv[:-2]))
 

@@ -124,8 +124,9 @@ def test_dataset_lengths_are_the_uncut_token_counts(demo_tokenizer):
 
 
 def data_args(tmp_path: Path, train: list, valid: list, **flags) -> FinetuneConfig:
-    return FinetuneConfig(**{**dict(load="ckpt", seq_length=64, train_data=write_labelled(tmp_path / "train.jsonl", train),
-                                    valid_data=write_labelled(tmp_path / "valid.jsonl", valid)), **flags})
+    files = dict(train_data=write_labelled(tmp_path / "train.jsonl", train),
+                 valid_data=write_labelled(tmp_path / "valid.jsonl", valid))
+    return FinetuneConfig(**{**dict(load="ckpt", seq_length=64, **files), **flags})
 
 
 def test_sparse_integer_labels_are_six_classes_and_long_samples_reported(tmp_path, demo_tokenizer):

@@ -114,7 +114,8 @@ def plan(args, mesh):
     from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
     from tpzoo.training.run_config import section_of
 
-    return plan_of(*(section_of(c, vars(args)) for c in (ParallelConfig, PrecisionConfig, SpeedConfig)), args.seed, mesh)
+    sections = (section_of(c, vars(args)) for c in (ParallelConfig, PrecisionConfig, SpeedConfig))
+    return plan_of(*sections, args.seed, mesh)
 
 
 def pretrain_args(flags: list[str]):

@@ -51,9 +51,10 @@ class ModelConfig:
                              "the model family (tpzoo.models.families)")
     num_layers: int = option(12, at_least(1), "transformer layers", "--num-layers")
     hidden_size: int = option(768, at_least(1), "width h of the residual stream", "--hidden-size")
-    num_attention_heads: int = option(12, at_least(1), "attention heads n; h / n features each", "--num-attention-heads")
-    ffn_hidden_size: int | None = option(None, optional(at_least(1)), "MLP width f; None: the family's (GPT, BERT: 4 h)",
-                                         "--ffn-hidden-size")
+    num_attention_heads: int = option(12, at_least(1), "attention heads n; h / n features each",
+                                      "--num-attention-heads")
+    ffn_hidden_size: int | None = option(None, optional(at_least(1)),
+                                         "MLP width f; None: the family's (GPT, BERT: 4 h)", "--ffn-hidden-size")
     vocab_size: int = option(50257, at_least(1), "real vocabulary V (padded inside: see make_vocab_size_divisible_by)")
     make_vocab_size_divisible_by: int = option(128, at_least(1), "the vocabulary is padded with unused rows to "
                                                "V' = a multiple of this x tp", "--make-vocab-size-divisible-by")

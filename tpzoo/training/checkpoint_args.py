@@ -33,7 +33,8 @@ class RunIO:
 
     save: str | None = option(None, optional(string), "checkpoint folder (default: runs/<model>-<time>)", "--save",
                               "DIR", launch=True)
-    save_interval: int | None = option(None, optional(at_least(1)), "save every N iterations (default: only at the end)",
+    save_interval: int | None = option(None, optional(at_least(1)),
+                                       "save every N iterations (default: only at the end)",
                                        ("--save-interval", "--persistent-save-interval"))
     load: str | None = option(None, optional(string), "resume the run saved in DIR (its newest checkpoint, or "
                               "DIR/iter_N) as it was configured; flags given change only what they name", "--load",
