@@ -27,9 +27,8 @@ if TYPE_CHECKING:
 # only skips the first steps (17 from 2^32 at hysteresis 2) on overflows that halve it down
 LOSS_SCALE_DEFAULTS = dict(initial_loss_scale=2.0**16, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
 LOSS_SCALE_FLAGS = ("loss_scale", *LOSS_SCALE_DEFAULTS)
-# --no-*-fusion flags: of a fusion tpzoo's kernels do (turned off by --kernels torch), or of one tpzoo never does
+# the --no-*-fusion flags of the fusions tpzoo's kernels do (--kernels torch turns them off; SpeedConfig)
 KERNEL_FUSIONS = ("masked_softmax", "bias_gelu")
-ABSENT_FUSIONS = ("bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
 
 
 def _launch(default: object, check: object, doc: str, flag: str | tuple[str, ...], metavar: str | None = None,
