@@ -114,6 +114,11 @@ def option(default: Any, check: Check | None, doc: str, flag: str | tuple[str, .
     return dataclasses.field(default=default, metadata=meta)
 
 
+def toggle(doc: str, flag: str, **role: Any) -> Any:
+    """A switch: False unless its flag is given."""
+    return option(False, boolean, doc, flag, **role)
+
+
 def check_fields(config: Any) -> None:
     """ValueError naming the first field of the dataclass ``config`` whose check fails (a field without one passes)."""
     for f in dataclasses.fields(config):

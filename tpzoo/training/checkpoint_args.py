@@ -22,9 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpzoo.fields import at_least, boolean, check_fields, option, optional, string
-def _launch_switch(doc: str, flag: str) -> bool:
-    return option(False, boolean, doc, flag, launch=True)
+from tpzoo.fields import at_least, check_fields, option, optional, string, toggle
 
 
 @dataclass(frozen=True)
@@ -54,16 +52,16 @@ class RunIO:
 class CheckpointConfig:
     """Megatron-LM's checkpoint flags (docs/checkpoints.md): what a run loads and saves."""
 
-    finetune: bool = _launch_switch("load only the model weights of --load: iteration 0, fresh optimizer, no RNG, "
-                                    "consumed samples 0", "--finetune")
-    no_load_optim: bool = _launch_switch("resume without the optimizer state", "--no-load-optim")
-    no_load_rng: bool = _launch_switch("resume without the RNG states", "--no-load-rng")
-    no_save_optim: bool = _launch_switch("save without the optimizer state", "--no-save-optim")
-    no_save_rng: bool = _launch_switch("save without the RNG states", "--no-save-rng")
-    use_checkpoint_args: bool = _launch_switch("accepted: --load always takes the checkpoint's flags (those not "
-                                               "given)", "--use-checkpoint-args")
-    exit_on_missing_checkpoint: bool = _launch_switch("--load DIR that holds no checkpoint is an error even when it is "
-                                                      "the --save DIR", "--exit-on-missing-checkpoint")
+    finetune: bool = toggle("load only the model weights of --load: iteration 0, fresh optimizer, no RNG, "
+                            "consumed samples 0", "--finetune", launch=True)
+    no_load_optim: bool = toggle("resume without the optimizer state", "--no-load-optim", launch=True)
+    no_load_rng: bool = toggle("resume without the RNG states", "--no-load-rng", launch=True)
+    no_save_optim: bool = toggle("save without the optimizer state", "--no-save-optim", launch=True)
+    no_save_rng: bool = toggle("save without the RNG states", "--no-save-rng", launch=True)
+    use_checkpoint_args: bool = toggle("accepted: --load always takes the checkpoint's flags (those not "
+                                       "given)", "--use-checkpoint-args", launch=True)
+    exit_on_missing_checkpoint: bool = toggle("--load DIR that holds no checkpoint is an error even when it is "
+                                              "the --save DIR", "--exit-on-missing-checkpoint", launch=True)
 
     def check(self, io: RunIO) -> None:
         """ValueError for --finetune or --use-checkpoint-args without --load (they say what to load from it)."""

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, string
+from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, string, toggle
 TIMING_LEVELS = (0, 1, 2)
 TIMING_OPTIONS = ("max", "minmax", "all")
 WANDB_FLAGS = ("wandb_exp_name", "wandb_save_dir", "wandb_entity")
 TO_BOARD = "to TensorBoard / W&B"
-
-
-def _switch(doc: str, flag: str) -> bool:
-    return option(False, boolean, doc, flag)
 
 
 @dataclass(frozen=True)
@@ -29,28 +25,28 @@ class LoggingConfig:
     tensorboard_dir: str | None = option(None, optional(string), "TensorBoard events here (needs tensorboard; "
                                          "default: the log dir when tensorboard is installed)", "--tensorboard-dir",
                                          "DIR", path=True)
-    tensorboard_log_interval: int | None = option(None, optional(at_least(1)), f"also write the train scalars {TO_BOARD} "
-                                                  "every N iterations (default: the logged lines only)",
+    tensorboard_log_interval: int | None = option(None, optional(at_least(1)), f"also write the train scalars "
+                                                  f"{TO_BOARD} every N iterations (default: the logged lines only)",
                                                   "--tensorboard-log-interval", "N")
     tensorboard_queue_size: int = option(1000, at_least(1), "events TensorBoard queues before it writes them to disk",
                                          "--tensorboard-queue-size", "N", launch=True)
-    log_timers_to_tensorboard: bool = _switch(f"write the timers (time/<name>) and the throughput {TO_BOARD} too",
-                                              "--log-timers-to-tensorboard")
+    log_timers_to_tensorboard: bool = toggle(f"write the timers (time/<name>) and the throughput {TO_BOARD} too",
+                                             "--log-timers-to-tensorboard")
     log_loss_scale_to_tensorboard: bool = option(True, boolean, "leave the loss scale out of TensorBoard / W&B", (
         "--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard"))
-    log_validation_ppl_to_tensorboard: bool = _switch("log the validation perplexity exp(val loss) as val_ppl",
-                                                      "--log-validation-ppl-to-tensorboard")
-    log_memory_to_tensorboard: bool = _switch("log rank 0's memory: CUDA allocated / peak / reserved bytes, a CPU "
-                                              "process's peak RSS", "--log-memory-to-tensorboard")
-    log_world_size_to_tensorboard: bool = _switch("log the world size", "--log-world-size-to-tensorboard")
-    log_batch_size_to_tensorboard: bool = _switch("older Megatron-LM's flag; tpzoo always logs the global batch size "
-                                                  "(global_batch_size)", "--log-batch-size-to-tensorboard")
-    log_throughput: bool = _switch("log the throughput: model TFLOP/s per GPU (6 x params + attention, per token)",
-                                   "--log-throughput")
-    log_params_norm: bool = _switch("log the L2 norm of all weights after each logged step (each weight counted once)",
-                                    "--log-params-norm")
-    log_num_zeros_in_grad: bool = _switch("log the number of zero entries of the reduced gradients (each counted "
-                                          "once)", "--log-num-zeros-in-grad")
+    log_validation_ppl_to_tensorboard: bool = toggle("log the validation perplexity exp(val loss) as val_ppl",
+                                                     "--log-validation-ppl-to-tensorboard")
+    log_memory_to_tensorboard: bool = toggle("log rank 0's memory: CUDA allocated / peak / reserved bytes, a CPU "
+                                             "process's peak RSS", "--log-memory-to-tensorboard")
+    log_world_size_to_tensorboard: bool = toggle("log the world size", "--log-world-size-to-tensorboard")
+    log_batch_size_to_tensorboard: bool = toggle("older Megatron-LM's flag; tpzoo always logs the global batch size "
+                                                 "(global_batch_size)", "--log-batch-size-to-tensorboard")
+    log_throughput: bool = toggle("log the throughput: model TFLOP/s per GPU (6 x params + attention, per token)",
+                                  "--log-throughput")
+    log_params_norm: bool = toggle("log the L2 norm of all weights after each logged step (each weight counted once)",
+                                   "--log-params-norm")
+    log_num_zeros_in_grad: bool = toggle("log the number of zero entries of the reduced gradients (each counted "
+                                         "once)", "--log-num-zeros-in-grad")
     timing_log_level: int | None = option(None, optional(one_of(*TIMING_LEVELS)), "time the iteration (0), its "
                                           "forward-backward, gradient sync, optimizer, evaluation and save (1), and "
                                           "the batch read (2); logged as time/<name> seconds per iteration (default: "

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from tpzoo.engine.config import SCHEDULES
-from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, positive_number
+from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, positive_number, toggle
 from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ class ParallelConfig:
     pp: int = _launch(1, at_least(1), "", ("--pipeline-model-parallel-size", "--pp"))
     dp: int | None = _launch(None, optional(at_least(1)), "default: world size / (tp x pp)",
                              ("--data-parallel-size", "--dp"))
-    vpp: int | None = _launch(None, optional(at_least(1)), "model chunks per pp rank (interleaved schedules; default: 2 "
-                              "for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
+    vpp: int | None = _launch(None, optional(at_least(1)), "model chunks per pp rank (interleaved schedules; "
+                              "default: 2 for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
     pipeline_schedule: str = _launch("1f1b", one_of(*SCHEDULES), "", "--pipeline-schedule")
     sequence_parallel: bool = _launch(False, boolean, "", "--sequence-parallel")
     use_distributed_optimizer: bool = _launch(False, boolean, "ZeRO-2 over dp: optimizer state and main weights "
@@ -141,22 +141,20 @@ class PrecisionConfig:
         """``EngineConfig``'s loss-scale fields: fp16's, those not given Megatron's (``LOSS_SCALE_DEFAULTS``)."""
         if not self.fp16:
             return {}
-        return {**LOSS_SCALE_DEFAULTS, **{k: getattr(self, k) for k in LOSS_SCALE_FLAGS if getattr(self, k) is not None}}
-
-
-def _accepted(doc: str, flag: str) -> object:
-    return _launch(False, boolean, doc, flag)
+        given = {k: getattr(self, k) for k in LOSS_SCALE_FLAGS if getattr(self, k) is not None}
+        return {**LOSS_SCALE_DEFAULTS, **given}
 
 
 @dataclass(frozen=True)
 class SpeedConfig:
     """Megatron-LM's speed flags (docs/training.md): what tpzoo does of them, or that it does it already."""
 
-    use_flash_attn: bool = _accepted("= --attention-backend sdpa (torch's fused attention)", "--use-flash-attn")
-    overlap_grad_reduce: bool = _accepted("accepted: tpzoo's data-parallel gradient reduce always overlaps backward",
-                                          "--overlap-grad-reduce")
-    overlap_param_gather: bool = _accepted("with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of "
-                                           "its compute", "--overlap-param-gather")
+    use_flash_attn: bool = toggle("= --attention-backend sdpa (torch's fused attention)", "--use-flash-attn",
+                                  launch=True)
+    overlap_grad_reduce: bool = toggle("accepted: tpzoo's data-parallel gradient reduce always overlaps backward",
+                                       "--overlap-grad-reduce", launch=True)
+    overlap_param_gather: bool = toggle("with --use-torch-fsdp2 only: FSDP gathers each unit's weights ahead of "
+                                        "its compute", "--overlap-param-gather", launch=True)
     recompute_granularity: str | None = _launch(None, optional(one_of(*RECOMPUTE_GRANULARITIES)), "full: whole "
                                                 "layers (by --recompute-method); selective: core attention only",
                                                 "--recompute-granularity")
@@ -164,15 +162,15 @@ class SpeedConfig:
                                            "(groups of --recompute-num-layers layers) or block (the first N layers "
                                            "of each pipeline stage)", "--recompute-method")
     recompute_num_layers: int | None = _launch(None, optional(at_least(1)), "", "--recompute-num-layers")
-    no_masked_softmax_fusion: bool = _accepted("= --kernels torch", "--no-masked-softmax-fusion")
-    no_bias_gelu_fusion: bool = _accepted("= --kernels torch", "--no-bias-gelu-fusion")
-    no_bias_swiglu_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-bias-swiglu-fusion")
-    no_bias_dropout_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-bias-dropout-fusion")
-    no_rope_fusion: bool = _accepted("accepted: tpzoo has no such fusion", "--no-rope-fusion")
-    no_gradient_accumulation_fusion: bool = _accepted("accepted: tpzoo has no such fusion",
-                                                      "--no-gradient-accumulation-fusion")
-    no_persist_layer_norm: bool = _accepted("accepted: tpzoo's layer norm kernel is not a persistent one",
-                                            "--no-persist-layer-norm")
+    no_masked_softmax_fusion: bool = toggle("= --kernels torch", "--no-masked-softmax-fusion", launch=True)
+    no_bias_gelu_fusion: bool = toggle("= --kernels torch", "--no-bias-gelu-fusion", launch=True)
+    no_bias_swiglu_fusion: bool = toggle("accepted: tpzoo has no such fusion", "--no-bias-swiglu-fusion", launch=True)
+    no_bias_dropout_fusion: bool = toggle("accepted: tpzoo has no such fusion", "--no-bias-dropout-fusion", launch=True)
+    no_rope_fusion: bool = toggle("accepted: tpzoo has no such fusion", "--no-rope-fusion", launch=True)
+    no_gradient_accumulation_fusion: bool = toggle("accepted: tpzoo has no such fusion",
+                                                   "--no-gradient-accumulation-fusion", launch=True)
+    no_persist_layer_norm: bool = toggle("accepted: tpzoo's layer norm kernel is not a persistent one",
+                                         "--no-persist-layer-norm", launch=True)
 
     def recompute(self) -> dict[str, object]:
         """The plan's recompute options (checked by ``resolve_speed`` and the plan)."""

@@ -17,9 +17,8 @@ records the flags with their files absolute (``absolute_paths``). Imports withou
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
 import os
+from typing import Any
 
 from tpzoo.data.data_args import DataConfig
 from tpzoo.data.sources import absolute_specs
@@ -37,6 +36,8 @@ LAUNCH_FLAGS = frozenset({*role("launch", *_ALL), "default_model"})
 GIVEN_TOGETHER = {name: set(others) - {name} for name, others in role("together", *_ALL).items()}
 # flags naming files: a checkpoint records them absolute (``absolute_paths``)
 PATH_FLAGS = tuple(role("path", *_ALL))
+# flags that change what the run trains on: a resume that changes one says so
+MEANING_FLAGS = tuple(role("meaning", *_ALL))
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -49,8 +50,6 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     if out.get("dataset"):
         out["dataset"] = absolute_specs(out["dataset"])  # a dataset name stays a name
     return out
-# flags that change what the run trains on: a resume that changes one says so
-MEANING_FLAGS = tuple(role("meaning", *_ALL))
 
 
 def restore_args(args: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> list[str]:
