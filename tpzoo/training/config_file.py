@@ -212,10 +212,11 @@ def print_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
     recorded by --load's checkpoint (None without --load, or when --load is the --save folder holding none yet).
     ``described``: --model was not given (``to_toml``; a resume's family is its checkpoint's)."""
     from tpzoo.checkpoint import read_meta
+    from tpzoo.fields import section_of
     from tpzoo.training.checkpoint_args import RunIO, first_run
-    from tpzoo.training.run_config import section_of
 
-    saved = None if args.load is None or first_run(section_of(RunIO, vars(args))) else read_meta(args.load).get("args", {})
+    resumed = args.load is not None and not first_run(section_of(RunIO, vars(args)))
+    saved = read_meta(args.load).get("args", {}) if resumed else None
     resolve(saved)
     if os.environ.get("RANK", "0") == "0":
         print(to_toml(parser, vars(args), described=described and saved is None), end="")

@@ -148,7 +148,8 @@ def train(run: Run) -> Summary:
             metrics.print(line)
         if run.loaded_from is not None:
             val = evaluate(run, summary, names)[0] if evaluating else None
-            how = "finetuning" if run.job.checkpoint.finetune else "resumed"  # --finetune: the weights only, from iteration 0
+            # --finetune: the weights only, from iteration 0
+            how = "finetuning" if run.job.checkpoint.finetune else "resumed"
             metrics.print(f"{how} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
                           f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
             if run.lr_schedule_changes:

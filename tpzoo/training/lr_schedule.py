@@ -14,11 +14,12 @@ iteration is the schedule at the samples consumed BEFORE it (iteration 1: n = 0)
     weight decay:     end_wd for n > I (I = increment steps); else start_wd + (end_wd - start_wd) c,
                       c = n / I (linear), (1 + cos(pi (1 - n / I))) / 2 (cosine); constant: weight decay
 
-In samples (``tpzoo.training.optimizer_args.TrainingConfig.lr_schedule``), Megatron-LM's ``get_optimizer_param_scheduler``: with --train-iters T and
-the final global batch G, D = --lr-decay-iters (default T) x G, W = --lr-warmup-iters x G, A =
---lr-wsd-decay-iters x G, I = T x G; with --train-samples, D = --lr-decay-samples (default
---train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples, I = --train-samples; with
---lr-warmup-fraction, W = fraction x D. finetune.py counts optimizer steps instead (its iteration).
+In samples (``tpzoo.training.optimizer_args.TrainingConfig.lr_schedule``), Megatron-LM's
+``get_optimizer_param_scheduler``: with --train-iters T and the final global batch G, D = --lr-decay-iters
+(default T) x G, W = --lr-warmup-iters x G, A = --lr-wsd-decay-iters x G, I = T x G; with --train-samples,
+D = --lr-decay-samples (default --train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples,
+I = --train-samples; with --lr-warmup-fraction, W = fraction x D. finetune.py counts optimizer steps instead
+(its iteration).
 
 The schedule is a pure function of n, so resuming needs only the consumed samples; its settings
 travel in the checkpoint's meta (``state_dict``) so that a resumed run can say when the flags changed them.

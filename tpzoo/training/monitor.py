@@ -124,7 +124,8 @@ def monitor_options(logging: LoggingConfig, flags: Mapping[str, Any], log_dir: P
     """``Metrics``' keyword arguments from the logging section: the writers (rank 0's; none elsewhere), the
     throughput, the fields shown to the writers, the TensorBoard interval."""
     return dict(writers=open_writers(logging, flags, log_dir, run_name) if rank0 else [],
-                throughput=logging.log_throughput, shown=shown(logging), board_interval=logging.tensorboard_log_interval)
+                throughput=logging.log_throughput, shown=shown(logging),
+                board_interval=logging.tensorboard_log_interval)
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -132,12 +132,8 @@ class TrainingConfig:
                              parse_step_schedule(steps, seq_length) if steps is not None else None)
 
     def lr_schedule(self, batches: BatchSchedule) -> LRSchedule:
-        """The lr and weight-decay schedule, in samples (``tpzoo.training.lr_schedule``: with --train-iters T and the
-        final global batch G, decay D = --lr-decay-iters (default T) x G, warmup W = --lr-warmup-iters x G, WSD's
-        A = --lr-wsd-decay-iters x G, the weight decay's increment I = T x G; with --train-samples, D =
-        --lr-decay-samples (default --train-samples), W = --lr-warmup-samples, A = --lr-wsd-decay-samples, I =
-        --train-samples; with --lr-warmup-fraction, W = fraction x D). ValueError for the flag pairs Megatron-LM
-        refuses."""
+        """The lr and weight-decay schedule, in samples (``tpzoo.training.lr_schedule``'s docstring: its steps D, W, A
+        and I from these flags). ValueError for the flag pairs Megatron-LM refuses."""
         check_schedule_flags(self)
         g = batches.global_batch_size
         if self.train_iters is not None:
@@ -155,7 +151,8 @@ class TrainingConfig:
                           self.lr_wsd_decay_style, start, end, incr, self.weight_decay_incr_style)
 
     def iterations(self, batches: BatchSchedule) -> int:
-        """The iterations the run makes: --train-iters, or those --train-samples takes (``BatchSchedule.iterations``)."""
+        """The iterations the run makes: --train-iters, or those --train-samples takes
+        (``BatchSchedule.iterations``)."""
         return self.train_iters if self.train_iters is not None else batches.iterations(self.train_samples)
 
 
@@ -272,6 +269,6 @@ def weight_decay_range(training: TrainingConfig) -> tuple[float | None, float | 
                              "cosine; with constant, give --weight-decay")
         return None, None
     if start is None or end is None:
-        raise ValueError(f"--weight-decay-incr-style {training.weight_decay_incr_style} needs both --start-weight-decay "
-                         f"and --end-weight-decay")
+        raise ValueError(f"--weight-decay-incr-style {training.weight_decay_incr_style} needs both "
+                         f"--start-weight-decay and --end-weight-decay")
     return start, end

@@ -99,5 +99,5 @@ class RunConfig:
 
 
 # name -> section class, in the order of RunConfig's fields
-SECTIONS = dict(parallel=ParallelConfig, precision=PrecisionConfig, speed=SpeedConfig, training=TrainingConfig, io=RunIO,
-                checkpoint=CheckpointConfig, logging=LoggingConfig, stopping=StoppingConfig)
+SECTIONS = dict(parallel=ParallelConfig, precision=PrecisionConfig, speed=SpeedConfig, training=TrainingConfig,
+                io=RunIO, checkpoint=CheckpointConfig, logging=LoggingConfig, stopping=StoppingConfig)

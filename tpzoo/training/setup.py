@@ -81,8 +81,9 @@ class Run:
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides the tensors (JSON-able)."""
-        return dict(model=self.job.model.model, model_config=self.config.to_dict(), tokenizer=self.tokenizer.reference(),
-                    data_prefix=self.data_prefix, consumed_samples=self.consumed_samples,
+        return dict(model=self.job.model.model, model_config=self.config.to_dict(),
+                    tokenizer=self.tokenizer.reference(), data_prefix=self.data_prefix,
+                    consumed_samples=self.consumed_samples,
                     lr_schedule=dict(self.schedule.state_dict(), num_steps=self.lr_steps),
                     args=absolute_paths(self.job.flags))
 
