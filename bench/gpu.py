@@ -1,18 +1,22 @@
 """The GPU checks in one command, on one CUDA device: the GPU suite, the kernel table and the headline model
 benchmarks, each part in a time box of its own, into one results file whose figures go into docs/benchmarks.md.
 
-    bash bench/gpu.sh --out DIR      # on the GPU machine, from the repository root: DIR/gpu-results.md
-    bash bench/gpu.sh --dry-run      # anywhere: each part's command and time box, each checked to start
+    bash bench/gpu.sh --parts checks --out DIR   # on the GPU machine, from the repository root: DIR/gpu-results.md
+    bash bench/gpu.sh --parts models --out DIR   # the second device call: the model benchmarks
+    bash bench/gpu.sh --dry-run                  # anywhere: each part's command and time box, each checked to start
 
-Parts (``PARTS``), in this order: ``kernels`` (bench/kernels.py, the full table), ``models:<preset>`` (bench/models.py,
-one part per headline model of its TARGETS, tpzoo eager and compiled against the target's reference), ``suite``
-(``pytest -m gpu``: the user's journeys and every kernel against float64). The boxes add up to 540 s: one device
-call may run 600 s, the machine's start comes on top. A part runs in a process group of its own; at its box it is
-sent SIGTERM, then SIGKILL, so a slow part costs its box and no more. Its output streams to DIR/<part>.log and its
-end (the tables) into the results file with its status (passed; failed, exit N; timed out at N s) and wall time.
+Parts (``PARTS``), in this order: ``suite`` (``pytest -m gpu``: the user's journeys and every kernel against
+float64; its test files in parallel processes where pytest-xdist is installed), ``kernels`` (bench/kernels.py, the
+full table), ``models:<preset>`` (bench/models.py, one part per headline model of its TARGETS, tpzoo eager and
+compiled against the target's reference). ``GROUPS`` gathers them into two groups, ``checks`` and ``models``, each
+of whose boxes add up to at most 540 s: one device call may run 600 s, the install comes on top (the first run on
+an H100, 2026-11-26, took longer than one call for the whole: its boxes are sized from it). A part runs in a
+process group of its own; at its box it is sent SIGTERM, then SIGKILL, so a slow part costs its box and no more.
+Its output streams to DIR/<part>.log and its end (the tables) into the results file with its status (passed;
+failed, exit N; timed out at N s) and wall time.
 
-Exit status 0 when every part passed, 1 otherwise, 2 for misuse (no CUDA device without --dry-run, a part or box
-that does not exist) before anything runs.
+Exit status 0 when every part passed, 1 otherwise, 2 for misuse (no CUDA device without --dry-run, a part, group
+or box that does not exist) before anything runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import os
 import signal
 import subprocess
@@ -32,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 GRACE_S = 10          # between SIGTERM and SIGKILL at a part's box
 TAIL_LINES = 80       # of a part's output, into the results file
-TOTAL_BOX_S = 540     # the boxes' sum: a device call runs at most 600 s
+GROUP_BOX_S = 540     # the most a group's boxes may add up to: a device call runs at most 600 s
+# the suite's test files in parallel (each runs its commands; the GPU has room for all), where xdist is installed
+XDIST = ("-n", "7", "--dist", "loadfile") if importlib.util.find_spec("xdist") else ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +61,17 @@ def _models(preset: str, reference: str | None, box_s: int) -> Part:
 
 # bench/models.py's TARGETS, each against its reference (gpt2-xl has none); the boxes leave each compile its time
 PARTS = (
-    Part("kernels", (PY, "bench/kernels.py"), 60, (PY, "bench/kernels.py", "--help")),
-    _models("gpt2", "plain-compile", 70),
-    _models("bert-large", "hf-compile", 70),
-    _models("llama-1b", "hf-compile", 80),
-    _models("gpt2-xl", None, 60),
-    Part("suite", (PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider"), 200,
+    Part("suite", (PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider", *XDIST), 330,
          (PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "--collect-only", "-p", "no:cacheprovider")),
+    Part("kernels", (PY, "bench/kernels.py"), 200, (PY, "bench/kernels.py", "--help")),
+    _models("gpt2", "plain-compile", 100),
+    _models("bert-large", "hf-compile", 140),
+    _models("llama-1b", "hf-compile", 150),
+    _models("gpt2-xl", None, 130),
 )
-assert sum(p.box_s for p in PARTS) == TOTAL_BOX_S
+GROUPS = {"checks": ("suite", "kernels"), "models": tuple(p.name for p in PARTS if p.name.startswith("models:"))}
+assert sorted(n for names in GROUPS.values() for n in names) == sorted(p.name for p in PARTS)
+assert all(sum(p.box_s for p in PARTS if p.name in names) <= GROUP_BOX_S for names in GROUPS.values())
 
 
 @dataclasses.dataclass
@@ -145,16 +154,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/gpu.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu-results"),
                    help="folder for gpu-results.md and each part's log (default: ./gpu-results)")
-    p.add_argument("--parts", help=f"comma-separated, of {','.join(p.name for p in PARTS)} (default: all)")
+    p.add_argument("--parts", help=f"comma-separated, of the groups {','.join(GROUPS)} (one device call each) or the "
+                                   f"parts {','.join(p.name for p in PARTS)} (default: all)")
     p.add_argument("--box", action="append", default=[], metavar="PART=SECONDS",
                    help="another time box for a part (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print each part's command and box, check that each "
                    "starts (its probe), write the results file; needs no GPU")
     args = p.parse_args(argv)
     names = [part.name for part in PARTS]
-    chosen = args.parts.split(",") if args.parts else names
+    chosen = [n for given in args.parts.split(",") for n in GROUPS.get(given, (given,))] if args.parts else names
     if unknown := [n for n in chosen if n not in names]:
-        p.error(f"--parts: no part {', '.join(unknown)}; choose from {','.join(names)}")
+        p.error(f"--parts: no part {', '.join(unknown)}; choose from the groups {','.join(GROUPS)} or the parts "
+                f"{','.join(names)}")
     boxes = {}
     for text in args.box:
         name, _, seconds = text.partition("=")

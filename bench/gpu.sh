@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command (bench/gpu.py says what runs and how it is time-boxed). On the GPU machine,
-# from the repository root:   bash bench/gpu.sh --out "$OUT"      (about 9 minutes; --dry-run: anywhere)
+# from the repository root, one device call each (at most 9 minutes each; --dry-run: anywhere):
+#   bash bench/gpu.sh --parts checks --out "$OUT"      bash bench/gpu.sh --parts models --out "$OUT"
 # Python: $PYTHON, else python3. Wheels carried in .whl/ (packages that machine lacks) are installed first,
 # and tpzoo in place (pip -e, no network) where it does not import yet.
 set -euo pipefail

@@ -2,7 +2,7 @@
 the unit tests only, a function's tier wins over its module's, a test without a tier stops the collection, a unit
 test that starts a process (in the test or in a fixture, also where the error is caught) fails naming the tier to
 take, and the same test marked journey passes; a process started in another thread (a background fixture's job)
-is no concern of the test in the foreground."""
+or by Triton's compiler (ptxas, on a GPU) is no concern of the test in the foreground."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def test_light_while_a_thread_starts_a_command():  # a background fixture's job,
     job.start()
     job.join()
 
+@pytest.mark.tier("unit")
+def test_light_compiles_a_kernel():  # on a GPU, Triton's compiler runs ptxas: code of triton's package starts it
+    import importlib.util, os
+    folder = importlib.util.find_spec("triton").submodule_search_locations[0]
+    code = compile("subprocess.run([sys.executable, '-c', 'pass'])", os.path.join(folder, "compiler.py"), "exec")
+    exec(code, {"subprocess": subprocess, "sys": sys})
+
 @pytest.mark.tier("journey")
 def test_journey_starts_a_command(started):
     pass
@@ -78,6 +85,7 @@ def test_unit_selects_the_unit_tests_and_those_that_start_processes_fail(suite):
     assert "2 deselected" in done.stdout, done.stdout
     assert "PASSED test_suite.py::test_light\n" in done.stdout
     assert "PASSED test_suite.py::test_light_while_a_thread_starts_a_command" in done.stdout
+    assert "PASSED test_suite.py::test_light_compiles_a_kernel" in done.stdout
     for name in ("test_light_starts_a_command", "test_light_fixture_starts_a_command"):
         assert f"test_suite.py::{name} is a unit test but started the command" in done.stdout, done.stdout
         assert f"FAILED test_suite.py::{name}" in done.stdout or f"ERROR test_suite.py::{name}" in done.stdout
@@ -86,7 +94,7 @@ def test_unit_selects_the_unit_tests_and_those_that_start_processes_fail(suite):
 
 def test_other_tiers_start_what_they_need(suite):
     done = pytest_run(suite, "-m", "distributed or journey")
-    assert done.returncode == 0 and "2 passed, 4 deselected" in done.stdout, done.stdout
+    assert done.returncode == 0 and "2 passed, 5 deselected" in done.stdout, done.stdout
 
 
 def test_a_test_without_a_tier_stops_the_collection(suite):

@@ -37,26 +37,30 @@ def test_dry_run_starts_every_part_and_writes_the_results_file(tmp_path):
     assert "command: `bash bench/gpu.sh --dry-run --out" in results
     rows = {line.split("|")[1].strip(): line for line in results.splitlines() if line.startswith("| ")}
     names = [p.name for p in gpu.PARTS]
-    assert names[0] == "kernels" and names[-1] == "suite" and {"models:gpt2", "models:llama-1b"} <= set(names)
+    assert names[:2] == ["suite", "kernels"] and {"models:gpt2", "models:llama-1b"} <= set(names)
     for part in gpu.PARTS:
         assert "dry run: starts" in rows[part.name] and "passed)" in rows[part.name], rows[part.name]
         assert rows[part.name].rstrip(" |").endswith(str(part.box_s)), rows[part.name]
-    assert sum(p.box_s for p in gpu.PARTS) == gpu.TOTAL_BOX_S <= DEVICE_CALL_S - 60  # the install and the start
+    for group, members in gpu.GROUPS.items():  # one device call each, with the install and the start on top
+        assert sum(p.box_s for p in gpu.PARTS if p.name in members) <= gpu.GROUP_BOX_S <= DEVICE_CALL_S - 60, group
     assert "tests collected" in (tmp_path / "suite.log").read_text()  # the GPU suite collects (skipped here)
 
 
-def test_without_cuda_the_docs_command_refuses_in_one_line(tmp_path):
+def test_without_cuda_the_docs_commands_refuse_in_one_line(tmp_path):
     shown = [c for c in commands("benchmarks.md") if "bench/gpu.sh" in c]
-    assert shown == ["bash bench/gpu.sh --out gpu-results"], shown
-    done = gpu_sh(*shown[0].split()[2:-1], str(tmp_path))
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.count("\n") == 1 and "no CUDA device here" in done.stderr and "--dry-run" in done.stderr
-    assert not (tmp_path / "gpu-results.md").exists()
+    assert shown == ["bash bench/gpu.sh --parts checks --out gpu-results",
+                     "bash bench/gpu.sh --parts models --out gpu-results-models"], shown
+    for command in shown:
+        done = gpu_sh(*command.split()[2:-1], str(tmp_path))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.count("\n") == 1 and "no CUDA device here" in done.stderr and "--dry-run" in done.stderr
+        assert not (tmp_path / "gpu-results.md").exists()
 
 
 @pytest.mark.tier("unit")
 @pytest.mark.parametrize("args, message", [
-    (["--parts", "kernels,warp"], "--parts: no part warp; choose from kernels,models:gpt2"),
+    (["--parts", "kernels,warp"], "--parts: no part warp; choose from the groups checks,models or the parts "
+                                  "suite,kernels,models:gpt2"),
     (["--box", "suite=0"], "--box suite=0: expected PART=SECONDS"),
     (["--box", "nothing=5"], "--box nothing=5: expected PART=SECONDS"),
 ])
@@ -68,8 +72,11 @@ def test_bad_parts_and_boxes_exit_2_before_anything_runs(args, message, capsys):
 
 @pytest.mark.tier("unit")
 def test_parts_and_boxes_chosen():
-    args = gpu.parse(["--parts", "suite,kernels", "--box", "suite=30"])
-    assert [(p.name, p.box_s) for p in args.parts] == [("kernels", 60), ("suite", 30)]  # PARTS' order
+    args = gpu.parse(["--parts", "kernels,suite", "--box", "suite=30"])
+    assert [(p.name, p.box_s) for p in args.parts] == [("suite", 30), ("kernels", 200)]  # PARTS' order
+    assert [p.name for p in gpu.parse(["--parts", "checks"]).parts] == ["suite", "kernels"]
+    assert [p.name for p in gpu.parse(["--parts", "models,suite"]).parts] == ["suite", "models:gpt2", "models:bert-large",
+                                                                              "models:llama-1b", "models:gpt2-xl"]
 
 
 def _part(code: str, box_s: int = 60) -> object:

@@ -22,7 +22,10 @@ TIMEOUT = 500
 def test_triton_kernels_match_float64_on_the_device(module, tmp_path):
     cache = tmp_path / "triton-cache"
     plugin = ["-p", "on_cuda"] if DEVICE == "cuda" else []
-    done = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, f"tests/kernels/{module}", "-k", "triton"],
+    # a failure is one line naming its error (--tb=line), with no list of names after them (-rN) to push it out of
+    # the end of the output that a failed run() shows
+    done = run(["-m", "pytest", "-q", "--tb=line", "-rN", "-p", "no:cacheprovider", *plugin, f"tests/kernels/{module}",
+                "-k", "triton"],
                ROOT, timeout=TIMEOUT, TRITON_CACHE_DIR=str(cache), TRITON_INTERPRET="0" if DEVICE == "cuda" else "1")
     print(done.stdout[-5000:])  # ends with the table of errors vs float64 (tests/kernels/conftest.py)
     summary = done.stdout.strip().splitlines()[-1]
