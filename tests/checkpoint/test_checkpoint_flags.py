@@ -7,6 +7,7 @@ single-process pretrain.py runs, in the background."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_siz
              max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)
 MULTIPLE = 7  # 500 tokens: padded to 504 at tp 2 (a multiple of 14), to 512 at tp 1 with the default 128
 RANK_CASES = ("padded-vocab-tp2", "meta-says-what-was-saved", "no-optimizer-names-no-load-optim",
-              "no-rng-names-no-load-rng", "tp2-padding-loads-at-tp1", "full-checkpoint-loads-optimizer")
+              "no-rng-names-no-load-rng", "tp2-padding-loads-at-tp1", "full-checkpoint-loads-optimizer",
+              "rng-warning-only-with-dropout")
 CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "resume-without-optimizer-exits-early",
              "finetune-takes-the-weights-only")
 
@@ -73,7 +75,28 @@ def rank_checks(root: str) -> CaseLog:
     with log.case("full-checkpoint-loads-optimizer"):
         load_checkpoint(full, tp1)
         assert len(tp1.optimizer.state) == len(list(tp1.chunks[0].model.parameters()))
+    with log.case("rng-warning-only-with-dropout"):  # saved at tp 2, loaded at dp 2: RNG states not restored
+        said = warnings_of(lambda: load_checkpoint(full, tp1))
+        dropout = engine(config.replace(make_vocab_size_divisible_by=128, hidden_dropout=0.1), init_mesh(tp=1))
+        said_with_dropout = warnings_of(lambda: load_checkpoint(full, dropout))
+        if torch.distributed.get_rank() == 0:  # rank 0 says it
+            assert not any("RNG states not restored" in m for m in said), said  # no dropout: nothing differs
+            assert any("RNG states not restored (dropout masks will differ" in m for m in said_with_dropout)
     return log
+
+
+def warnings_of(action) -> list[str]:
+    """The warnings tpzoo.checkpoint.load logs while ``action`` runs."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("tpzoo.checkpoint.load")
+    logger.addHandler(handler)
+    try:
+        action()
+    finally:
+        logger.removeHandler(handler)
+    return said
 
 
 @background.fixture

@@ -15,7 +15,7 @@ from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
 from tpzoo.checkpoint.reader import load_tensors, read_dcp_metadata
 from tpzoo.checkpoint.rng import restore_rng, rng_targets
 from tpzoo.checkpoint.save import mesh_shape
-from tpzoo.checkpoint.tensors import finish_load, load_targets, model_entries, split_by_fit
+from tpzoo.checkpoint.tensors import check_finite, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.train_step import Engine
 
 logger = logging.getLogger(__name__)
@@ -30,10 +30,11 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     model (the saved float32 weights into the main weights, ``MainParams``, and from them the model's),
     with ``load_optimizer`` the optimizer state, its hyperparameters and the loss scaler, and the RNG
     states when the saved mesh shape equals the current one (otherwise they stay as they are, and a
-    warning says so: per-rank streams have no counterpart on another layout) unless ``load_rng`` is
+    warning says so where the model has dropout: per-rank streams have no counterpart on another layout) unless ``load_rng`` is
     False. ValueError when the checkpoint's model differs from the engine's (naming the fields), when
     ``path`` holds no checkpoint, or when it was saved without the optimizer state or RNG states that
-    ``load_optimizer`` / ``load_rng`` ask for (naming Megatron-LM's flag that skips them).
+    ``load_optimizer`` / ``load_rng`` ask for (naming Megatron-LM's flag that skips them), and when a loaded
+    tensor holds NaN or inf (``check_finite``).
     """
     start = time.perf_counter()
     folder = resolve_checkpoint(path, collective=True)
@@ -57,6 +58,7 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     targets = load_targets(entries, mesh)
     load_tensors({**targets, **rng}, folder)
     finish_load(entries, targets, mesh)
+    check_finite(entries, folder, mesh)
     engine.main.publish()
     install_states(engine, states)
     if load_optimizer:
@@ -64,8 +66,10 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
         if engine.scaler is not None and record["loss_scaler"] is not None:
             engine.scaler.resume(record["loss_scaler"])  # the schedule goes on; its settings are the flags'
     restore_rng(mesh, rng)
+    config = engine.chunks[0].model.config
+    dropout = config.hidden_dropout > 0 or config.attention_dropout > 0  # the only use of the RNG in training
     if dist.get_rank() == 0:
-        if not same_mesh and load_rng:
+        if not same_mesh and load_rng and dropout:
             logger.warning("checkpoint %s was saved on mesh %s, this one is %s: RNG states not restored (dropout "
                            "masks will differ from an uninterrupted run)", folder, record["mesh"], mesh_shape(engine))
         logger.info("loaded checkpoint %s (iteration %d) in %.2fs", folder, meta["iteration"],

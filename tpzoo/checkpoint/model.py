@@ -10,7 +10,7 @@ from typing import Any
 
 from tpzoo.checkpoint.paths import read_meta, resolve_checkpoint
 from tpzoo.checkpoint.reader import load_tensors, read_dcp_metadata
-from tpzoo.checkpoint.tensors import MODEL_PREFIX, finish_load, load_targets, model_entries, split_by_fit
+from tpzoo.checkpoint.tensors import MODEL_PREFIX, check_finite, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.config import split_layers
 from tpzoo.models.base import StagedModel
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
@@ -116,6 +116,7 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
         load_tensors(targets, folder)
         finish_load(entries, targets, mesh)
         fresh = sorted(e.key.removeprefix(MODEL_PREFIX) for e in rest)
+    check_finite(model_entries(model, mesh, loading=True), path, mesh)
     if fresh:
         logger.warning("%s from %s: %d parameters not in the checkpoint (or of another shape) keep their fresh "
                        "init: %s", type(model).__name__, path, len(fresh), ", ".join(fresh))

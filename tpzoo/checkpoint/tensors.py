@@ -34,8 +34,10 @@ tensor under the same key, so an FSDP checkpoint and a plain one are interchange
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -159,6 +161,23 @@ def finish_load(entries: list[Entry], targets: dict[str, Tensor], mesh: Parallel
                 start, stop = dp_rows(piece.shape[0], mesh)
                 piece = piece[start:stop]
             e.local.copy_(piece)
+
+
+@torch.no_grad()
+def check_finite(entries: list[Entry], folder: Path, mesh: ParallelMesh) -> None:
+    """ValueError when a loaded floating-point tensor holds NaN or inf: weights a run diverged into train and
+    generate nothing. Collective over the world group (one all-reduce of the count): every rank raises."""
+    floats = [e for e in entries if e.local.is_floating_point()]
+    counts = torch.stack([(~torch.isfinite(e.local)).sum() for e in floats]).to(mesh.device, torch.float64) \
+        if floats else torch.zeros(1, device=mesh.device, dtype=torch.float64)
+    per_entry, total = counts.tolist(), counts.sum().reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    if count := int(total.item()):
+        first = next((f", {int(n):,} of them in {e.key}" for e, n in zip(floats, per_entry) if n), "")
+        raise ValueError(f"checkpoint {folder} holds {count:,} non-finite (NaN or inf) value{'s' * (count > 1)}{first}: "
+                         f"the run diverged before it was saved, and it cannot train or generate; load an earlier "
+                         f"checkpoint (the line that stopped the run names one)")
 
 
 def split_by_fit(entries: list[Entry], saved: dict[str, object]) -> tuple[list[Entry], list[Entry]]:

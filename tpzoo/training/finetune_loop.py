@@ -29,6 +29,7 @@ from tpzoo.training.finetune_setup import FinetuneRun
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.monitor import tensorboard_writers
 from tpzoo.training.run_summary import setup_lines
+from tpzoo.training.health import Health
 from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
 # the metric that picks the best checkpoint, and whether higher is better
@@ -67,7 +68,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     schedule, steps = run.schedule, num_batches(n, g)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
-    summary, iteration, latest = FinetuneSummary(), 0, None
+    summary, iteration, latest, health = FinetuneSummary(), 0, None, Health()
     with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
             run.log_dir, schedule.decay_steps, tune.log_interval, enabled=rank0,
             writers=tensorboard_writers(run.log_dir) if rank0 else [])) as metrics:
@@ -89,7 +90,9 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                 summary.stopped = None if iteration == tune.epochs * steps else rules.reason(iteration)
                 if iteration % steps and not summary.stopped:  # the epoch's last step: on the validation line
                     metrics.log(iteration, **step)
-                check_divergence(engine, run.job.stopping.max_skipped_steps, iteration, latest,
+                if note := health.step(iteration, result.loss, result.grad_norm):
+                    metrics.print(note)
+                check_divergence(engine, run.job.stopping.max_skipped_steps, iteration, health,
                                  start=f"fine-tune {tune.load} again")
                 if summary.stopped:
                     break
@@ -101,8 +104,10 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
             if keeper is not None and engine.bad_steps:
                 metrics.print(skipped_save(iteration, engine.bad_steps, latest))
             elif keeper is not None:
-                latest = keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric],
-                                       last=last) or latest
+                saved = keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric], last=last)
+                if saved is not None:
+                    latest = str(saved)
+                    health.saved(latest)
             if last:
                 break
         best = (max if higher else min)(s[metric] for s in summary.epochs)

@@ -87,6 +87,7 @@ def save(run: Run, summary: Summary, metrics: Metrics) -> None:
     files = {CONFIG_FILE: run.config_file} if run.config_file else {}
     summary.checkpoint = str(save_checkpoint(run.save_dir, run.iteration, run.engine, meta=run.meta(),
                                              background=True, files=files, **run.job.checkpoint.save_options()))
+    run.health.saved(summary.checkpoint)
 
 
 def data_entropy(run: Run) -> float | None:
@@ -189,10 +190,12 @@ def train(run: Run) -> Summary:
             metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
                         loss_scale=engine.loss_scale, stats={**stats, "global_batch_size": g})
+            if note := run.health.step(run.iteration, result.loss, result.grad_norm):
+                metrics.print(note)
             try:
-                check_divergence(engine, stopping.max_skipped_steps, run.iteration, summary.checkpoint)
+                check_divergence(engine, stopping.max_skipped_steps, run.iteration, run.health)
             except Diverged:
-                wait_for_save()  # the last finite checkpoint is published before the run ends
+                wait_for_save()  # the checkpoint the line names is published before the run ends
                 raise
             summary.stopped = None if last else rules.reason(run.iteration)
             if last or summary.stopped or (io.save_interval and run.iteration % io.save_interval == 0):

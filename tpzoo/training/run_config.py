@@ -49,7 +49,8 @@ class StoppingConfig:
                                                  "have passed since training started", "--exit-duration-in-mins", "M",
                                                  launch=True)
     max_skipped_steps: int = option(10, at_least(1), "exit 1 after N steps in a row skipped for a non-finite loss or "
-                                    "gradient norm", "--max-skipped-steps", "N", launch=True)
+                                    "gradient norm, or with every gradient zero", "--max-skipped-steps", "N",
+                                    launch=True)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -41,6 +41,7 @@ from tpzoo.models.families import family
 from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.health import Health
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
 from tpzoo.training.model_args import model_config
 from tpzoo.training.resolve import absolute_paths
@@ -70,6 +71,7 @@ class Run:
     run_changes: list[str] = field(default_factory=list)          # MEANING_FLAGS given that differ from it
     reader: BatchReader | None = None  # --num-workers: the train batches read ahead by DataLoader workers
     config_file: str = ""           # the resolved flags as a --config file, kept in the run folder and each checkpoint
+    health: Health = field(default_factory=Health)  # which checkpoint trains on (tpzoo.training.health)
 
     def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
         """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
@@ -85,7 +87,7 @@ class Run:
                     tokenizer=self.tokenizer.reference(), data_prefix=self.data_prefix,
                     consumed_samples=self.consumed_samples,
                     lr_schedule=dict(self.schedule.state_dict(), num_steps=self.lr_steps),
-                    args=absolute_paths(self.job.flags))
+                    reference_loss=self.health.reference, args=absolute_paths(self.job.flags))
 
 
 def differing_fields(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
@@ -169,6 +171,8 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
         loaded = load_checkpoint(checkpoint, engine, **job.checkpoint.load_options())
         set_hyperparameters(engine.optimizer, engine_cfg)  # the flags' betas, eps, momentum, not the saved groups'
         run.loaded_from = checkpoint
+        # the loaded weights are judged by their first step; a resumed run by its own first loss
+        run.health = Health(pending=str(checkpoint), reference=loaded.get("reference_loss") if resumed else None)
         if resumed:
             run.iteration, run.consumed_samples = loaded["iteration"], loaded["consumed_samples"]
             state, g = loaded["lr_schedule"], engine_cfg.global_batch_size

@@ -3,7 +3,8 @@
     with StopRules.of(stopping, device) as rules:   # a StoppingConfig; installs the SIGTERM/SIGINT handler
         while ...:
             result = engine.train_step(batch)
-            check_divergence(engine, stopping.max_skipped_steps, iteration, latest)   # Diverged: exit 1
+            health.step(iteration, result.loss, result.grad_norm)                   # tpzoo.training.health
+            check_divergence(engine, stopping.max_skipped_steps, iteration, health)   # Diverged: exit 1
             reason = rules.reason(iteration)        # collective: the same on every rank
             if reason: save, print one line, return  # exit 0
     # the previous handlers are back
@@ -18,7 +19,8 @@ run); one sooner is the duplicate torchrun forwards of the terminal's Ctrl-C, an
 are repeated SIGTERMs. ``--exit-interval N``: stop after each iteration divisible by N.
 ``--exit-duration-in-mins M``: stop once M minutes of wall time have passed since the loop started
 (rank 0's clock, agreed). ``check_divergence``: ``--max-skipped-steps`` skipped steps in a row
-(``engine.bad_steps``) end the run with one line on stderr and exit status 1 (``Diverged``).
+(``engine.bad_steps``), or as many whose gradients were all zero, end the run with one line on stderr
+naming the checkpoint that trains on (``tpzoo.training.health``) and exit status 1 (``Diverged``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from tpzoo.parallel.health import peers_named
+from tpzoo.training.health import Health
 from tpzoo.training.run_config import StoppingConfig
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -133,19 +136,25 @@ class Diverged(SystemExit):
         self.message = message
 
 
-def check_divergence(engine: Any, max_skipped: int, iteration: int, latest: str | None,
+def check_divergence(engine: Any, max_skipped: int, iteration: int, health: Health,
                      start: str = "start again") -> None:
-    """Raise ``Diverged`` (after one line on stderr from rank 0) once ``engine.bad_steps`` >= ``max_skipped``;
-    ``latest``: the last checkpoint saved from finite steps (or loaded), named in the line; ``start``: what
-    to do when there is none. The same on every rank: every rank skips the same steps."""
-    if engine.bad_steps < max_skipped:
-        return
+    """Raise ``Diverged`` (after one line on stderr from rank 0) once ``engine.bad_steps`` (skipped steps) or
+    ``health.zero_steps`` (steps whose gradients were all zero) reach ``max_skipped``; the line names the
+    checkpoint to resume from (``Health.advice``; ``start``: what to do when none trains on). The same on every
+    rank: every rank skips the same steps and sees the same losses."""
     scale = f", loss scale {engine.loss_scale:g}" if engine.scaler is not None else ""
-    kept = (f"the last finite checkpoint is {latest}; resume from it" if latest
-            else f"no checkpoint was saved; {start}")
-    message = (f"training diverged at iteration {iteration}: {engine.bad_steps} steps in a row skipped for a "
-               f"non-finite loss or gradient norm (--max-skipped-steps {max_skipped}{scale}); {kept} with a lower "
-               f"--lr, a longer --lr-warmup-iters or --clip-grad, or --bf16 instead of --fp16")
+    if engine.bad_steps >= max_skipped:
+        what = (f"training diverged at iteration {iteration}: {engine.bad_steps} steps in a row skipped for a "
+                f"non-finite loss or gradient norm (--max-skipped-steps {max_skipped}{scale})")
+        fix = "with a lower --lr, a longer --lr-warmup-iters or --clip-grad, or --bf16 instead of --fp16"
+    elif health.zero_steps >= max_skipped:
+        what = (f"training stalled at iteration {iteration}: {health.zero_steps} steps in a row with every "
+                f"gradient zero, which learn nothing (--max-skipped-steps {max_skipped}{scale})")
+        fix = ("with a loss scale the gradients do not underflow in (a larger --loss-scale, or none: dynamic "
+               "scaling), or --bf16 instead of --fp16")
+    else:
+        return
+    message = f"{what}; {health.advice(start)} {fix}"
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, file=sys.stderr, flush=True)
     raise Diverged(message)
