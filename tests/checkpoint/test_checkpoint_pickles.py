@@ -207,3 +207,4 @@ def test_commands_refuse_a_crafted_checkpoint_in_one_line(refusals, case):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert ("asks to load posix.system" if case != "generate-shard" else "__evil.distcp is unreadable") in lines[0]
+    assert "weights_only" not in lines[0] and "succeed" not in lines[0], lines[0]  # never advice to turn safety off

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -149,6 +150,17 @@ class _TrackedFileSystem(FileSystem):
             yield stream
 
 
+def _why(error: Exception) -> str:
+    """What went wrong reading a shard, in a few words. torch's refusal of a pickle advises loading it with
+    weights_only=False, the one thing a user must never do with a checkpoint they did not write: never quoted."""
+    text = " ".join(str(error).split())
+    if found := re.search(r"Unsupported global: GLOBAL ([\w.]+)", text):
+        return f"its pickle asks to load {found.group(1)}, which no checkpoint holds"
+    if "weights_only" in text:
+        return "its pickle is refused by the safe loader"
+    return f"{type(error).__name__}: {text[:300]}"
+
+
 class CheckpointReader(FileSystemReader):
     """DCP's ``FileSystemReader`` with the index read by ``read_dcp_metadata``'s allow-list unpickler,
     and a failed tensor read reported as a ValueError naming its file."""
@@ -161,8 +173,8 @@ class CheckpointReader(FileSystemReader):
         try:
             return super().read_data(plan, planner)
         except Exception as e:  # a truncated shard, or one whose pickle torch.load(weights_only=True) refuses
-            raise ValueError(f"{self.fs.opened} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:300]}): "
-                             f"the checkpoint's tensors are truncated, corrupt or crafted") from None
+            raise ValueError(f"{self.fs.opened} is unreadable ({_why(e)}): the checkpoint's tensors are truncated, "
+                             f"corrupt or crafted") from None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")  # DCP asks for a per-rank index (``__<rank>.metadata``) in no-collective loads
