@@ -86,7 +86,7 @@ def prepare(root: Path) -> dict[str, str]:
         inputs[name] = str(root / name)
     inputs["hf"] = str(root / "hf")
     assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
-    return {**inputs, **_bad_model_folders(f, Path(inputs["hf"], "config.json").read_text())}
+    return {**inputs, **_bad_model_folders(f, Path(inputs["hf"]))}
 
 
 def _bad_indexed_datasets(f: Path, prefix: str) -> dict[str, str]:
@@ -103,15 +103,24 @@ def _bad_indexed_datasets(f: Path, prefix: str) -> dict[str, str]:
     return {**out, "truncated_dir": str(f / "truncated")}
 
 
-def _bad_model_folders(f: Path, hf_config: str) -> dict[str, str]:
-    """Folders that look like Hugging Face or tpzoo model folders but cannot be converted."""
+def _bad_model_folders(f: Path, hf: Path) -> dict[str, str]:
+    """Folders that look like Hugging Face or tpzoo model folders (``hf``: a good one) but cannot be converted:
+    among them a config twice as wide as its weights, and sharded indexes naming files outside the folder."""
     t5 = json.dumps({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"})
+    hf_config, weights = (hf / "config.json").read_text(), hf / "model.safetensors"
+    wide = json.dumps({**json.loads(hf_config), "n_embd": 2 * json.loads(hf_config)["n_embd"]})
+    index = {"absolute": str(weights.resolve()), "parent": f"../../{hf.name}/model.safetensors"}
     return dict(garbage_hf=_folder(f / "garbage_hf", {"config.json": "{not json"}),
                 t5_hf=_folder(f / "t5_hf", {"config.json": t5}),
                 garbage_tz=_folder(f / "garbage_tz", {"config.json": "{not json"}),
                 no_weights_hf=_folder(f / "no_weights_hf", {"config.json": hf_config}),
                 garbage_weights_hf=_folder(f / "garbage_weights_hf", {"config.json": hf_config,
-                                                                      "model.safetensors": b"\x08" + bytes(64)}))
+                                                                      "model.safetensors": b"\x08" + bytes(64)}),
+                wide_config_hf=_folder(f / "wide_config_hf", {"config.json": wide,
+                                                              "model.safetensors": weights.read_bytes()}),
+                **{f"{name}_index_hf": _folder(f / f"{name}_index_hf", {"config.json": hf_config,
+                   "model.safetensors.index.json": json.dumps({"weight_map": {"lm_head.weight": shard}})})
+                   for name, shard in index.items()})
 
 
 def _pretrain(root: Path, model: str, save: str) -> None:

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -55,15 +56,42 @@ def read_hf(path: str | Path) -> tuple[Any, dict[str, Tensor]]:
                               f"{', '.join(map(repr, model_types()))} models")
     config = transformers_module().AutoConfig.from_pretrained(str(path))
     if (path / HF_WEIGHTS).is_file():
-        return config, _safetensors(path / HF_WEIGHTS)
+        return config, _check_shapes(path, config, _safetensors(path / HF_WEIGHTS))
     if (path / HF_INDEX).is_file():
-        files = sorted(set(_json(path / HF_INDEX).get("weight_map", {}).values()))
         state: dict[str, Tensor] = {}
-        for f in files:
+        for f in _shard_files(path / HF_INDEX):
             state.update(_safetensors(path / f))
-        return config, state
+        return config, _check_shapes(path, config, state)
     raise FileNotFoundError(f"{path} has no {HF_WEIGHTS} (nor {HF_INDEX}); tpzoo reads safetensors only: "
                             f"re-save the model with save_pretrained(..., safe_serialization=True)")
+
+
+def _shard_files(index: Path) -> list[str]:
+    """The files a sharded index names, each a path inside the model folder (never absolute, never through ..:
+    an index that reaches outside the folder would read whatever file it names); ConversionError otherwise."""
+    weight_map = _json(index).get("weight_map", {})
+    files = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+    if files is None or not all(isinstance(f, str) for f in files):
+        raise ConversionError(f"{index} has no weight_map of tensor names to file names; restore the model's "
+                              f"{index.name}")
+    for f in files:
+        if Path(f).is_absolute() or ".." in Path(f).parts:
+            raise ConversionError(f"{index} names {f!r}, a path outside the model folder; a sharded index names "
+                                  f"files inside it: restore the model's {index.name}")
+    return files
+
+
+def _check_shapes(path: Path, config: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state``, when each tensor has the shape config.json gives it (the Hugging Face model built on the meta
+    device); ConversionError naming the first that does not: such a folder converts into a model no load takes."""
+    with torch.device("meta"):
+        expected = getattr(transformers_module(), architecture(config))(config).state_dict()
+    wrong = [f"{k} is {list(t.shape)}, config.json makes it {list(expected[k].shape)}" for k, t in state.items()
+             if k in expected and t.shape != expected[k].shape]
+    if wrong:
+        raise ConversionError(f"{path}: {len(wrong)} weights disagree with config.json ({wrong[0]}); the config "
+                              f"and the weights are of different models: restore the folder's config.json")
+    return state
 
 
 def _json(path: Path) -> dict[str, Any]:
