@@ -19,7 +19,8 @@ from tpzoo.data.data_args import DataConfig, add_data_args, check_data_flags  # 
 from tpzoo.models.families import FAMILIES  # noqa: E402
 from tpzoo.training.architecture_args import add_architecture_args, add_speed_args, resolve_speed  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
-                                 check_output_folder, command_parser, exit_on_misuse, exit_on_run_error)
+                                 check_output_folder, check_save_folder, command_parser, exit_on_misuse,
+                                 exit_on_run_error)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import LoggingConfig  # noqa: E402
@@ -69,6 +70,8 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunC
     check_logging(section_of(LoggingConfig, vars(args)))
     for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    resumed_into = args.load if args.save is None and args.load is not None and not args.finetune else None
+    check_save_folder(args.save or resumed_into)  # a resume saves where its checkpoint is
     if args.load is not None:
         resolve_speed(args)  # the launch's own; the others once merged with the checkpoint's (start_run)
         return None

@@ -23,6 +23,14 @@ DS = T + " --data-cache-path {cache} --dataset"  # into a cache of the runner's,
 GEN = "--load {causal_lm} --prompt 'the cat'"
 
 CASES: dict[str, tuple[str, str, str]] = {
+    # pretrain.py: where checkpoints go
+    "pretrain-save-holds-a-file-named-like-a-checkpoint": ("pretrain", T + " --save {file_iter_save}",
+                                                           "iter_0000040 is a file, where a checkpoint's folder goes"),
+    "pretrain-latest-names-a-file": ("pretrain", T + " --load {latest_names_file} --save elsewhere",
+                                     "iter_0000040 is a file, not a checkpoint folder"),
+    "pretrain-resume-into-a-file-named-like-a-checkpoint": ("pretrain", T + " --load {file_beside_checkpoints} "
+                                                            "--train-iters 40 --save-interval 20",
+                                                            "iter_0000040 is a file, where a checkpoint's folder goes"),
     # pretrain.py: data
     "pretrain-empty-dataset": ("pretrain", DS + " {empty_jsonl} --tokenizer-model {tok}", "is empty (0 bytes)"),
     "pretrain-binary-dataset": ("pretrain", DS + " {binary_jsonl} --tokenizer-model {tok}", "line 1 is not UTF-8 text"),

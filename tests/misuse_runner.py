@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -77,6 +78,9 @@ def prepare(root: Path) -> dict[str, str]:
                   ragged_csv=_write(f / "ragged.csv", "text,label\nthe cat,1\nthe dog,0,extra,fields\n"),
                   task_dir=_folder(f / "task_dir", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows)}),
                   bad_latest=_folder(f / "bad_latest", {"latest": "iter_0000009\n"}),
+                  file_iter_save=_folder(f / "file_iter_save", {"iter_0000040": "not a checkpoint\n"}),
+                  latest_names_file=_folder(f / "latest_names_file", {"latest": "iter_0000040\n",
+                                                                     "iter_0000040": "not a checkpoint\n"}),
                   other_tok=train_tokenizer(str(demo_dir() / "corpus.jsonl"), str(f / "other"), 120),
                   **_bad_indexed_datasets(f, str(causal_data)))
     inputs["saved_dict"] = str(f / "saved_dict")  # a DatasetDict folder of datasets' save_to_disk
@@ -84,6 +88,10 @@ def prepare(root: Path) -> dict[str, str]:
     for name, case in (("causal_lm", CAUSAL_LM), ("masked_lm", MASKED_LM)):
         _pretrain(root, case.family, name)
         inputs[name] = str(root / name)
+    beside = f / "file_beside_checkpoints"  # a save dir whose latest names a file beside an intact checkpoint
+    shutil.copytree(inputs["causal_lm"], beside)
+    _write(beside / "iter_0000040", "not a checkpoint\n")
+    inputs["file_beside_checkpoints"] = _write(beside / "latest", "iter_0000040\n") and str(beside)
     inputs["hf"] = str(root / "hf")
     assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
     return {**inputs, **_bad_model_folders(f, Path(inputs["hf"]))}

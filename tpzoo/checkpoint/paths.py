@@ -110,18 +110,17 @@ def _newest_intact(save_dir: Path, collective: bool) -> Path:
     named = save_dir / name
     rest = sorted((p for p in save_dir.iterdir() if NAME.fullmatch(p.name) and p != named and p.is_dir()),
                   key=lambda p: int(NAME.fullmatch(p.name).group(1)), reverse=True)
-    skipped = []
+    skipped = [] if NAME.fullmatch(name) else [f"{LATEST_FILE} names {name!r}, not an iter_NNNNNNN folder"]
     for folder in [named] * bool(NAME.fullmatch(name)) + rest:
-        problem = damage(folder, collective=collective) if folder.is_dir() else f"{folder} does not exist"
+        problem = (damage(folder, collective=collective) if folder.is_dir() else
+                   f"{folder} is a file, not a checkpoint folder" if folder.exists() else f"{folder} does not exist")
         if problem is None:
             if skipped and _rank0() and (folder, *skipped) not in _warned:
                 _warned.add((folder, *skipped))
-                logger.warning("%s: loading %s instead of %s (skipped %s)", save_dir, folder.name,
-                               name, "; ".join(skipped))
+                instead = f" instead of {name}" if NAME.fullmatch(name) else ""
+                logger.warning("%s: loading %s%s (skipped %s)", save_dir, folder.name, instead, "; ".join(skipped))
             return folder
         skipped.append(f"{folder.name}: {problem}")
-    if not NAME.fullmatch(name):
-        skipped.insert(0, f"{LATEST_FILE} names {name!r}, not an iter_NNNNNNN folder")
     raise ValueError(f"{save_dir} holds no intact checkpoint ({'; '.join(skipped)}); resume from another save "
                      f"folder or start a new run without --load")
 
@@ -183,7 +182,7 @@ def remove_leftovers(save_dir: Path) -> None:
     for old in sorted(save_dir.glob(f"iter_*{REPLACED}")):
         original = old.with_name(old.name[:-len(REPLACED)])
         if original.exists():
-            shutil.rmtree(old)
+            _remove(old)
         else:
             os.rename(old, original)
 
@@ -206,4 +205,9 @@ def publish(partial: Path, final: Path) -> None:
     os.replace(staging, latest)
     _fsync_dir(final.parent)
     if old.exists():
-        shutil.rmtree(old)
+        _remove(old)
+
+
+def _remove(path: Path) -> None:
+    """Delete the folder or file ``path`` (what was in the way of a checkpoint's name)."""
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()

@@ -9,6 +9,8 @@ import contextlib
 import errno
 import json
 import logging
+import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from tpzoo.engine.train_step import Engine
 
 logger = logging.getLogger(__name__)
 RESERVED = ("iteration", "checkpoint")
+FULL_BYTES = 64 << 20  # a disk with less free than this, after a write came up short, is full
 
 
 def mesh_shape(engine: Engine) -> dict[str, int]:
@@ -64,10 +67,17 @@ class CheckpointWriteError(OSError):
     names the folder and the error; ``latest`` still names the previous checkpoint."""
 
 
-def _os_error(err: BaseException) -> OSError | None:
-    """``err`` if an OSError, else the first OSError of DCP's CheckpointException (one failure per rank)."""
+def _os_error(err: BaseException, folder: Path) -> OSError | None:
+    """``err`` if an OSError, else the first OSError of DCP's CheckpointException (one failure per rank). torch's
+    archive writer reports a write that came up short (a full disk) as a RuntimeError ("unexpected pos"): that
+    is an OSError too, ENOSPC when the disk under ``folder`` has less than ``FULL_BYTES`` free."""
     causes = [exc for exc, _ in getattr(err, "failures", {}).values()] or [err]
-    return next((c for c in causes if isinstance(c, OSError)), None)
+    found = next((c for c in causes if isinstance(c, OSError)), None)
+    if found is None and any("unexpected pos" in str(c) or "failed writing" in str(c) for c in causes):
+        free = shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
+        found = (OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free)") if free < FULL_BYTES
+                 else OSError(errno.EIO, f"a write came up short ({free:,} bytes free)"))
+    return found
 
 
 def _write_error(folder: Path, cause: OSError) -> CheckpointWriteError:
@@ -215,8 +225,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     entries += optimizer_entries(engine) if save_optimizer else []
     try:
         dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)
-    except (OSError, CheckpointException) as e:
-        cause = _os_error(e)
+    except (OSError, RuntimeError, CheckpointException) as e:
+        cause = _os_error(e, final)
         if cause is None:
             raise
         raise _write_error(final, cause) from None

@@ -13,7 +13,9 @@ This module imports without torch. Misuse leaves through ``exit_on_misuse``: one
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 from collections.abc import Sequence
 import sys
 from pathlib import Path
@@ -25,6 +27,7 @@ from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig
 from tpzoo.training.run_config import StoppingConfig, add_section
 
 MISUSE = (ValueError, TypeError, FileNotFoundError, KeyError)
+ITERATION = re.compile(r"iter_\d{7,}")  # a checkpoint's folder name (tpzoo.checkpoint.paths, which imports torch)
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -85,11 +88,16 @@ def exit_on_misuse(prog: str, main: Callable[[], Any]) -> Any:
         _exit(prog, " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split()), 2)
 
 
+# errors of writing a file that the user fixes on the machine: a full disk or quota, a read-only or forbidden folder
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+
 def exit_on_run_error(prog: str, main: Callable[[], Any]) -> Any:
     """Run ``main`` (the training loop); what stops it for a reason the user can fix becomes ``prog: error:
     <message>`` on rank 0's stderr, on every rank: a checkpoint that cannot be written (``CheckpointWriteError``:
-    disk full, no permission; exit status 1, latest unchanged), or a sharding plan that misdescribes a
-    parameter, found on the first step before any update (``PlanError``; exit status 2)."""
+    disk full, no permission; exit status 1, latest unchanged), any other file that cannot be written (the logs,
+    metrics.jsonl, the run's config: an OSError of ``DISK_ERRNOS``; exit status 1), or a sharding plan that
+    misdescribes a parameter, found on the first step before any update (``PlanError``; exit status 2)."""
     from tpzoo.checkpoint.save import CheckpointWriteError  # torch: imported once the flags are checked
     from tpzoo.engine.replicas import PlanError
 
@@ -99,6 +107,11 @@ def exit_on_run_error(prog: str, main: Callable[[], Any]) -> Any:
         _exit(prog, str(err), 1)
     except PlanError as err:
         _exit(prog, str(err), 2)
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        _exit(prog, f"cannot write {err.filename or 'a file of the run'}: [Errno {err.errno}] {err.strerror}; free "
+                    f"space or fix the folder's permissions, or pass another --save or --log-dir", 1)
 
 
 def _exit(prog: str, message: str, status: int) -> NoReturn:
@@ -110,8 +123,9 @@ def _exit(prog: str, message: str, status: int) -> NoReturn:
 
 
 def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
-    """ValueError naming ``flag`` when the folder ``path`` cannot be made because it, or a folder
-    above it, is a file (checked before anything heavy runs; None = not given)."""
+    """ValueError naming ``flag`` when the folder ``path`` cannot be made or written: it, or a folder above it,
+    is a file, or the nearest existing one is read-only or not writable (checked before anything heavy runs;
+    None = not given)."""
     if path is None:
         return
     for p in (Path(path), *Path(path).absolute().parents):
@@ -120,10 +134,32 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
         except OSError as e:  # a folder above it that may not be read
             raise ValueError(f"{flag} {path}: cannot look at {p} ({e.strerror or e}); choose another path") from None
         if exists:
+            where = "" if p == Path(path) else f": {p}"
             if not is_dir:
-                where = "" if p == Path(path) else f": {p}"
                 raise ValueError(f"{flag} {path}{where} is a file, not a folder; choose another path")
+            if not os.access(p, os.W_OK | os.X_OK):
+                why = "is on a read-only file system" if os.statvfs(p).f_flag & os.ST_RDONLY else "is not writable"
+                raise ValueError(f"{flag} {path}{where} {why}; choose a folder you can write")
             return
+
+
+def check_save_folder(path: str | os.PathLike | None) -> None:
+    """ValueError when the --save folder ``path`` (or the save folder of the iteration folder it names: where a
+    resume saves) holds a file where a checkpoint would go (an ``iter_NNNNNNN`` or ``latest`` of the wrong kind):
+    a save there would fail after training, or replace the file."""
+    folder = Path(path) if path is not None else None
+    if folder is not None and ITERATION.fullmatch(folder.name):
+        folder = folder.parent
+    if folder is None or not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        wrong = (ITERATION.fullmatch(entry.name) and not entry.is_dir()) or (entry.name == "latest" and
+                                                                            not entry.is_file())
+        if wrong:
+            kind = "a folder" if entry.is_dir() else "a file" if entry.is_file() else "not a plain file or folder"
+            raise ValueError(f"--save {path}: {entry} is {kind}, where a checkpoint's "
+                             f"{'name' if entry.name == 'latest' else 'folder'} goes; move it away or choose "
+                             f"another --save")
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
