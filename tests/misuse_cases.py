@@ -31,6 +31,12 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-resume-into-a-file-named-like-a-checkpoint": ("pretrain", T + " --load {file_beside_checkpoints} "
                                                             "--train-iters 40 --save-interval 20",
                                                             "iter_0000040 is a file, where a checkpoint's folder goes"),
+    "pretrain-resume-garbage-metrics": ("pretrain", T + " --train-iters 4 --load {garbage_metrics}",
+                                        "metrics.jsonl line 2 is not a metrics record (no int iteration)"),
+    "pretrain-resume-meta-train-iters-forty": ("pretrain", "--load {forty_train_iters}",
+                                               "its meta.json records --train-iters 'forty', which must be an int"),
+    "pretrain-seed-too-large": ("pretrain", T + " --seed 99999999999999999999999",
+                                "expected a seed in [0, 4294967295] (32 bits)"),
     # pretrain.py: data
     "pretrain-empty-dataset": ("pretrain", DS + " {empty_jsonl} --tokenizer-model {tok}", "is empty (0 bytes)"),
     "pretrain-binary-dataset": ("pretrain", DS + " {binary_jsonl} --tokenizer-model {tok}", "line 1 is not UTF-8 text"),
@@ -43,6 +49,10 @@ CASES: dict[str, tuple[str, str, str]] = {
                                        "pass one data source"),
     "pretrain-dataset-no-text-key": ("pretrain", DS + " {no_text_jsonl} --tokenizer-model {tok}",
                                      "key 'text' is not in"),
+    "pretrain-dataset-row-missing-text": ("pretrain", DS + " {missing_text_jsonl} --tokenizer-model {tok}",
+                                          "missing_text.jsonl' line 2: 'text' is missing or null, not text"),
+    "pretrain-dataset-array-lines": ("pretrain", DS + " {array_lines_jsonl} --tokenizer-model {tok}",
+                                     "line 1 holds an array, not an object"),
     "pretrain-dataset-corrupt-line": ("pretrain", DS + " {corrupt_jsonl} --tokenizer-model {tok}", "line 3, column"),
     "pretrain-dataset-not-cached": ("pretrain", DS + " tpzoo-tests/never-cached --tokenizer-model {tok}",
                                     "is not in the datasets cache"),
@@ -227,6 +237,19 @@ CASES: dict[str, tuple[str, str, str]] = {
                               "line 1 is not UTF-8 text"),
     "finetune-corrupt-train-line": ("finetune", FT + " --train-data {corrupt_train} --valid-data {valid}",
                                     "line 3, column"),
+    "finetune-labels-mix-booleans-and-numbers": ("finetune", FT + " --train-data {mixed_labels_train} --valid-data "
+                                                 "{valid}", "mixes label kinds: line 1 has True, line 3 1"),
+    "finetune-numeric-text": ("finetune", FT + " --train-data {numeric_text_train} --valid-data {valid}",
+                              "line 3: 'text' is a number (42), not text"),
+    "finetune-null-text": ("finetune", FT + " --train-data {null_text_train} --valid-data {valid}",
+                           "line 3: 'text' is missing or null, not text"),
+    "finetune-all-empty-texts": ("finetune", FT + " --train-data {empty_texts_train} --valid-data {valid}",
+                                 "holds no text: every row's 'text' is empty"),
+    "finetune-seq-length-auto-empty-texts": ("finetune", FT.replace("--seq-length 16", "--seq-length auto")
+                                             + " --train-data {empty_texts_train} --valid-data {valid}",
+                                             "holds no text: every row's 'text' is empty"),
+    "finetune-causal-numeric-text": ("finetune", FG + " --train-data {numeric_text_train} --valid-data {valid}",
+                                     "line 3: 'text' is a number (42), not text"),
     "finetune-bad-label-in-train": ("finetune", FT + " --train-data {null_label_train} --valid-data {valid}",
                                     "null_label_train.jsonl"),
     "finetune-valid-label-unknown": ("finetune", FT + " --train-data {train} --valid-data {extra_label_valid}",
@@ -346,6 +369,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     # python -m tpzoo.generate
     "generate-no-load": ("generate", "--prompt hi", "the following arguments are required: --load"),
     "generate-no-prompt": ("generate", "--load {causal_lm}", "the following arguments are required: --prompt"),
+    # bytes of argv that are not UTF-8 reach Python as lone surrogates: here the byte 0xff
+    "generate-prompt-not-utf8": ("generate", "--load {causal_lm} --prompt 'caf\udcff'",
+                                 "argument --prompt: is not UTF-8 text (byte 0xff at character 3)"),
     "generate-load-missing": ("generate", "--load nowhere --prompt hi", "nowhere does not exist"),
     "generate-load-empty-folder": ("generate", "--load {empty_dir} --prompt hi", "holds no tpzoo checkpoint"),
     "generate-load-file": ("generate", "--load {a_file} --prompt hi", "holds no tpzoo checkpoint"),

@@ -78,6 +78,13 @@ def prepare(root: Path) -> dict[str, str]:
                   ragged_csv=_write(f / "ragged.csv", "text,label\nthe cat,1\nthe dog,0,extra,fields\n"),
                   task_dir=_folder(f / "task_dir", {"train.jsonl": "".join(json.dumps(r) + "\n" for r in rows)}),
                   bad_latest=_folder(f / "bad_latest", {"latest": "iter_0000009\n"}),
+                  mixed_labels_train=_jsonl(f / "mixed_labels_train.jsonl", [{"text": "good", "label": True},
+                                            {"text": "bad", "label": False}, {"text": "fine", "label": 1}]),
+                  numeric_text_train=_jsonl(f / "numeric_text_train.jsonl", [*rows[:2], {"text": 42, "label": 1}]),
+                  null_text_train=_jsonl(f / "null_text_train.jsonl", [*rows[:2], {"text": None, "label": 1}]),
+                  empty_texts_train=_jsonl(f / "empty_texts_train.jsonl", [{**r, "text": ""} for r in rows]),
+                  missing_text_jsonl=_jsonl(f / "missing_text.jsonl", [{"text": "the cat sat"}, {"body": "a dog"}]),
+                  array_lines_jsonl=_write(f / "array_lines.jsonl", "[1, 2]\n[3, 4]\n"),
                   file_iter_save=_folder(f / "file_iter_save", {"iter_0000040": "not a checkpoint\n"}),
                   latest_names_file=_folder(f / "latest_names_file", {"latest": "iter_0000040\n",
                                                                      "iter_0000040": "not a checkpoint\n"}),
@@ -88,6 +95,7 @@ def prepare(root: Path) -> dict[str, str]:
     for name, case in (("causal_lm", CAUSAL_LM), ("masked_lm", MASKED_LM)):
         _pretrain(root, case.family, name)
         inputs[name] = str(root / name)
+    inputs.update(_damaged_records(f, Path(inputs["causal_lm"])))
     beside = f / "file_beside_checkpoints"  # a save dir whose latest names a file beside an intact checkpoint
     shutil.copytree(inputs["causal_lm"], beside)
     _write(beside / "iter_0000040", "not a checkpoint\n")
@@ -95,6 +103,25 @@ def prepare(root: Path) -> dict[str, str]:
     inputs["hf"] = str(root / "hf")
     assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
     return {**inputs, **_bad_model_folders(f, Path(inputs["hf"]))}
+
+
+def _damaged_records(f: Path, save: Path) -> dict[str, str]:
+    """Copies of the checkpoint save folder ``save``: its metrics.jsonl with a garbage line before the last, its
+    meta.json recording --train-iters "forty" (with the manifest rewritten, as a save would have written it)."""
+    from tpzoo.checkpoint.manifest import write_manifest
+
+    garbage, forty = f / "garbage_metrics", f / "forty_train_iters"
+    for copy in (garbage, forty):
+        shutil.copytree(save, copy)
+    lines = (garbage / "metrics.jsonl").read_text().splitlines()
+    (garbage / "metrics.jsonl").write_text("\n".join([lines[0], '{"iteration": "one"}', *lines[1:]]) + "\n")
+    folder = forty / (forty / "latest").read_text().strip()
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["args"]["train_iters"] = "forty"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / "manifest.json").unlink()
+    write_manifest(folder, {}, tuple(sorted(p.name for p in folder.iterdir())))
+    return dict(garbage_metrics=str(garbage), forty_train_iters=str(forty))
 
 
 def _bad_indexed_datasets(f: Path, prefix: str) -> dict[str, str]:

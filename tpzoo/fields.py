@@ -61,6 +61,14 @@ def optional(inner: Check) -> Check:
     return check
 
 
+@parses(flag_types.seed)
+def seed(v: Any) -> str | None:
+    """A random seed: an int in [0, ``flag_types.MAX_SEED``]."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"must be an int, got {type(v).__name__} {v!r}"
+    return None if 0 <= v <= flag_types.MAX_SEED else f"must be a seed in [0, {flag_types.MAX_SEED}] (32 bits), got {v}"
+
+
 @parses(int)
 def integer(v: Any) -> str | None:
     return None if isinstance(v, int) and not isinstance(v, bool) else f"must be an int, got {type(v).__name__} {v!r}"

@@ -26,6 +26,28 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def utf8_text(value: str) -> str:
+    """Command-line text that is valid UTF-8 (Python keeps the bytes of argv it cannot decode as lone surrogates,
+    which no tokenizer takes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = value[e.start].encode("utf-8", "surrogateescape").hex()
+        raise argparse.ArgumentTypeError(f"is not UTF-8 text (byte 0x{byte} at character {e.start}); pass the "
+                                         f"text in UTF-8") from None
+    return value
+
+
+MAX_SEED = 2**32 - 1  # seeds are mixed into others (seed + offsets, seed x 1,000,003 + epoch): 64 bits must hold them
+
+
+def seed(text: str) -> int:
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, {MAX_SEED}] (32 bits), got {value}")
+    return value
+
+
 def _float(text: str, ok: Callable[[float], bool], expected: str) -> float:
     try:
         value = float(text)

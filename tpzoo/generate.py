@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     from tpzoo.checkpoint import load_model
     from tpzoo.checkpoint.tokenizer import model_tokenizer
     from tpzoo.parallel import init_mesh
-    from tpzoo.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
+    from tpzoo.flag_types import (non_negative_float, non_negative_int, positive_float, positive_int, seed,
+                                  utf8_text)
     from tpzoo.training.args import command_parser, exit_on_misuse
 
     parser = command_parser(PROG, "text from a tpzoo causal LM")
@@ -101,12 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer-model", help="sentencepiece .model or Hugging Face tokenizer dir (default: the "
                         "one the checkpoint records, or the one in the model folder)")
     add_model_flag(parser)
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", required=True, type=utf8_text)
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=32)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-k", type=non_negative_int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
     parser.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
                         help="a collective waiting this long on a peer fails (default: 10)")

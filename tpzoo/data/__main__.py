@@ -25,7 +25,7 @@ from tpzoo.data.data_args import add_cache_arg, add_data_args
 from tpzoo.data.tokenizer_types import add_tokenizer_args
 from tpzoo.models.families import FAMILIES
 from tpzoo.models.family_flag import add_model_flag
-from tpzoo.flag_types import non_negative_int, positive_int
+from tpzoo.flag_types import non_negative_int, positive_int, seed
 from tpzoo.training.args import check_output_folder, command_parser
 
 
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
     add_data_args(p, loader=False)
-    p.add_argument("--seed", type=non_negative_int, default=1234, help="--mock-data's (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=1234, help="--mock-data's (default: %(default)s)")
     p.add_argument("--documents", type=non_negative_int, default=1, help="how many documents to decode")
 
     p = sub.add_parser("samples", help="print training samples as a trainer would see them")
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     add_model_flag(p, metavar="FAMILY", default="gpt", help=f"the family ({', '.join(FAMILIES)}, or module:NAME of "
                    f"your own); its data kind decides the samples (default: %(default)s)")
     p.add_argument("--seq-length", type=positive_int, default=64)
-    p.add_argument("--seed", type=non_negative_int, default=1234)
+    p.add_argument("--seed", type=seed, default=1234)
     p.add_argument("--indices", type=non_negative_int, nargs="+", default=[0])
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--binary-head", choices=("sop", "nsp", "none"), default="sop")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tpzoo.data.batches import ResizableSamples
-from tpzoo.data.sources import one_file, rows
+from tpzoo.data.sources import one_file, rows, text_field
 from tpzoo.engine.train_step import IGNORE_INDEX
 
 
@@ -26,11 +26,11 @@ def read_texts(path: str, key: str = "text") -> list[str]:
     """The non-empty ``key`` fields of a jsonl/csv/tsv file, in order."""
     path = one_file(path)
     texts = []
-    for row in rows(path):
+    for number, row in enumerate(rows(path), 1):
         if key not in row:
             raise ValueError(f"{path!r} has no field {key!r} (its fields are {sorted(row)}); "
                              f"give every row a {key!r} field")
-        if isinstance(row[key], str) and row[key].strip():
+        if text_field(row[key], path, number, key).strip():
             texts.append(row[key])
     if not texts:
         raise ValueError(f"{path!r} holds no text; fill it or pick another file")

@@ -95,23 +95,56 @@ def _bad_json_line(path: str) -> str | None:
     with open(path, "rb") as f:
         head = f.read(4096).lstrip()
         f.seek(0)
-        if head.startswith(b"["):  # one JSON document, not JSON lines
+        if head.startswith(b"["):  # one JSON document, or JSON lines of arrays (read on below)
             try:
                 json.loads(f.read())
             except UnicodeDecodeError as e:
                 return f"byte {e.start} is not UTF-8 (a binary file?)"
             except ValueError as e:
-                return f"line {e.lineno}, column {e.colno}: {e.msg.removesuffix(' at')}"
-            return None
+                if e.msg != "Extra data":
+                    return f"line {e.lineno}, column {e.colno}: {e.msg.removesuffix(' at')}"
+            else:
+                return None
+            f.seek(0)
         for number, line in enumerate(f, 1):
             try:
-                if line.strip():
-                    json.loads(line)
+                value = json.loads(line) if line.strip() else {}
             except UnicodeDecodeError:
                 return f"line {number} is not UTF-8 text (a binary file?)"
             except ValueError as e:
                 return f"line {number}, column {e.colno}: {e.msg.removesuffix(' at')}"
+            if not isinstance(value, dict):
+                kind = "null" if value is None else next(
+                    (name for types, name in _JSON_KINDS if isinstance(value, types)), "a string")
+                return f'line {number} holds {kind}, not an object: each line is one object, e.g. {{"text": "..."}}'
     return None
+
+
+_JSON_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (list, "an array"), (dict, "an object"))
+
+
+def row_place(path: str, number: int) -> str:
+    """Where row ``number`` (1-based) of ``path`` is, for a message: ``line L`` of a JSON-lines file (its
+    ``number``-th non-blank line), else ``row N``."""
+    if _builder(path) == "json":
+        with open(path, "rb") as f:
+            if not f.read(4096).lstrip().startswith(b"["):
+                f.seek(0)
+                lines = (n for n, line in enumerate(f, 1) if line.strip())
+                return f"line {next((n for i, n in enumerate(lines, 1) if i == number), number)}"
+    return f"row {number}"
+
+
+def text_field(value: Any, path: str, number: int, key: str) -> str:
+    """``value``, row ``number``'s ``key``, when it is text; ValueError naming the file, the line and the fix
+    when it is missing, null or another JSON value (a number would train as its digits)."""
+    if isinstance(value, str):
+        return value
+    kind = "missing or null" if value is None else next(
+        (f"{name} ({value!r})" for types, name in _JSON_KINDS if isinstance(value, types)), type(value).__name__)
+    quote = " (quote a number to train on its digits)" if kind.startswith("a number") else ""
+    raise ValueError(f"{path!r} {row_place(path, number)}: {key!r} is {kind}, not text; give every row a text "
+                     f"{key!r}{quote}")
 
 
 def check_key(path: str, key: str) -> None:
@@ -130,10 +163,8 @@ def iter_documents(files: list[str], key: str = "text") -> Iterator[str]:
     """Yield the text of every document of ``files`` in order (rows whose text is empty are skipped)."""
     for path in files:
         check_key(path, key)
-        for row in rows(path):
-            text = row["text"] if _builder(path) == "text" else row.get(key)
-            if not isinstance(text, str):
-                raise ValueError(f"{path!r}: key {key!r} holds {type(text).__name__}, not text; pick a text field")
+        for number, row in enumerate(rows(path), 1):
+            text = text_field(row["text"] if _builder(path) == "text" else row.get(key), path, number, key)
             if text.strip():
                 yield text
 

@@ -14,7 +14,7 @@ import torch
 
 from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.glue import GLUE, TASKS
-from tpzoo.data.sources import one_file, rows
+from tpzoo.data.sources import one_file, row_place, rows, text_field
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,13 @@ class Example:
 
 def _label_text(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _label_kind(value: Any) -> str:
+    """"boolean" (true/false, in any case), "number" or "name": a file's labels are of one kind."""
+    if isinstance(value, bool) or str(value).strip().lower() in ("true", "false"):
+        return "boolean"
+    return "number" if isinstance(value, (int, float)) or re.fullmatch(r"[+-]?\d+(\.\d*)?", str(value)) else "name"
 
 
 def label_order(labels: set[str]) -> list[str]:
@@ -59,7 +66,7 @@ def read_examples(
     6 classes). ``text_b`` is optional per file.
     """
     path = one_file(path)
-    raw = []
+    raw, kinds = [], {}
     for number, row in enumerate(rows(path, **options), 1):
         missing = [k for k in (text, label) if k not in row]
         if missing:
@@ -68,12 +75,19 @@ def read_examples(
                 f"rename the column or pick another"
             )
         if row[label] is None or row[label] == "":
-            raise ValueError(f"{path!r} row {number} has no {label!r} (null or empty); give every row a label")
-        raw.append(
-            (str(row[text]), None if row.get(text_b) in (None, "") else str(row[text_b]), _label_text(row[label]))
-        )
+            raise ValueError(f"{path!r} {row_place(path, number)} has no {label!r} (null or empty); give every row a "
+                             f"label")
+        second = None if row.get(text_b) in (None, "") else text_field(row[text_b], path, number, text_b)
+        raw.append((text_field(row[text], path, number, text), second, _label_text(row[label])))
+        kinds.setdefault(_label_kind(row[label]), (number, row[label]))
     if not raw:
         raise ValueError(f"{path!r} holds no examples; fill it or pick another file")
+    if not any(a.strip() for a, *_ in raw):
+        raise ValueError(f"{path!r} holds no text: every row's {text!r} is empty; fill it or pick another file")
+    if "boolean" in kinds and len(kinds) > 1:  # true and 1 would be two classes
+        (n1, v1), (n2, v2) = kinds.pop("boolean"), next(iter(kinds.values()))
+        raise ValueError(f"{path!r} mixes label kinds: {row_place(path, n1)} has {v1!r}, {row_place(path, n2)} "
+                         f"{v2!r}; write every label one way (all true/false, or none)")
     if label_names is None:
         label_names = label_order({y for *_, y in raw})
     ids = {name: i for i, name in enumerate(label_names)}

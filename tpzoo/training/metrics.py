@@ -90,20 +90,33 @@ def json_line(record: dict[str, Any]) -> str:
     return json.dumps(finite, allow_nan=False)
 
 
-def _iteration(line: str) -> float:
-    """The iteration of a metrics.jsonl line; inf for a line cut short by a killed run."""
-    try:
-        return json.loads(line)["iteration"]
-    except (ValueError, KeyError):
-        return float("inf")
+def metrics_records(path: Path) -> list[tuple[int, str]]:
+    """(iteration, line) of each line of the metrics.jsonl ``path`` (none when it does not exist); a last line cut
+    short (a killed run) is left out. ValueError naming the file, the line and the fix for any other line that is
+    not a record (a JSON object with an int ``iteration``): a resumed run rewrites the file from it."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            why = f"not JSON ({e.msg})"
+        else:
+            iteration = record.get("iteration") if isinstance(record, dict) else None
+            if isinstance(iteration, int) and not isinstance(iteration, bool) and iteration >= 0:
+                records.append((iteration, line))
+                continue
+            why = "no int iteration" if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        if number < len(lines):
+            raise ValueError(f"{path} line {number} is not a metrics record ({why}); a resumed run rewrites the file "
+                             f"from it: delete that line, or move the file away to start a new one")
+    return records
 
 
 def open_metrics(path: Path, start: int) -> Any:
     """``path`` opened for appending, keeping only its lines up to iteration ``start`` (a resumed run
-    replaces what the run it resumes logged after its checkpoint)."""
-    kept = []
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if _iteration(line) <= start]
+    replaces what the run it resumes logged after its checkpoint; ``metrics_records``)."""
+    kept = [line for iteration, line in metrics_records(path) if iteration <= start]
     path.write_text("".join(line + "\n" for line in kept))
     return open(path, "a", encoding="utf-8")
 

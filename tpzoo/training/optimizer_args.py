@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpzoo.fields import (add_section, at_least, check_fields, fraction, non_negative_number, one_of, option, optional,
-                          parses, positive_number)
+                          parses, positive_number, seed)
 from tpzoo.flag_types import non_negative_int
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, family
@@ -117,7 +117,7 @@ class TrainingConfig:
     clip_grad: float = option(1.0, non_negative_number, "global gradient norm; 0 = off", "--clip-grad")
     init_method_std: float | None = option(None, optional(_INIT_STD["check"]), f"{_INIT_STD['doc']} (default: the "
                                            f"model's)", "--init-method-std")
-    seed: int = option(1234, at_least(0), "", "--seed", meaning=True)
+    seed: int = option(1234, seed, "", "--seed", meaning=True)
 
     def __post_init__(self) -> None:
         check_fields(self)

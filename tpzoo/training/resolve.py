@@ -38,6 +38,8 @@ GIVEN_TOGETHER = {name: set(others) - {name} for name, others in role("together"
 PATH_FLAGS = tuple(role("path", *_ALL))
 # flags that change what the run trains on: a resume that changes one says so
 MEANING_FLAGS = tuple(role("meaning", *_ALL))
+# each field's check, by flag destination: a checkpoint's recorded value is checked as the flag's would be
+CHECKS = role("check", *_ALL)
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -54,13 +56,17 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
 
 def restore_args(args: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> list[str]:
     """Set every flag of ``args`` not in ``given`` (nor in ``LAUNCH_FLAGS``) to its value in ``saved``
-    (a checkpoint's recorded flags); returns ``--flag now (checkpoint: before)`` for each given
+    (a checkpoint's recorded flags; ValueError naming a value its field's check refuses); returns ``--flag now (checkpoint: before)`` for each given
     ``MEANING_FLAGS`` flag whose value differs from the checkpoint's."""
     kept = set(given) | LAUNCH_FLAGS
     for name in given:
         kept |= GIVEN_TOGETHER.get(name, set())
     for name, value in saved.items():
         if name not in kept and hasattr(args, name):
+            if name in CHECKS and (problem := CHECKS[name](value)):
+                flag = f"--{name.replace('_', '-')}"
+                raise ValueError(f"--load {args.load}: its meta.json records {flag} {value!r}, which {problem}; the "
+                                 f"checkpoint's meta.json is damaged: restore it, or give {flag} on the command line")
             setattr(args, name, value)
     now = absolute_paths(vars(args))
     return [f"--{name.replace('_', '-')} {_show(now[name])} (checkpoint: {_show(saved.get(name))})"

@@ -43,6 +43,7 @@ from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.health import Health
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
+from tpzoo.training.metrics import metrics_records
 from tpzoo.training.model_args import model_config
 from tpzoo.training.resolve import absolute_paths
 from tpzoo.training.run_config import RunConfig
@@ -138,6 +139,8 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     io, model, data = job.io, job.model, job.data
     if saved is not None:
         check_saved_parts(checkpoint, saved["checkpoint"], **job.checkpoint.load_options())  # before data and model
+    if io.log_dir or io.save:  # the log a resume appends to: readable, before data and model
+        metrics_records(Path(io.log_dir or io.save) / "metrics.jsonl")
     batches = job.training.batches(model.seq_length)
     schedule = job.training.lr_schedule(batches)
     train_iters = job.training.iterations(batches)
