@@ -35,6 +35,14 @@ CASES: dict[str, tuple[str, str, str]] = {
                                         "metrics.jsonl line 2 is not a metrics record (no int iteration)"),
     "pretrain-resume-meta-train-iters-forty": ("pretrain", "--load {forty_train_iters}",
                                                "its meta.json records --train-iters 'forty', which must be an int"),
+    # sizes no machine holds (the model's state, the sample index), refused before they are allocated
+    "pretrain-train-iters-beyond-memory": ("pretrain", T + " --train-iters 1000000000000",
+                                           "8,000,000,000,000 train samples of 16 tokens"),
+    "pretrain-vocab-multiple-beyond-memory": ("pretrain", T + " --make-vocab-size-divisible-by 1000000000 "
+                                              "--hidden-size 4096", "vocabulary padded to 1,000,000,000"),
+    "pretrain-hidden-size-beyond-memory": ("pretrain", T + " --hidden-size 10000000", "hidden 10,000,000"),
+    "pretrain-num-layers-beyond-memory": ("pretrain", T + " --num-layers 1000000 --hidden-size 1024",
+                                          "(1,000,000 layers, hidden 1,024"),
     "pretrain-seed-too-large": ("pretrain", T + " --seed 99999999999999999999999",
                                 "expected a seed in [0, 4294967295] (32 bits)"),
     # pretrain.py: data

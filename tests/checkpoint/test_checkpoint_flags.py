@@ -21,6 +21,8 @@ from tpzoo.checkpoint import load_checkpoint, read_meta, save_checkpoint
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh
+from tpzoo.training.fits import estimated_state_bytes
+from tpzoo.training.run_summary import state_bytes
 
 pytestmark = pytest.mark.tier("journey")
 
@@ -31,7 +33,7 @@ SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_siz
 MULTIPLE = 7  # 500 tokens: padded to 504 at tp 2 (a multiple of 14), to 512 at tp 1 with the default 128
 RANK_CASES = ("padded-vocab-tp2", "meta-says-what-was-saved", "no-optimizer-names-no-load-optim",
               "no-rng-names-no-load-rng", "tp2-padding-loads-at-tp1", "full-checkpoint-loads-optimizer",
-              "rng-warning-only-with-dropout")
+              "rng-warning-only-with-dropout", "memory-estimate-matches-the-engines")
 CLI_CASES = ("first-run-starts-from-scratch", "no-save-flags-in-meta", "resume-without-optimizer-exits-early",
              "finetune-takes-the-weights-only")
 
@@ -75,6 +77,11 @@ def rank_checks(root: str) -> CaseLog:
     with log.case("full-checkpoint-loads-optimizer"):
         load_checkpoint(full, tp1)
         assert len(tp1.optimizer.state) == len(list(tp1.chunks[0].model.parameters()))
+    with log.case("memory-estimate-matches-the-engines"):  # what pretrain.py checks before building (fits.py)
+        for built, cfg in ((tp2, config), (tp1, config.replace(make_vocab_size_divisible_by=128))):
+            _, estimate = estimated_state_bytes(cfg, built.config, built.mesh)
+            held = sum(state_bytes(built).values())
+            assert abs(estimate - held) <= 0.02 * held, (built.mesh.tp_size, estimate, held)
     with log.case("rng-warning-only-with-dropout"):  # saved at tp 2, loaded at dp 2: RNG states not restored
         said = warnings_of(lambda: load_checkpoint(full, tp1))
         dropout = engine(config.replace(make_vocab_size_divisible_by=128, hidden_dropout=0.1), init_mesh(tp=1))

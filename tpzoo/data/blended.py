@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from tpzoo.machine import check_index_fits
+
 SURPLUS = 0.005
 
 
@@ -37,6 +39,7 @@ def blend_sizes(weights: Sequence[float], size: int) -> list[int]:
 
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index int64[size], sample_index int64[size]) of the greedy order (module docstring)."""
+    check_index_fits(16 * size, f"{size:,} samples of a blend")
     dataset_index = np.empty(size, dtype=np.int64)
     sample_index = np.empty(size, dtype=np.int64)
     taken = [0] * len(weights)

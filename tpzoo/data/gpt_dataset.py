@@ -18,6 +18,7 @@ import torch
 
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import Progress, is_main_process
+from tpzoo.machine import check_index_fits
 
 
 def rng(seed: int, *keys: int) -> np.random.Generator:
@@ -77,6 +78,8 @@ class GPTDataset(torch.utils.data.Dataset):
         self.block = max(1, tokens_per_epoch // seq_length)
         windows = -(-num_samples // self.block) * self.block
         self.epochs = max(1, -(-(windows * seq_length + 1) // tokens_per_epoch))
+        check_index_fits(16 * self.epochs * len(docs), f"{num_samples:,} {name} samples of {seq_length} tokens "
+                         f"({self.epochs:,} epochs of {len(docs):,} documents)")
         title = (
             f"ordering the {name} documents of {indexed.prefix} for {num_samples:,} samples of {seq_length} tokens: "
             f"{self.epochs:,} epochs of {len(docs):,} documents"

@@ -41,6 +41,7 @@ from tpzoo.models.families import family
 from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.fits import check_state_fits
 from tpzoo.training.health import Health
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
 from tpzoo.training.metrics import metrics_records
@@ -156,6 +157,7 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     manual_seed(job.training.seed, mesh)
     tokenizer, prefix, sources = run_data(data, model.model, given_tokenizer)
     config = resolve_model_config(job, tokenizer, saved)
+    check_state_fits(config, engine_cfg, mesh, plan.fsdp)  # before any sample index or weight is allocated
     resumed = saved if saved is not None and not job.checkpoint.finetune else None  # --finetune: from iteration 0
     consumed = resumed["consumed_samples"] if resumed else 0
     train_iters_left = max(0, train_iters - (resumed["iteration"] if resumed else 0))
