@@ -17,7 +17,7 @@ from families import CAUSAL_LM
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.train_step import Engine
 from tpzoo.parallel import init_mesh
-from tpzoo.parallel.health import roll_call
+from tpzoo.parallel.rollcall import roll_call
 from tpzoo.testing import spawn
 
 pytestmark = pytest.mark.tier("distributed")

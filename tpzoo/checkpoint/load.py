@@ -17,6 +17,7 @@ from tpzoo.checkpoint.rng import restore_rng, rng_targets
 from tpzoo.checkpoint.save import mesh_shape
 from tpzoo.checkpoint.tensors import check_finite, finish_load, load_targets, model_entries, split_by_fit
 from tpzoo.engine.train_step import Engine
+from tpzoo.parallel.health import peers_named
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,11 @@ def load_checkpoint(path: str | Path, engine: Engine, *, load_optimizer: bool = 
     ``load_optimizer`` / ``load_rng`` ask for (naming Megatron-LM's flag that skips them), and when a loaded
     tensor holds NaN or inf (``check_finite``).
     """
+    with peers_named(f"loading {path}", engine.mesh, engine.config.timeout_s):  # a stuck or dead peer is named
+        return _load(path, engine, load_optimizer, load_rng)
+
+
+def _load(path: str | Path, engine: Engine, load_optimizer: bool, load_rng: bool) -> dict[str, Any]:
     start = time.perf_counter()
     folder = resolve_checkpoint(path, collective=True)
     meta = read_meta(folder)

@@ -29,6 +29,7 @@ from tpzoo.checkpoint.paths import (FORMAT, LATEST_FILE, META_FILE, VERSION, ite
 from tpzoo.checkpoint.rng import rng_items
 from tpzoo.checkpoint.tensors import model_entries, save_items
 from tpzoo.engine.train_step import Engine
+from tpzoo.parallel.health import peers_named
 
 logger = logging.getLogger(__name__)
 RESERVED = ("iteration", "checkpoint")
@@ -169,7 +170,8 @@ def wait_for_save() -> Path | None:
         return None
     job.thread.join()
     failures: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, job.failure)
+    with peers_named(f"saving {job.final}"):  # a stuck or dead peer is named, as in a step
+        dist.all_gather_object(failures, job.failure)
     if job.exception is not None:
         raise job.exception
     failed = next((f for f in failures if f), None)
@@ -218,18 +220,19 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     start = time.perf_counter()
     final = iteration_dir(save_dir, iteration)
     partial = partial_dir(final)
-    _on_first_rank(final, lambda: _prepare(final, partial))
     mesh = engine.mesh
-    entries = [e for chunk in engine.chunks
-               for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
-    entries += optimizer_entries(engine) if save_optimizer else []
-    try:
-        dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)
-    except (OSError, RuntimeError, CheckpointException) as e:
-        cause = _os_error(e, final)
-        if cause is None:
-            raise
-        raise _write_error(final, cause) from None
+    with peers_named(f"saving {final}", mesh, engine.config.timeout_s):  # a stuck or dead peer is named
+        _on_first_rank(final, lambda: _prepare(final, partial))
+        entries = [e for chunk in engine.chunks
+                   for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
+        entries += optimizer_entries(engine) if save_optimizer else []
+        try:
+            dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)
+        except (OSError, RuntimeError, CheckpointException) as e:
+            cause = _os_error(e, final)
+            if cause is None:
+                raise
+            raise _write_error(final, cause) from None
     _pending = job = _Publication(final, start)
     texts = {**(files or {}), META_FILE: text}
     job.thread = threading.Thread(target=job.run, args=(texts, dist.get_rank(), dist.get_world_size(),

@@ -29,78 +29,23 @@ plus ``min(DEFAULT_WAIT_S, timeout)`` every surviving rank has named the stuck o
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Iterator
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
-from tpzoo.parallel.mesh import DIMS, ParallelMesh, get_mesh
+from tpzoo.parallel.mesh import ParallelMesh, get_mesh
+from tpzoo.parallel.rollcall import DEFAULT_WAIT_S, PeerFailure, launch_store, roll_call
 
-PREFIX = "tpzoo/rollcall"
-DEFAULT_WAIT_S = 5.0
-
-
-@dataclass
-class RollCall:
-    """The outcome of one roll call: the ranks that did not answer, or why the store could not be asked."""
-
-    missing: list[int]          # ranks (of the default group) whose answer did not come within wait_s
-    wait_s: float
-    store_error: str | None = None  # the store was unreachable: its error (``missing`` is then empty)
-
-    def describe(self, mesh: ParallelMesh | None = None) -> str:
-        """One sentence for an error message, naming each missing rank with its mesh coordinates."""
-        if self.store_error is not None:
-            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-            return (f"no roll call possible: the store at {where} is unreachable, so its host died (rank 0, or "
-                    f"torchrun's agent) ({self.store_error})")
-        if not self.missing:
-            return f"every rank answered a roll call within {self.wait_s:g}s"
-        names = ", ".join(f"rank {r}" + (f" ({_coordinates(mesh, r)})" if mesh is not None else "")
-                          for r in self.missing)
-        it = "it" if len(self.missing) == 1 else "each"
-        return (f"no answer from {names} within {self.wait_s:g}s: {it} died or is stuck (a rank blocked in a "
-                f"collective answers only once that times out)")
+__all__ = ["PeerFailure", "peers_named", "roll_call"]
 
 
-def _coordinates(mesh: ParallelMesh, rank: int) -> str:
-    """'pp_rank=1, dp_rank=0, tp_rank=0' of ``rank`` in ``mesh`` (laid out (pp, dp, tp))."""
-    where = (mesh.device_mesh.mesh == rank).nonzero()
-    if not len(where):
-        return "not in the mesh"
-    return ", ".join(f"{dim}_rank={i}" for dim, i in zip(DIMS, where[0].tolist()))
-
-
-def roll_call(wait_s: float = DEFAULT_WAIT_S) -> RollCall:
-    """Answer a roll call and wait up to ``wait_s`` seconds for the other ranks of the default group."""
-    if wait_s <= 0:
-        raise ValueError(f"wait_s must be > 0 seconds, got {wait_s}")
-    if not dist.is_initialized():
-        raise RuntimeError("roll_call needs a running process group (init_mesh or init_process_group)")
-    store = dist.distributed_c10d._get_default_store()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    before = store.timeout
-    store.set_timeout(timedelta(seconds=wait_s))
-    try:
-        n = store.add(f"{PREFIX}/calls/{rank}", 1)
-        store.set(f"{PREFIX}/{n}/{rank}", "here")
-        count, deadline = store.add(f"{PREFIX}/{n}/count", 1), time.monotonic() + wait_s
-        while count < world and time.monotonic() < deadline:
-            time.sleep(0.05)
-            count = store.add(f"{PREFIX}/{n}/count", 0)  # one request a poll, whatever the world size
-        missing = [r for r in range(world) if not store.check([f"{PREFIX}/{n}/{r}"])]
-    except RuntimeError as e:  # DistStoreError, DistNetworkError: the store's host is gone or hangs
-        return RollCall([], wait_s, store_error=str(e).splitlines()[0])
-    finally:
-        store.set_timeout(before)  # a client setting: no request
-    return RollCall(missing, wait_s)
-
-
-class PeerFailure(RuntimeError):
-    """A collective failed and a roll call named the missing ranks (the message says which)."""
+def _failure(e: BaseException) -> str:
+    """The first line of a failed collective's error (DCP's CheckpointException: one rank's failure)."""
+    if isinstance(e, CheckpointException):
+        e = next((exc for exc, _ in e.failures.values()), e)
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 @contextmanager
@@ -112,10 +57,15 @@ def peers_named(what: str, mesh: ParallelMesh | None = None, timeout_s: float = 
         yield
     except PeerFailure:
         raise
-    except RuntimeError as e:
+    except (RuntimeError, CheckpointException) as e:  # DCP's collectives fail as a CheckpointException
         if mesh is None:
             with suppress(RuntimeError):
                 mesh = get_mesh()
-        who = roll_call(min(DEFAULT_WAIT_S, timeout_s)).describe(mesh)
+        wait_s = min(DEFAULT_WAIT_S, timeout_s)
+        store = None if dist.is_initialized() else launch_store(wait_s)  # the groups are being made
+        if store is None and not dist.is_initialized():
+            raise
+        who = roll_call(wait_s, store).describe(mesh)
         where = f" ({mesh!r})" if mesh is not None else ""
-        raise PeerFailure(f"rank {dist.get_rank()}{where} failed in {what}: {who}; {e}") from e
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        raise PeerFailure(f"rank {rank}{where} failed in {what}: {who}; {_failure(e)}") from e

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from tpzoo.parallel.random import RNGStatesTracker
+from tpzoo.parallel.rollcall import PeerFailure, launch_store, roll_call
 from tpzoo.testing import free_port
 
 DIMS = ("pp", "dp", "tp")
@@ -196,8 +197,19 @@ def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, device_type: s
         # sizes that cannot fit fail before any connection: a rank that fails while its peers still
         # connect leaves them a gloo "connection closed by peer" error instead of the one line
         mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp)
-        _start_process_group(device_type, timeout)
-    shape = mesh_shape(dist.get_world_size(), tp, pp, dp)
-    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device)
+    try:
+        if not dist.is_initialized():
+            _start_process_group(device_type, timeout)
+        shape = mesh_shape(dist.get_world_size(), tp, pp, dp)
+        device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else \
+            torch.device("cpu")
+        _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device)
+    except RuntimeError as e:  # a peer that never joined (stopped, dead): named by a roll call, as in a step
+        store = launch_store()
+        if store is None or isinstance(e, PeerFailure):
+            raise
+        who = roll_call(store=store).describe()
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PeerFailure(f"rank {os.environ.get('RANK', '0')} failed in setting up the process groups: {who}; "
+                          f"{first}") from e
     return _mesh

@@ -94,15 +94,20 @@ DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
 
 def exit_on_run_error(prog: str, main: Callable[[], Any]) -> Any:
     """Run ``main`` (the training loop); what stops it for a reason the user can fix becomes ``prog: error:
-    <message>`` on rank 0's stderr, on every rank: a checkpoint that cannot be written (``CheckpointWriteError``:
+    <message>`` on rank 0's stderr, on every rank: a peer that died or is stuck (``PeerFailure``, named by each
+    surviving rank on its own stderr, in whatever phase: setup, a step, a save or a load; exit status 1), a checkpoint that cannot be written (``CheckpointWriteError``:
     disk full, no permission; exit status 1, latest unchanged), any other file that cannot be written (the logs,
     metrics.jsonl, the run's config: an OSError of ``DISK_ERRNOS``; exit status 1), or a sharding plan that
     misdescribes a parameter, found on the first step before any update (``PlanError``; exit status 2)."""
     from tpzoo.checkpoint.save import CheckpointWriteError  # torch: imported once the flags are checked
     from tpzoo.engine.replicas import PlanError
+    from tpzoo.parallel.rollcall import PeerFailure
 
     try:
         return main()
+    except PeerFailure as err:  # each surviving rank names the missing ones: rank 0 may be among them
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     except CheckpointWriteError as err:
         _exit(prog, str(err), 1)
     except PlanError as err:
