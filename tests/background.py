@@ -37,12 +37,22 @@ from tpzoo.testing import spawn as spawn_ranks
 NICE = 19
 Job = Callable[[pytest.TempPathFactory], Any]
 JOBS: dict[tuple[str, str], Job] = {}  # (module, fixture name) -> the function that computes it
+WAITING: set[tuple[str, str]] = set()  # the jobs that mostly wait (``fixture(waits=True)``)
 
 
-def fixture(job: Job):
-    """A module fixture named like ``job`` whose value ``job(tmp_path_factory)`` is computed in the background."""
+def fixture(job: Job | None = None, *, waits: bool = False):
+    """A module fixture named like ``job`` whose value ``job(tmp_path_factory)`` is computed in the background.
+
+    ``waits=True`` (``@background.fixture(waits=True)``): a job that mostly waits rather than computes (for a
+    process group's timeout to expire on a stopped rank): it runs from the start in a thread of its own, beside
+    the queue of the others and the other waiting jobs, so that its waiting overlaps their work and the foreground's; its processes are
+    not niced (their timings are what it measures)."""
+    if job is None:
+        return lambda job: fixture(job, waits=waits)
     key = (job.__module__, job.__name__)
     JOBS[key] = job
+    if waits:
+        WAITING.add(key)
 
     @pytest.fixture(scope="module", name=job.__name__)
     def result(background_jobs: Runner):
@@ -136,17 +146,23 @@ def selected(items: list[pytest.Item]) -> list[tuple[str, str]]:
 
 
 class Runner:
-    """Runs the jobs ``keys`` one after another in a daemon thread; ``result`` waits for one."""
+    """Runs the jobs ``keys`` one after another in a daemon thread (each ``WAITING`` one in a thread of its own);
+    ``result`` waits for one."""
 
     def __init__(self, keys: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory) -> None:
         self.futures = {key: Future() for key in keys}
         self.tmp_path_factory = tmp_path_factory
         SESSION_ENV.update(os.environ)
-        self.thread = threading.Thread(target=self._run, name="background fixtures", daemon=True)
-        self.thread.start()
+        queues = {"background fixtures": [k for k in keys if k not in WAITING],
+                  **{f"background wait: {key[1]}": [key] for key in keys if key in WAITING}}
+        self.threads = [threading.Thread(target=self._run, args=(queue,), name=name, daemon=True)
+                        for name, queue in queues.items() if queue]
+        for thread in self.threads:
+            thread.start()
 
-    def _run(self) -> None:
-        for key, future in self.futures.items():
+    def _run(self, keys: list[tuple[str, str]]) -> None:
+        for key in keys:
+            future = self.futures[key]
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -167,4 +183,5 @@ class Runner:
         """Cancel the jobs not started (a session cut short); wait for the running one."""
         for future in self.futures.values():
             future.cancel()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()

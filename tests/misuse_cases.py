@@ -318,7 +318,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "data-preprocess-missing-key": ("data", "preprocess --input {corpus} --output-prefix o --tokenizer-model {tok}"
                                     " --json-key body", "key 'body' is not in"),
     "data-preprocess-number-key": ("data", "preprocess --input {train} --output-prefix o --tokenizer-model {tok}"
-                                   " --json-key label", "holds int, not text"),
+                                   " --json-key label", "line 1: 'label' is a number (1), not text"),
     "data-preprocess-output-under-file": ("data", "preprocess --input {corpus} --output-prefix {a_file}/o"
                                           " --tokenizer-model {tok}", "is a file"),
     "data-preprocess-output-is-folder": ("data", "preprocess --input {corpus} --output-prefix {empty_dir}/"

@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from functools import partial
 
+import background
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.tier("distributed")
 
 
 TIMEOUT_S = 3.0
+VICTIM = 2  # of the dying peer's 4 ranks: pp_rank 1, dp_rank 0, the last stage of the first pipeline
 
 
 def tiny_engine(pp: int, dp: int) -> Engine:
@@ -54,8 +56,29 @@ def step_with_a_stuck_peer() -> tuple[str, float] | None:
     return failed_step(engine)
 
 
-def test_stuck_peer_is_named_within_the_timeout():
-    message, seconds = spawn(step_with_a_stuck_peer, 2, timeout=120)[0]
+# each spawn mostly waits for a timeout: a background fixture of its own (``waits=True``), beside the other jobs
+@background.fixture(waits=True)
+def stuck_peer(tmp_path_factory) -> tuple[str, float]:
+    return spawn(step_with_a_stuck_peer, 2, timeout=120)[0]
+
+
+@background.fixture(waits=True)
+def dying_peer(tmp_path_factory) -> list:
+    return spawn(step_with_a_dying_peer, 4, VICTIM, timeout=120, may_exit=[VICTIM])
+
+
+@background.fixture(waits=True)
+def store_host_gone(tmp_path_factory) -> list:
+    return spawn(roll_call_without_the_store_host, 2, timeout=60, may_exit=[0])
+
+
+@background.fixture(waits=True)
+def two_roll_calls(tmp_path_factory) -> list:
+    return spawn(roll_call_answered, 2, timeout=60)
+
+
+def test_stuck_peer_is_named_within_the_timeout(stuck_peer):
+    message, seconds = stuck_peer
     assert message.startswith("rank 0 (ParallelMesh(pp=2, dp=1, tp=1, rank=0: pp_rank=0"), message
     assert "no answer from rank 1 (pp_rank=1, dp_rank=0, tp_rank=0) within 3s: it died or is stuck" in message, message
     assert "Timed out" in message, message
@@ -76,10 +99,9 @@ def step_with_a_dying_peer(victim: int) -> tuple[str, float]:
     return out
 
 
-def test_dead_peer_is_named_by_every_survivor():
-    victim = 2  # pp_rank 1, dp_rank 0: the last stage of the first pipeline
-    out = spawn(step_with_a_dying_peer, 4, victim, timeout=120, may_exit=[victim])
-    assert out[victim] is None
+def test_dead_peer_is_named_by_every_survivor(dying_peer):
+    out = dying_peer
+    assert out[VICTIM] is None
     for rank in (0, 1, 3):
         message, seconds = out[rank]
         assert message.startswith(f"rank {rank} (ParallelMesh(pp=2, dp=2, tp=1, rank={rank}:"), message
@@ -102,8 +124,8 @@ def roll_call_without_the_store_host() -> str | None:
     return answer.describe()
 
 
-def test_roll_call_reports_an_unreachable_store():
-    out = spawn(roll_call_without_the_store_host, 2, timeout=60, may_exit=[0])
+def test_roll_call_reports_an_unreachable_store(store_host_gone):
+    out = store_host_gone
     assert out[1].startswith("no roll call possible: the store at 127.0.0.1:"), out[1]
     assert "is unreachable, so its host died" in out[1], out[1]
 
@@ -115,8 +137,8 @@ def roll_call_answered() -> tuple[str, str]:
     return first, second
 
 
-def test_roll_call_counts_each_call_apart():
-    (first, second), (other, _) = spawn(roll_call_answered, 2, timeout=60)
+def test_roll_call_counts_each_call_apart(two_roll_calls):
+    (first, second), (other, _) = two_roll_calls
     assert first == other == "every rank answered a roll call within 5s"
     assert second.startswith("no answer from rank 1 within 1s"), second
     with pytest.raises(ValueError, match="wait_s must be > 0 seconds, got 0"):

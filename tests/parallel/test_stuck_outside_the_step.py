@@ -3,7 +3,8 @@
 pretrain.py runs on 2 ranks (dp 2, ``--distributed-timeout-minutes 0.25``) three times at once; in each, rank 1
 stops or dies at one place, by a wrapper that patches the function there before pretrain.py runs: SIGSTOP as it
 starts its first save, SIGKILL as it starts it, SIGSTOP before it joins the process group. Rank 0 must exit 1 with
-one line naming rank 1 and the phase (``tpzoo.parallel.health``'s roll call), within the timeout plus a minute.
+one line naming rank 1 and the phase (``tpzoo.parallel.health``'s roll call), within the timeout plus a minute
+of the stop. The runs mostly wait for the timeout: a background fixture of its own (``waits=True``).
 """
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ import time
 import pytest
 from pretrain_helpers import PRETRAIN, TINY, env
 
+import background
+
 pytestmark = pytest.mark.tier("journey")
 
 # runs pretrain.py with MODULE.NAME replaced by one that first sends rank 1 the signal SIGNAL
 WRAPPER = """
-import os, runpy, signal, sys
+import os, runpy, signal, sys, time
 import {module} as target
 original = getattr(target, {name!r})
 def stopped(*args, **kwargs):
     if os.environ.get("RANK") == "1":
+        with open("stopped_at", "w") as f:
+            f.write(repr(time.time()))
         os.kill(os.getpid(), signal.{signal})
     return original(*args, **kwargs)
 for where in (target, *[sys.modules[m] for m in {also!r}]):
@@ -48,9 +53,9 @@ FLAGS = [*TINY, "--global-batch-size", "4", "--train-iters", "4", "--save-interv
 LIMIT_S = 75.0  # the timeout (15 s) and the roll call, with a minute to spare on a loaded machine
 
 
-@pytest.fixture(scope="module")
+@background.fixture(waits=True)
 def outcomes(tmp_path_factory) -> dict[str, tuple[str, float]]:
-    """name -> (the runs' stderr, seconds until rank 0's line came)."""
+    """name -> (the runs' stderr, seconds from rank 1's stop to rank 0's line)."""
     started, out = {}, {}
     for name, (module, function, also, sig, _) in CASES.items():
         folder = tmp_path_factory.mktemp(name)
@@ -60,15 +65,16 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, float]]:
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                                  "wrapper.py", *FLAGS], cwd=folder, env=env(), stdout=subprocess.DEVNULL, stderr=err,
                                 text=True, start_new_session=True)
-        started[name] = (proc, err, time.monotonic())
+        started[name] = (proc, err, folder)
     try:
         deadline = time.monotonic() + 240
         while len(out) < len(started) and time.monotonic() < deadline:
-            for name, (proc, err, start) in started.items():
+            for name, (proc, err, folder) in started.items():
                 err.seek(0)
                 text = err.read()
                 if name not in out and ("pretrain.py: error:" in text or proc.poll() is not None):
-                    out[name] = (text, time.monotonic() - start)
+                    stop = folder / "stopped_at"
+                    out[name] = (text, time.time() - float(stop.read_text()) if stop.exists() else float("inf"))
             time.sleep(0.5)
     finally:
         for proc, err, _ in started.values():
