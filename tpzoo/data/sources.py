@@ -114,13 +114,18 @@ def _bad_json_line(path: str) -> str | None:
             except ValueError as e:
                 return f"line {number}, column {e.colno}: {e.msg.removesuffix(' at')}"
             if not isinstance(value, dict):
-                kind = "null" if value is None else next(
-                    (name for types, name in _JSON_KINDS if isinstance(value, types)), "a string")
-                return f'line {number} holds {kind}, not an object: each line is one object, e.g. {{"text": "..."}}'
+                return (f'line {number} holds {_json_kind(value)}, not an object: each line is one object, e.g. '
+                        f'{{"text": "..."}}')
     return None
 
 
-_JSON_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (list, "an array"), (dict, "an object"))
+_JSON_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (list, "an array"), (dict, "an object"),
+               (str, "a string"), (type(None), "null"))
+
+
+def _json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s kind: "a number", "null", ..."""
+    return next((name for types, name in _JSON_KINDS if isinstance(value, types)), type(value).__name__)
 
 
 def row_place(path: str, number: int) -> str:
@@ -140,8 +145,7 @@ def text_field(value: Any, path: str, number: int, key: str) -> str:
     when it is missing, null or another JSON value (a number would train as its digits)."""
     if isinstance(value, str):
         return value
-    kind = "missing or null" if value is None else next(
-        (f"{name} ({value!r})" for types, name in _JSON_KINDS if isinstance(value, types)), type(value).__name__)
+    kind = "missing or null" if value is None else f"{_json_kind(value)} ({value!r})"
     quote = " (quote a number to train on its digits)" if kind.startswith("a number") else ""
     raise ValueError(f"{path!r} {row_place(path, number)}: {key!r} is {kind}, not text; give every row a text "
                      f"{key!r}{quote}")
