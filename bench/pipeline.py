@@ -86,11 +86,13 @@ def measure(schedule: str, m: int, fwd_ms: float) -> tuple[float, int, list]:
     cls, v = SCHEDULES[schedule]
     log: list = []
     fwd_s = fwd_ms / 1000 / v
-    stages = [PipelineStage(SleepStage(fwd_s, 2 * fwd_s, log), rank + k * p, v * p, torch.device("cpu"))
-              for k in range(v)]
+    chunks = [SleepStage(fwd_s, 2 * fwd_s, log) for _ in range(v)]
+    stages = [PipelineStage(chunk, rank + k * p, v * p, torch.device("cpu")) for k, chunk in enumerate(chunks)]
     sched = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=lambda out, target: out.mean())
     x = torch.ones(m, 4)
-    for attempt in range(2):  # the first step warms up the p2p connections; time the second
+    for attempt in range(2):  # the first step, without sleeps, warms up the p2p connections; time the second
+        for chunk in chunks:
+            chunk.fwd_s, chunk.bwd_s = (fwd_s, 2 * fwd_s) if attempt else (0.0, 0.0)
         log.clear()
         dist.barrier()
         start = time.perf_counter()

@@ -12,15 +12,13 @@ import pytest
 
 pytestmark = pytest.mark.tier("journey")
 
-
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pipeline_bench_matches_theory(tmp_path):
     timeline = tmp_path / "pipeline.png"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pipeline.py"), "--stages", "2", "--microbatches", "4",
-                           "--fwd-ms", "40", "--timeline", str(timeline)], capture_output=True, text=True, timeout=300)
+                           "--fwd-ms", "120", "--timeline", str(timeline)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:-1]}
     assert proc.stdout.splitlines()[-1] == f"timeline: {timeline}"
@@ -28,8 +26,11 @@ def test_pipeline_bench_matches_theory(tmp_path):
     for name, cols in rows.items():
         bubble, theory = float(cols[2]), float(cols[3])
         peaks, bounds = cols[6:8], cols[8:10]
-        assert abs(bubble - theory) < 0.1, f"{name}: bubble {bubble} far from theory {theory}\n{proc.stdout}"
+        # sleeps cannot end early, so no bubble is under its theory; 120 ms a micro-batch keeps the p2p hand-off
+        # (a few ms a chunk on a loaded 2-core machine, 16 hand-offs a rank when interleaved) well under 0.1
+        assert theory - 0.02 < bubble < theory + 0.1, f"{name}: bubble {bubble} far from theory {theory}\n{proc.stdout}"
         assert peaks == bounds, f"{name}: peak in-flight {peaks} != bound {bounds}\n{proc.stdout}"
+    assert float(rows["interleaved-1f1b"][2]) < min(float(rows["gpipe"][2]), float(rows["1f1b"][2])), proc.stdout
     assert rows["gpipe"][6:8] == ["4", "4"] and rows["1f1b"][6:8] == ["2", "1"]
     from matplotlib.image import imread
 
