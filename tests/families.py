@@ -80,6 +80,12 @@ _HF_BERT = dict(_HF, hidden_size=32, num_hidden_layers=2, num_attention_heads=HF
 _HF_LLAMA = dict(_HF, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HF_HEADS,
                  max_position_embeddings=32, rms_norm_eps=1e-4, rope_theta=500.0)
 
+# Llama 3.x's scaled rotary positions at the tiny models' sizes: an original context of 16 of 32 positions, so the
+# base 500 makes some frequencies slowed, some blended and some kept
+_LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=16)
+WINDOW = 4  # the sliding window of the Mistral case: shorter than the tests' prompts and sequences
+
 CASES: dict[str, Case] = {case.name: case for case in (
     Case("gpt", "gpt-tiny", "GPTModel", "causal-lm", "lm", hf=dict(_HF_GPT2, tie_word_embeddings=True)),
     Case("gpt-untied", "gpt-tiny", "GPTModel", "causal-lm", "lm", changes={"tie_word_embeddings": False},
@@ -92,9 +98,24 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("llama-tied-mha", "llama-tiny", "LlamaModel", "causal-lm", "lm",
          changes={"num_query_groups": None, "tie_word_embeddings": True},
          hf=dict(_HF_LLAMA, num_key_value_heads=HF_HEADS, tie_word_embeddings=True)),
+    Case("llama3", "llama-tiny", "LlamaModel", "causal-lm", "lm",
+         changes={"num_query_groups": 2, "rope_scaling": True, "rope_original_max_positions": 16},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, rope_scaling=_LLAMA3_ROPE)),
+    Case("qwen2", "qwen2-tiny", "Qwen2Model", "causal-lm", "lm", changes={"num_query_groups": 2},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=True)),
+    Case("qwen3", "qwen3-tiny", "Qwen3Model", "causal-lm", "lm", changes={"num_query_groups": 2, "kv_channels": 12},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True)),
+    Case("mistral", "mistral-tiny", "MistralModel", "causal-lm", "lm",
+         changes={"num_query_groups": 2, "window_size": WINDOW},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, sliding_window=WINDOW, tie_word_embeddings=False)),
 )}
 # one case per family and input kind: what the costlier checks (pipeline stages, recompute, engine) run
-MAIN = ("gpt", "bert", "bert-cls", "llama")
+MAIN = ("gpt", "bert", "bert-cls", "llama", "qwen2", "qwen3", "mistral")
+# the decoders Hugging Face's checkpoints of today come as: each family's traits, converted both ways
+QKV_BIAS_LM = CASES["qwen2"]                # biases on q, k and v only, a tied output layer
+QK_NORM_LM = CASES["qwen3"]                 # RMSNorm on each head's queries and keys, a head size not h / n
+WINDOW_LM = CASES["mistral"]                # sliding-window attention (``WINDOW`` tokens)
+SCALED_ROPE_LM = CASES["llama3"]            # Llama 3.x's scaled rotary frequencies
 
 # the roles: what a test needs, whichever family plays it
 CAUSAL_LM = CASES["gpt"]                    # a causal LM: learned positions, tied output layer

@@ -10,8 +10,10 @@ next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids
 
 What a layer is comes from the config (``ModelConfig``'s traits): learned or rotary positions
 (``position_embedding_type``), LayerNorm or RMSNorm (``normalization``), the MLP's ``activation``,
-biases (``add_bias_linear``), grouped-query attention (``num_query_groups``), pre-norm layers, a
-final norm and an LM head, tied to the word embedding or not. A family sets its config class, its
+biases (``add_bias_linear``; ``add_qkv_bias`` on q, k, v alone), grouped-query attention
+(``num_query_groups``), the head size (``kv_channels``), a norm on queries and keys (``qk_layernorm``), a
+sliding window (``window_size``), scaled rotary frequencies (``rope_scaling_parameters``), pre-norm
+layers, a final norm and an LM head, tied to the word embedding or not. A family sets its config class, its
 plan and, where it differs, ``output_init_std`` (GPT-2 scales the projections into the residual
 stream by 1 / sqrt(2 num_layers)).
 """
@@ -28,7 +30,7 @@ from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
 from tpzoo.models.heads import LM_HEAD_PLAN, LMHead
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.mlp import MLP
-from tpzoo.models.rope import RotaryEmbedding
+from tpzoo.models.rope import Llama3Scaling, RotaryEmbedding
 from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
 from tpzoo.sharding_plan import ShardingPlan, prefixed
 
@@ -65,12 +67,16 @@ class CausalLM(StagedModel):
             if getattr(c, "rotary_base", None) is None:
                 raise ValueError(f"{type(c).__name__} has rotary positions but no rotary_base; give the config a "
                                  f"rotary_base field (Hugging Face's rope_theta, e.g. 10000.0)")
+            scaling = getattr(c, "rope_scaling_parameters", lambda: None)()
             rotary = RotaryEmbedding(c.head_dim, c.rotary_base, c.max_position_embeddings,
-                                     fraction=getattr(c, "rotary_percent", 1.0))
-        attention = Attention(c.hidden_size, c.num_attention_heads, num_query_groups=c.query_groups, causal=self.causal,
-                              dropout=c.attention_dropout, qkv_bias=c.add_bias_linear, out_bias=c.add_bias_linear,
-                              rotary=rotary, init_std=c.init_method_std, out_init_std=out_std,
-                              layer_number=layer_number)
+                                     fraction=getattr(c, "rotary_percent", 1.0),
+                                     scaling=Llama3Scaling(**scaling) if scaling else None)
+        attention = Attention(c.hidden_size, c.num_attention_heads, num_query_groups=c.query_groups,
+                              head_dim=c.head_dim, causal=self.causal, window=c.window_size,
+                              dropout=c.attention_dropout, qkv_bias=c.add_bias_linear or c.add_qkv_bias,
+                              out_bias=c.add_bias_linear, rotary=rotary,
+                              qk_norm=c.normalization if c.qk_layernorm else None, norm_epsilon=c.layernorm_epsilon,
+                              init_std=c.init_method_std, out_init_std=out_std, layer_number=layer_number)
         mlp = MLP(c.hidden_size, c.ffn_size, activation=c.activation, bias=c.add_bias_linear,
                   init_std=c.init_method_std, out_init_std=out_std)
         return TransformerLayer(attention, mlp, self.norm(), self.norm(), dropout=c.hidden_dropout)

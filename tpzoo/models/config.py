@@ -4,7 +4,7 @@
 init) and the traits Megatron-LM's architecture flags name (positions, norm, MLP activation,
 biases), which the models read to build themselves; each family's config narrows the traits to
 what the family is and adds its own fields: ``TransformerConfig`` (GPT-2 and BERT) and
-``LlamaConfig``. How a model runs (mesh, sequence parallelism, recompute, kernels, seed) is not
+``LlamaConfig`` (and the Llama-like ``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``). How a model runs (mesh, sequence parallelism, recompute, kernels, seed) is not
 config: it is the ``tpzoo.parallel.ParallelPlan`` applied to it.
 
 Every field declares, next to it, its check, its meaning and the Megatron-LM flag that sets it
@@ -77,13 +77,26 @@ class ModelConfig:
     activation: str = option("gelu", one_of(*ACTIVATIONS), "MLP activation: gelu (erf), gelu_tanh, or gated "
                              "swiglu / geglu (Megatron-LM's --swiglu: swiglu)", "--swiglu")
     add_bias_linear: bool = option(True, boolean, "biases on the linear layers", "--add-bias-linear")
+    add_qkv_bias: bool = option(False, boolean, "biases on the query, key and value projections, also without "
+                                "add_bias_linear (Qwen2)", "--add-qkv-bias")
+    qk_layernorm: bool = option(False, boolean, "a norm (the model's normalization) over each head's queries and "
+                                "keys before rotary positions turn them (Qwen3)", "--qk-layernorm")
+    kv_channels: int | None = option(None, optional(at_least(1)), "features d of each attention head; None: "
+                                     "hidden_size / num_attention_heads (a value equal to that is kept as None)",
+                                     "--kv-channels")
+    window_size: int | None = option(None, optional(at_least(1)), "sliding-window attention: each token sees "
+                                     "itself and the window_size - 1 tokens before it (Hugging Face's "
+                                     "sliding_window; Megatron-LM's --window-size L,0 is L + 1); None: all before it",
+                                     "--window-size")
 
     def __post_init__(self) -> None:
+        if self.kv_channels is not None and self.kv_channels * self.num_attention_heads == self.hidden_size:
+            self.kv_channels = None  # one spelling of the default head size: configs compare equal
         check_fields(self)  # a subclass's plain fields (no check) are taken as they are
-        if self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                              f"{self.num_attention_heads}: each head gets hidden_size / num_attention_heads "
-                             f"features; choose a multiple of {self.num_attention_heads}")
+                             f"features; choose a multiple of {self.num_attention_heads} or set kv_channels")
 
     @property
     def ffn_size(self) -> int:
@@ -92,7 +105,8 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """d: ``kv_channels``, or hidden_size / num_attention_heads when that is None."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
     def query_groups(self) -> int:
@@ -150,6 +164,12 @@ class TransformerConfig(ModelConfig):
                                 one_of("gelu", "gelu_tanh"))
     add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", True, "biases on every linear layer",
                                       one_of(True))
+    add_qkv_bias: bool = _narrowed(ModelConfig, "add_qkv_bias", False, "(biases on every linear layer already)",
+                                   one_of(False))
+    qk_layernorm: bool = _narrowed(ModelConfig, "qk_layernorm", False, "no query/key norm", one_of(False))
+    kv_channels: int | None = _narrowed(ModelConfig, "kv_channels", None, "hidden_size / num_attention_heads",
+                                        one_of(None))
+    window_size: int | None = _narrowed(ModelConfig, "window_size", None, "no sliding window", one_of(None))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -172,17 +192,67 @@ class LlamaConfig(ModelConfig):
                                           "None: one per head", "--num-query-groups")
     rotary_base: float = option(10000.0, positive_number, "rotary base theta (Hugging Face's rope_theta)",
                                 "--rotary-base")
+    rope_scaling: bool = option(False, boolean, "Llama 3.x's rotary scaling (Hugging Face's rope_type llama3): "
+                                "the low frequencies slowed by rope_scaling_factor, the high ones kept, the middle "
+                                "ones blended", "--use-rope-scaling")
+    rope_scaling_factor: float = option(8.0, positive_number, "Llama 3.x's rotary scaling factor",
+                                        "--rope-scaling-factor")
+    rope_low_freq_factor: float = option(1.0, positive_number, "Llama 3.x's: wavelengths over original / this "
+                                         "are slowed")
+    rope_high_freq_factor: float = option(4.0, positive_number, "Llama 3.x's: wavelengths under original / this "
+                                          "are kept")
+    rope_original_max_positions: int = option(8192, at_least(1), "Llama 3.x's: the context length before scaling")
     position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "rope", "rotary positions",
                                              one_of("rope"))
     normalization: str = _narrowed(ModelConfig, "normalization", "RMSNorm", "RMSNorm", one_of("RMSNorm"))
     activation: str = _narrowed(ModelConfig, "activation", "swiglu", "SwiGLU MLP", one_of("swiglu"))
     add_bias_linear: bool = _narrowed(ModelConfig, "add_bias_linear", False, "no biases", one_of(False))
+    add_qkv_bias: bool = _narrowed(ModelConfig, "add_qkv_bias", False, "no biases (Qwen2: on q, k, v)", one_of(False))
+    qk_layernorm: bool = _narrowed(ModelConfig, "qk_layernorm", False, "no query/key norm (Qwen3: RMSNorm)",
+                                   one_of(False))
+    window_size: int | None = _narrowed(ModelConfig, "window_size", None, "no sliding window (Mistral: one)",
+                                        one_of(None))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_attention_heads % self.query_groups:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by num_query_groups="
                              f"{self.query_groups}: each kv head serves an equal share of the query heads")
+        if self.rope_scaling and self.rope_low_freq_factor >= self.rope_high_freq_factor:
+            raise ValueError(f"rope_low_freq_factor={self.rope_low_freq_factor} must be below rope_high_freq_factor="
+                             f"{self.rope_high_freq_factor}: the middle frequencies lie between them")
+
+    def rope_scaling_parameters(self) -> dict[str, float] | None:
+        """``tpzoo.models.rope.Llama3Scaling``'s fields when ``rope_scaling``, else None."""
+        if not self.rope_scaling:
+            return None
+        return dict(factor=self.rope_scaling_factor, low_freq_factor=self.rope_low_freq_factor,
+                    high_freq_factor=self.rope_high_freq_factor, original_max_positions=self.rope_original_max_positions)
+
+
+@dataclass
+class Qwen2Config(LlamaConfig):
+    """Qwen2 and Qwen2.5: a Llama with biases on the query, key and value projections."""
+
+    model_type: str = option("qwen2", one_of("qwen2"), "qwen2")
+    add_qkv_bias: bool = _narrowed(ModelConfig, "add_qkv_bias", True, "biases on q, k and v (only)", one_of(True))
+
+
+@dataclass
+class Qwen3Config(LlamaConfig):
+    """Qwen3: a Llama with RMSNorm over each head's queries and keys, and its own head size (``kv_channels``)."""
+
+    model_type: str = option("qwen3", one_of("qwen3"), "qwen3")
+    qk_layernorm: bool = _narrowed(ModelConfig, "qk_layernorm", True, "RMSNorm on queries and keys", one_of(True))
+
+
+@dataclass
+class MistralConfig(LlamaConfig):
+    """Mistral: a Llama with sliding-window attention (``window_size``; None in the later versions)."""
+
+    model_type: str = option("mistral", one_of("mistral"), "mistral")
+    window_size: int | None = _narrowed(ModelConfig, "window_size", None, "sliding-window attention (Mistral 7B "
+                                        "v0.1: 4096); None: all earlier tokens")
 
     @property
     def ffn_size(self) -> int:

@@ -31,10 +31,10 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 def layer_parameters(hidden: int, ffn: int, heads: int, groups: int, *, bias: bool, gated: bool,
-                     norm_params: int) -> int:
+                     norm_params: int, head_dim: int | None = None) -> int:
     """One transformer layer: fused QKV [(n + 2g) d, h], output [h, n d], MLP h -> f (x2 gated) -> h,
-    two norms of ``norm_params`` each; biases on every linear when ``bias``."""
-    d = hidden // heads
+    two norms of ``norm_params`` each; biases on every linear when ``bias``; d = ``head_dim`` or h / n."""
+    d = head_dim or hidden // heads
     qkv, f_in = (heads + 2 * groups) * d, ffn * (2 if gated else 1)
     weights = hidden * qkv + heads * d * hidden + hidden * f_in + ffn * hidden
     return weights + (qkv + hidden + f_in + hidden if bias else 0) + 2 * norm_params

@@ -9,12 +9,42 @@ position t, the pairs (x_i, x_{i + r/2}) turn by angle t theta_i, theta_i = base
 and queries of every head turn alike, so tensor parallelism changes nothing: each rank rotates its
 own heads. The original Llama checkpoints pair features (x_{2i}, x_{2i+1}) instead; Hugging Face's
 weights, which ``tpzoo.convert`` reads, already use this layout.
+
+Llama 3.x stretches the context by slowing the low frequencies (``Llama3Scaling``, Hugging Face's
+``rope_type: llama3``): with wavelength lambda_i = 2 pi / theta_i and the original context L,
+
+    theta_i / factor                 where lambda_i > L / low_freq_factor
+    theta_i                          where lambda_i < L / high_freq_factor
+    (1 - a) theta_i / factor + a theta_i   between,  a = (L / lambda_i - low) / (high - low)
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama 3.x's rotary frequencies (module docstring); the defaults are Llama 3.1's."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def __call__(self, inv_freq: Tensor) -> Tensor:
+        wavelength = 2 * math.pi / inv_freq
+        slow = self.original_max_positions / self.low_freq_factor    # wavelengths above: divided by factor
+        fast = self.original_max_positions / self.high_freq_factor   # wavelengths below: kept
+        scaled = torch.where(wavelength > slow, inv_freq / self.factor, inv_freq)
+        a = (self.original_max_positions / wavelength - self.low_freq_factor) / (self.high_freq_factor -
+                                                                                  self.low_freq_factor)
+        blended = (1 - a) * scaled / self.factor + a * scaled
+        return torch.where((wavelength >= fast) & (wavelength <= slow), blended, scaled)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -24,9 +54,11 @@ def rotate_half(x: Tensor) -> Tensor:
 
 class RotaryEmbedding(nn.Module):
     """cos / sin tables [P, r] (float32, not saved) for positions 0 .. ``max_positions`` - 1, turning the first
-    r = ``fraction`` x head_dim features of each head (r even)."""
+    r = ``fraction`` x head_dim features of each head (r even); ``scaling`` changes the frequencies
+    (``Llama3Scaling``)."""
 
-    def __init__(self, head_dim: int, base: float, max_positions: int, fraction: float = 1.0) -> None:
+    def __init__(self, head_dim: int, base: float, max_positions: int, fraction: float = 1.0,
+                 scaling: Llama3Scaling | None = None) -> None:
         super().__init__()
         rotated = int(head_dim * fraction)
         if not 0 < fraction <= 1 or rotated < 2 or rotated % 2:
@@ -34,6 +66,9 @@ class RotaryEmbedding(nn.Module):
                              f"= {head_dim * fraction:g} must be an even number of features >= 2")
         self.head_dim, self.rotated, self.base, self.max_positions = head_dim, rotated, base, max_positions
         inv_freq = 1.0 / (base ** (torch.arange(0, rotated, 2, dtype=torch.int64).float() / rotated))
+        if scaling is not None:
+            inv_freq = scaling(inv_freq)
+        self.scaling = scaling
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, r/2]
         angles = torch.cat((angles, angles), dim=-1)                                      # [P, r]
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -55,4 +90,4 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotated={self.rotated}, base={self.base:g}, "
-                f"max_positions={self.max_positions}")
+                f"max_positions={self.max_positions}, scaling={self.scaling}")

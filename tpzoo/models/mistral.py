@@ -1,0 +1,33 @@
+"""Mistral 7B (Jiang et al. 2023): a Llama whose attention looks back a sliding window of ``window_size``
+tokens (Mistral 7B v0.1: 4096; None in the later versions); the block library's decoder built from a
+``MistralConfig``, split by ``DECODER_PLAN``.
+
+    model = MistralModel(get_preset("mistral-7b"))   # plain PyTorch, one device
+
+The window is a mask (``CoreAttention``): query t sees keys t - window_size + 1 .. t, with either attention
+backend and through the KV cache (whose keys are kept whole; the mask hides the old ones). Hugging Face
+``MistralForCausalLM`` converts both ways.
+"""
+
+from __future__ import annotations
+
+
+from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.config import MistralConfig
+from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+
+
+class MistralModel(CausalLM):
+    """Mistral: ``LlamaModel``'s parts, with a sliding-window attention."""
+
+    model_type = "mistral"
+    config_class = MistralConfig
+
+
+SPEC = FamilySpec(models={"MistralModel": MistralModel}, pretrain_model="MistralModel",
+                  finetune_model="MistralModel", num_parameters=num_parameters,
+                  hf=HFAdapter("mistral", {"MistralForCausalLM": ("MistralModel", {})},
+                               lambda hf, arch: config_from_hf(hf, MistralConfig, window_size=hf.sliding_window),
+                               lambda c, arch: config_to_hf(c, "MistralConfig", arch, sliding_window=c.window_size),
+                               rules))

@@ -1,0 +1,38 @@
+"""Qwen2 and Qwen2.5 (Yang et al. 2024): a Llama (rotary grouped-query attention, SwiGLU, RMSNorm) whose query,
+key and value projections have biases (``add_qkv_bias``; the output projection and the MLP have none); the
+block library's decoder built from a ``Qwen2Config``, split by ``DECODER_PLAN``.
+
+    model = Qwen2Model(get_preset("qwen2.5-0.5b"))   # plain PyTorch, one device
+
+The biases are fused like the weights, [(n + 2g) d] group by group, so a tp rank holds the biases of its own
+heads. Hugging Face ``Qwen2ForCausalLM`` converts both ways; its per-layer sliding window
+(``use_sliding_window``) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.config import Qwen2Config
+from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.hf_rules import require
+from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+
+
+class Qwen2Model(CausalLM):
+    """Qwen2: ``LlamaModel``'s parts, with biases on q, k and v."""
+
+    model_type = "qwen2"
+    config_class = Qwen2Config
+
+
+def _from_hf(hf: Any, arch: str) -> Qwen2Config:
+    require(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True (Qwen2's per-layer window)")
+    return config_from_hf(hf, Qwen2Config)
+
+
+SPEC = FamilySpec(models={"Qwen2Model": Qwen2Model}, pretrain_model="Qwen2Model", finetune_model="Qwen2Model",
+                  num_parameters=num_parameters,
+                  hf=HFAdapter("qwen2", {"Qwen2ForCausalLM": ("Qwen2Model", {})}, _from_hf,
+                               lambda c, arch: config_to_hf(c, "Qwen2Config", arch), rules))

@@ -1,0 +1,39 @@
+"""Qwen3 (Qwen team 2025): a Llama with an RMSNorm over each head's queries and keys before they turn
+(``qk_layernorm``) and a head size of its own (``kv_channels``: Qwen3-0.6B has 16 heads of 128 over a width of
+1024); the block library's decoder built from a ``Qwen3Config``, split by ``DECODER_PLAN``.
+
+    model = Qwen3Model(get_preset("qwen3-0.6b"))     # plain PyTorch, one device
+
+The query and key norms hold d weights each, the same on every tp rank (each rank norms its own heads; their
+gradients are summed over tp). Hugging Face ``Qwen3ForCausalLM`` converts both ways; attention biases and its
+sliding window are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.config import Qwen3Config
+from tpzoo.models.families import FamilySpec, HFAdapter
+from tpzoo.models.hf_rules import require
+from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+
+
+class Qwen3Model(CausalLM):
+    """Qwen3: ``LlamaModel``'s parts, with query and key RMSNorms and any head size."""
+
+    model_type = "qwen3"
+    config_class = Qwen3Config
+
+
+def _from_hf(hf: Any, arch: str) -> Qwen3Config:
+    require(not getattr(hf, "attention_bias", False), "attention_bias=True")
+    require(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True (Qwen3's per-layer window)")
+    return config_from_hf(hf, Qwen3Config)
+
+
+SPEC = FamilySpec(models={"Qwen3Model": Qwen3Model}, pretrain_model="Qwen3Model", finetune_model="Qwen3Model",
+                  num_parameters=num_parameters,
+                  hf=HFAdapter("qwen3", {"Qwen3ForCausalLM": ("Qwen3Model", {})}, _from_hf,
+                               lambda c, arch: config_to_hf(c, "Qwen3Config", arch), rules))
