@@ -133,6 +133,9 @@ CAUSAL_LM_XL = "gpt2-xl"                    # GPT-2 XL: 1,557,611,200
 GQA_LM_1B = "llama-1b"                      # TinyLlama-1.1B's shape: 1,100,048,384
 MASKED_LM_BASE = "bert-base"                # BERT-base
 MASKED_LM_LARGE = "bert-large"              # BERT-large: 335,174,458 with its MLM head
+# the published parameter counts of today's decoders (their model cards and Hugging Face's safetensors index)
+PUBLISHED = {"qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920, "mistral-7b": 7_241_732_096,
+             "llama3.2-1b": 1_235_814_400, CAUSAL_LM_SMALL: 124_439_808}
 HUB_NAME = "gpt2"                           # a model name of the Hugging Face hub (tpzoo never downloads one)
 OTHER_HEAD = "BertForQuestionAnswering"     # a Hugging Face class of MASKED_LM's model type that tpzoo lacks
 

@@ -64,7 +64,7 @@ def generation_checks(model_dir: str) -> None:
                         pieces.append(model(ids[:, a:b], cache=cache))
                 err = (torch.cat(pieces, dim=1) - full).abs().max() / full.abs().max()
                 assert err < 1e-5, f"{tag}: cached decoding differs from the full forward by {err:.2e}"
-                assert cache.length == 9 and cache.keys[1].shape == (2, kv_heads // tp, 9, 8), tag
+                assert cache.length == 9 and cache.keys[1].shape == (2, kv_heads // tp, 9, tiny(case).head_dim), tag
                 greedy = generate(model, ids[:, :4], 6)
                 assert torch.equal(greedy, greedy_without_cache(model, ids[:, :4], 6)), f"{tag} greedy"
                 sampled = generate(model, ids[:, :4], 6, temperature=0.8, top_k=20, top_p=0.9, seed=3)

@@ -68,3 +68,18 @@ def non_negative_float(text: str) -> float:
 
 def probability(text: str) -> float:
     return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def megatron_window(text: str) -> int:
+    """Megatron-LM's ``--window-size L,R`` (its left and right reach, Transformer Engine's) as tpzoo's window, the
+    keys a causal query sees, itself included: L + 1; R must be 0 (a causal model looks at no later token)."""
+    parts = text.strip("()").split(",")
+    try:
+        left, right = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT tokens (for example 4095,0), got {text!r}") from None
+    if len(parts) > 2 or left < 0 or right != 0:
+        raise argparse.ArgumentTypeError(f"expected LEFT,0 with LEFT >= 0 (a causal model sees no later token), "
+                                         f"got {text!r}")
+    return left + 1
+

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, CAUSAL_LM_XL, MASKED_LM, MASKED_LM_BASE
+from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, CAUSAL_LM_XL, MASKED_LM, MASKED_LM_BASE, PUBLISHED
 
 from tpzoo.models import PRESETS, TransformerConfig, family, format_presets, get_preset, list_presets, num_parameters
 
@@ -80,8 +80,8 @@ def test_preset_parameter_counts_equal_hugging_face(name):
     config = get_preset(name)
     for head, count in hf_counts(name).items():
         assert num_parameters(config, head) == count, f"{name} {head}"
-    if name == CAUSAL_LM_SMALL:
-        assert num_parameters(config) == 124_439_808
+    if name in PUBLISHED:
+        assert num_parameters(config) == PUBLISHED[name]
 
 
 def test_list_presets_shows_every_preset_with_its_parameters():

@@ -10,7 +10,8 @@ import functools
 import pytest
 import torch
 
-from families import CASES, CAUSAL_LM, GQA_LM, MASKED_LM, PRETRAIN_DEFAULT, batch
+from families import (CASES, CAUSAL_LM, GQA_LM, MASKED_LM, PRETRAIN_DEFAULT, QK_NORM_LM, QKV_BIAS_LM, WINDOW_LM,
+                      batch)
 from pretrain_helpers import script
 
 from tpzoo.models.attention import CoreAttention
@@ -79,6 +80,43 @@ def test_megatron_architecture_flags_set_config_fields():
     grouped = resolved(f"--model {GQA_LM.family} --group-query-attention")
     assert built(grouped, 512).num_query_groups == 1  # Megatron's default
     assert built(resolved(f"--model {GQA_LM.family}"), 512) == gqa  # --model alone: the preset, as before
+
+
+@pytest.mark.parametrize("flags, case, fields", [
+    ("--add-qkv-bias", QKV_BIAS_LM, dict(add_qkv_bias=True)),
+    ("--qk-layernorm --kv-channels 48", QK_NORM_LM, dict(qk_layernorm=True, kv_channels=48)),
+    ("--window-size 4095,0", WINDOW_LM, dict(window_size=4096)),
+    ("--use-rope-scaling --rope-scaling-factor 32", GQA_LM, dict(rope_scaling=True, rope_scaling_factor=32.0))])
+def test_megatron_flags_of_todays_decoders_pick_and_build_their_family(flags, case, fields):
+    """Megatron-LM's Llama line with Qwen2's, Qwen3's, Mistral's or Llama 3.x's flag describes that family (no
+    --model) and sets its fields; with --model the same; a window is Megatron-LM's LEFT,0 = LEFT + 1 keys."""
+    for line in (f"{LLAMA} {flags}", f"--model {case.family} {LLAMA} {flags}"):
+        args = resolved(line)
+        config = built(args, 512)
+        assert args.model == case.family and {k: getattr(config, k) for k in fields} == fields, line
+    head = CASES[case.name].config().head_dim
+    assert built(resolved(f"--model {GQA_LM.family} --kv-channels 64"), 512).head_dim == 64 != head
+
+
+@pytest.mark.parametrize("line, message", [
+    (f"--model {GQA_LM.family} --add-qkv-bias", "--model llama disagrees with the architecture flags: --add-qkv-bias "
+                                                "(llama: no --add-qkv-bias); drop those flags or pass --model qwen2"),
+    (f"{LLAMA} --qk-layernorm --window-size 15,0", "no model family has the architecture these flags describe"),
+    (f"--model {CAUSAL_LM.family} --use-rope-scaling", "--use-rope-scaling applies to rotary positions, but --model gpt "
+                                                       "has learned_absolute ones; drop it"),
+    (f"--model {CAUSAL_LM.family} --rope-scaling-factor 4", "--rope-scaling-factor does not apply to --model gpt"),
+    (f"--model {CAUSAL_LM.family} --kv-channels 16", "gpt's heads have hidden size / heads")])
+def test_megatron_flags_of_todays_decoders_refuse_families_without_the_trait(line, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        built(resolved(line), 512)
+
+
+@pytest.mark.parametrize("value", ["4096,1", "x", "1,2,3", "4096,-1"])
+def test_window_size_takes_megatron_left_and_zero(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        pretrain.parser(model=CAUSAL_LM.family).parse_args(["--window-size", value])
+    assert e.value.code == 2
+    assert "--window-size: expected LEFT" in capsys.readouterr().err
 
 
 def test_make_vocab_size_divisible_by_pads_the_vocabulary():

@@ -11,7 +11,6 @@ backend and through the KV cache (whose keys are kept whole; the mask hides the 
 
 from __future__ import annotations
 
-
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import MistralConfig
 from tpzoo.models.families import FamilySpec, HFAdapter

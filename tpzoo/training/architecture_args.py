@@ -35,7 +35,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tpzoo.fields import add_section, at_least, boolean, one_of, option, optional, positive_number
+from tpzoo.fields import add_section, at_least, boolean, one_of, option, optional, parses, positive_number
+from tpzoo.flag_types import megatron_window
 from tpzoo.models.config import ACTIVATIONS
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.run_options import MEGATRON_ATTENTION_BACKENDS, recompute_problem
@@ -46,7 +47,14 @@ POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relati
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # what a model is, as Megatron-LM's flags say it: trait -> its value when no flag sets it (Megatron-LM's)
 TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
-                              add_bias_linear=True, group_query_attention=False)
+                              add_bias_linear=True, group_query_attention=False, add_qkv_bias=False,
+                              qk_layernorm=False, window_size=None)
+
+
+@parses(megatron_window)
+def _window(v: Any) -> str | None:
+    """A sliding window read from Megatron-LM's LEFT,0 (``tpzoo.flag_types.megatron_window``): LEFT + 1 keys."""
+    return at_least(1)(v)
 
 
 def _trait(doc: str, flag: str, off: tuple[str, str] | None = None) -> Any:
@@ -76,8 +84,15 @@ class ArchitectureConfig:
                                                 "--group-query-attention")
     add_bias_linear: bool | None = _trait("biases in the linear layers (gpt, bert)", "--add-bias-linear",
                                           ("--disable-bias-linear", "no biases in the linear layers (llama)"))
-    kv_channels: int | None = option(None, optional(at_least(1)), "only hidden size / heads, tpzoo's head size",
-                                     "--kv-channels")
+    kv_channels: int | None = config_field("kv_channels", "qwen3, llama, mistral; the others: hidden / heads only")
+    add_qkv_bias: bool | None = _trait("biases on q, k and v (qwen2)", "--add-qkv-bias")
+    qk_layernorm: bool | None = _trait("RMSNorm on each head's queries and keys (qwen3)", "--qk-layernorm")
+    window_size: int | None = option(None, optional(_window), "sliding-window attention (mistral), Megatron-LM's "
+                                     "LEFT,0: each token sees itself and the LEFT tokens before it", "--window-size",
+                                     "LEFT,0")
+    use_rope_scaling: bool | None = _trait("Llama 3.x's scaled rotary frequencies (the rope families)",
+                                           "--use-rope-scaling")
+    rope_scaling_factor: float | None = config_field("rope_scaling_factor", "with --use-rope-scaling; default 8.0")
     make_vocab_size_divisible_by: int | None = config_field("make_vocab_size_divisible_by",
                                                              "default: the preset's, 128")
     attention_softmax_in_fp32: bool = option(False, boolean, "accepted: tpzoo's attention softmax is always float32",
@@ -128,6 +143,8 @@ def _show(trait: str, value: Any) -> str:
     """A trait's value as the flags say it."""
     if trait == "add_bias_linear":
         return "--add-bias-linear" if value else "--disable-bias-linear"
+    if trait == "window_size":
+        return f"--window-size {value - 1},0" if value else "no --window-size"
     if isinstance(value, bool):
         flag = f"--{trait.replace('_', '-')}"
         return flag if value else f"no {flag}"
@@ -182,9 +199,12 @@ def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]
             raise ValueError(f"--rotary-percent {args.rotary_percent}: --model {args.model} rotates every feature of a "
                              f"head; drop it or pass 1.0 (partial rotary: a family whose config has rotary_percent)")
         changes["rotary_percent"] = args.rotary_percent
-    if args.rotary_base is not None and option(config_class, "rotary_base") is None:  # model_config sets it
-        raise ValueError(f"--rotary-base applies to rotary positions, but --model {args.model} has "
-                         f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
+    for flag, given in (("--rotary-base", args.rotary_base), ("--use-rope-scaling", args.use_rope_scaling)):
+        if given is not None and option(config_class, "rotary_base") is None:  # model_config sets --rotary-base
+            raise ValueError(f"{flag} applies to rotary positions, but --model {args.model} has "
+                             f"{_family_value(config_class, 'position_embedding_type')} ones; drop it")
+    if args.use_rope_scaling is not None:
+        changes["rope_scaling"] = args.use_rope_scaling
     if args.untie_embeddings_and_output_weights or described:
         changes["tie_word_embeddings"] = not args.untie_embeddings_and_output_weights
     if grouped and args.num_query_groups is None and (args.group_query_attention or described):
@@ -193,15 +213,17 @@ def _config_changes(args: argparse.Namespace, described: bool) -> dict[str, Any]
 
 
 def _check_kv_channels(args: argparse.Namespace) -> None:
-    """--kv-channels must be tpzoo's head size, hidden size / heads (the flags', else the preset's)."""
-    if args.kv_channels is None:
+    """--kv-channels must be hidden size / heads (the flags', else the preset's) in a family whose heads have no size
+    of their own."""
+    if args.kv_channels is None or _takes(family(args.model).config_class, "kv_channels", args.kv_channels):
         return
     preset = PRESETS[args.preset or family(args.model).default_preset]
     hidden = args.hidden_size or preset["hidden_size"]
     heads = args.num_attention_heads or preset["num_attention_heads"]
     if args.kv_channels * heads != hidden:
-        raise ValueError(f"--kv-channels {args.kv_channels}: tpzoo's heads have hidden size / heads = {hidden} / "
-                         f"{heads} features each; drop --kv-channels or pass {hidden // heads}")
+        raise ValueError(f"--kv-channels {args.kv_channels}: {args.model}'s heads have hidden size / heads = {hidden} / "
+                         f"{heads} features each; drop --kv-channels, pass {hidden // heads} or use a family whose "
+                         f"heads have a size of their own (qwen3, llama, mistral)")
 
 
 def resolve_speed(args: argparse.Namespace) -> None:

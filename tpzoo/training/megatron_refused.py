@@ -84,18 +84,18 @@ _BY_REASON: dict[str, str] = {
         "--no-dsa-indexer-rotate-activation --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu "
         "--disable-dsa-indexer-scoring-relu --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 "
         "--linear-conv-kernel-dim --linear-key-head-dim --linear-value-head-dim --linear-num-key-heads "
-        "--linear-num-value-heads --window-size --window-attn-skip-freq --linear-attention-freq",
+        "--linear-num-value-heads --window-attn-skip-freq --linear-attention-freq",
     "tpzoo keeps the residual stream in the model's dtype": "--fp32-residual-connection",
     "tpzoo's families fix where the residual is taken": "--apply-residual-connection-post-layernorm",
     "tpzoo's norms scale by their weight as stored (no 1 + weight)": "--apply-layernorm-1p",
-    "tpzoo's families fix which linear layers have biases (--disable-bias-linear)": "--add-qkv-bias",
     "tpzoo's gated MLP has no offset term": "--glu-linear-offset",
     "tpzoo does not clamp activations": "--activation-func-clamp-value",
-    "tpzoo's rotary embedding rotates the two halves of every head, unscaled":
+    "tpzoo's rotary embedding rotates the two halves of every head, unscaled or scaled as Llama 3.x (--use-rope-scaling)":
         "--rotary-interleaved --yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow "
         "--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int "
-        "--rotary-seq-len-interpolation-factor --use-rope-scaling --rope-scaling-factor --no-rope-freq --rope-type",
-    "tpzoo has no query/key normalization": "--qk-layernorm --qk-l2-norm --apply-wd-to-qk-layernorm",
+        "--rotary-seq-len-interpolation-factor --no-rope-freq --rope-type",
+    "tpzoo's query/key norm is the model's normalization (--qk-layernorm), decayed like every norm":
+        "--qk-l2-norm --apply-wd-to-qk-layernorm",
     "tpzoo has no per-token loss normalization option": "--calculate-per-token-loss",
     "tpzoo has no multi-latent attention":
         "--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim "
