@@ -161,6 +161,10 @@ REFERENCES: dict[str, Reference] = {
     "gpt": Reference("GPT2LMHeadModel", PlainGPT, _GPT_RENAMES),
     "bert": Reference("BertForMaskedLM"),
     "llama": Reference("LlamaForCausalLM", PlainLlama, _LLAMA_RENAMES),
+    # the Llama-like families: their Hugging Face models (a plain Llama has no q/k/v biases, q/k norms or window)
+    "qwen2": Reference("Qwen2ForCausalLM"),
+    "qwen3": Reference("Qwen3ForCausalLM"),
+    "mistral": Reference("MistralForCausalLM"),
 }
 
 

@@ -1,6 +1,6 @@
 """Training-step speed of tpzoo against what a user picks instead, in one run on one device.
 
-    python bench/models.py          # CUDA: gpt2, gpt2-xl, bert-large, llama-1b; CPU: a tiny smoke run
+    python bench/models.py          # CUDA: gpt2, gpt2-xl, bert-large, llama-1b; CPU: a tiny smoke run of each family
     python bench/models.py --models gpt2 --micro-batch-size 16 --contenders tpzoo-compile,plain-compile
 
 Contenders (``--contenders``), every one from tpzoo's initial weights (converted with tpzoo.convert)
@@ -71,10 +71,12 @@ COLUMNS = ("model", "shape", "contender", "ms/step", "median ms", "tokens/s", "M
 # preset -> (micro-batch size, sequence length): the issue's shapes on CUDA, tiny ones on the CPU; other
 # presets: DEFAULT_SHAPE (the sequence no longer than the model's positions)
 SHAPES = {"gpt2": (8, 1024), "gpt2-xl": (8, 1024), "bert-large": (64, 128), "llama-1b": (4, 2048),
-          "gpt-tiny": (2, 64), "bert-tiny": (2, 64), "llama-tiny": (2, 64)}
+          **{name: (2, 64) for name in ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny",
+                                        "mistral-tiny")}}
 DEFAULT_SHAPE = (8, 1024) if CUDA else (2, 64)
 KNOWN_MODELS = [name for name, fields in PRESETS.items() if fields["model_type"] in REFERENCES]
-DEFAULT_MODELS = ("gpt2", "gpt2-xl", "bert-large", "llama-1b") if CUDA else ("gpt-tiny", "bert-tiny", "llama-tiny")
+DEFAULT_MODELS = (("gpt2", "gpt2-xl", "bert-large", "llama-1b") if CUDA else
+                  ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"))
 STATE_BYTES = 16          # per parameter: weights, gradients, AdamW's two moments (fp32; or bf16 + fp32 main)
 LOSS_RTOL = {"bf16": 1e-2, "fp32": 1e-4}
 LR = 1e-4

@@ -1,11 +1,11 @@
 """The Llama-like adapters: Hugging Face <-> tpzoo for Llama (``families.GQA_LM``: 2 kv heads, untied
 output; ``GQA_LM_TIED_MHA``: multi-head, tied; ``SCALED_ROPE_LM``: Llama 3.x's rotary scaling), Qwen2
 (``QKV_BIAS_LM``), Qwen3 (``QK_NORM_LM``) and Mistral (``WINDOW_LM``, a window shorter than the prompt):
-exact state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); each
-family's trait read from the Hugging Face config and changing the logits; the configs tpzoo refuses;
-and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits (both attention
-backends), loss and greedy generation equal Hugging Face's at tp 1, 2 and 4, where tp 4 of 2 kv
-heads is refused (kv heads are split across tp ranks, never replicated).
+exact state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); the
+configs tpzoo refuses; and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits
+(both attention backends), loss and greedy generation equal Hugging Face's at tp 1, 2 and 4, where tp
+4 of 2 kv heads is refused (kv heads are split across tp ranks, never replicated), and each family's
+trait is read from the Hugging Face config and needed for that equality.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def case_names() -> list[str]:
     for v in VARIANTS:
         names += [f"{v}-tp{tp}-refused" if refused(v, tp) else f"{v}-tp{tp}-{a}" for tp in TPS
                   for a in (ATTENTION[:1] if refused(v, tp) else ATTENTION)]
-        names += [f"{v}-generate-tp{tp}" for tp in (1, 2)] + [f"{v}-to-hf-tp2"]
+        names += [f"{v}-trait"] * (v in TRAITS) + [f"{v}-generate-tp{tp}" for tp in (1, 2)] + [f"{v}-to-hf-tp2"]
     return names
 
 
@@ -92,7 +92,7 @@ def test_state_dict_round_trips_exactly_with_groups_laid_out(variant):
             back_config.tie_word_embeddings) == ([case.architecture], g, 1e-4, tied)
 
 
-# each family's trait as read from its Hugging Face config
+# each family's trait as read from its Hugging Face config (``drop_trait`` takes it out: the logits change)
 TRAITS = {"llama3": dict(rope_scaling=True, rope_scaling_factor=8.0, rope_original_max_positions=16),
           "qwen2": dict(add_qkv_bias=True), "qwen3": dict(qk_layernorm=True, kv_channels=24),
           "mistral": dict(window_size=WINDOW)}
@@ -110,21 +110,6 @@ def drop_trait(variant: str, attention: torch.nn.Module) -> None:
         attention.q_norm = None
     else:  # the core attention, inside its tp RNG wrapper
         next(m for m in attention.modules() if isinstance(m, CoreAttention)).window = None
-
-
-@pytest.mark.parametrize("variant", TRAITS)
-def test_each_family_trait_is_read_and_changes_the_logits(variant):
-    """The config holds the family's trait; taking it out of the converted model changes its logits (so the
-    distributed checks' equality with Hugging Face depends on it)."""
-    model = from_hf(hf_model(VARIANTS[variant]), init_mesh()).eval()
-    assert {k: getattr(model.config, k) for k in TRAITS[variant]} == TRAITS[variant]
-    ids = torch.randint(0, HF_VOCAB, (B, S), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        before = model(ids)
-        for layer in model.layers.values():
-            drop_trait(variant, layer.self_attention)
-        after = model(ids)
-    assert (before - after).abs().max() > 1e-3 * before.abs().max(), f"{variant}: the trait changes nothing"
 
 
 REFUSED = {
@@ -201,6 +186,15 @@ def decoder_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, to
                         log.check(model(ids), ref["logits"], f"tp={tp} {attention} logits", "logits")
                         log.check(mean_loss(model(ids, labels=labels), labels), ref["loss"],
                                   f"tp={tp} {attention} loss", "loss")
+        if variant in TRAITS:  # the config holds the family's trait; without it the logits are not Hugging Face's
+            with log.case(f"{variant}-trait"):
+                model = from_hf(folder, meshes[1]).eval()
+                assert {k: getattr(model.config, k) for k in TRAITS[variant]} == TRAITS[variant]
+                for layer in model.layers.values():
+                    drop_trait(variant, layer.self_attention)
+                with torch.no_grad():
+                    gap = (model(ids) - ref["logits"]).abs().max()
+                assert gap > 1e-3 * ref["logits"].abs().max(), f"{variant}: the trait changes nothing"
         for tp in (1, 2):  # greedy with tpzoo's KV cache: the same tokens as Hugging Face's, at each tp
             with log.case(f"{variant}-generate-tp{tp}"):
                 out = generate(models[tp], ids[:, :PROMPT], NEW)

@@ -5,10 +5,10 @@ The references are plain single-process training (whole global batch, one backwa
 clip_grad_norm_, AdamW), computed once per case in a 1-rank spawn and handed to the 8 ranks, which
 loop over the meshes and run the engine on each; the (1, 1, 1) mesh runs the engine in a 1-rank
 spawn. Cases (``families.MAIN``): every family's pretraining model (GPT, BERT with its binary head,
-Llama) and, on three meshes, BERT for sequence classification. Coverage by default: per mesh, one
-run per schedule, the families and the option setting (ZeRO-2, recompute and sequence parallelism
-all on or all off) rotating so that every mesh meets every family and both settings, and so does
-every schedule. With ``TPZOO_ENGINE_MATRIX=full``: every combination of them.
+Llama, Qwen2, Qwen3, Mistral) and, on three meshes, BERT for sequence classification. Coverage by
+default (``variants``): per mesh, every family once, the schedules and the option setting (ZeRO-2,
+recompute and sequence parallelism all on or all off) rotating so that every mesh meets every family
+and both settings, and so does every schedule. With ``TPZOO_ENGINE_MATRIX=full``: every combination.
 """
 
 from __future__ import annotations
@@ -177,9 +177,10 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
              ) -> list[tuple[str, str, dict]]:
     """(case, schedule, options) for mesh number ``index``.
 
-    Default: run k = index, index + 1, ... takes family k mod F and every option on when k is even;
-    one run per schedule when pp > 1 (four), else F runs of 1f1b: every mesh meets every family and
-    both settings, and so does every schedule over the meshes. ``full``: every combination of
+    Default: max(F, schedules) runs when pp > 1, else F runs of 1f1b; run j takes family j mod F, schedule
+    (j + index) mod S and every option on when j // 2 + index is odd: every mesh meets every family and
+    both settings, every schedule meets every family and both settings over the meshes, and every family
+    both settings. ``full``: every combination of
     family, schedule, ZeRO-2 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
     add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
     no ZeRO-2), over ``schedules``.
@@ -193,9 +194,9 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
                    families, schedules if pp > 1 else ("1f1b",), values[dp > 1 and not fsdp], (False, True),
                    values[tp > 1])]
     else:
-        runs = schedules if pp > 1 else ("1f1b",) * len(families)
-        out = [(families[(index + j) % len(families)], schedule, options_of((index + j) % 2 == 0, tp, fsdp))
-               for j, schedule in enumerate(runs)]
+        count = max(len(families), len(schedules)) if pp > 1 else len(families)
+        out = [(families[j % len(families)], schedules[(j + index) % len(schedules)] if pp > 1 else "1f1b",
+                options_of((j // 2 + index) % 2 == 1, tp, fsdp)) for j in range(count)]
     if (tp, pp, dp) in classifier_runs:
         schedule, on = classifier_runs[tp, pp, dp]
         out.append(([n for n in MAIN if CASES[n].inputs == "classification"][0], schedule, options_of(on, tp, fsdp)))
@@ -322,6 +323,7 @@ def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedul
             assert {r[3][option] for r in runs if r[2] == schedule} == {False, True}, (schedule, option)
     assert all({r[1] for r in runs if r[0] == mesh} == set(PRETRAINING) for mesh in MESHES)
     assert all({r[1] for r in runs if r[2] == schedule} == set(PRETRAINING) for schedule in SCHEDULES)
+    assert all({r[3]["recompute_activations"] for r in runs if r[1] == name} == {False, True} for name in PRETRAINING)
     assert any(mesh[1] > 1 for mesh in CLASSIFIER_RUNS), "the classifier must run through a pipeline too"
     names = run_names(MESHES) + run_names([(1, 1, 1)])
     assert len(set(names)) == len(names), "two runs share a case name"

@@ -92,10 +92,12 @@ _GPT2 = dict(model_type="gpt", vocab_size=50257, max_position_embeddings=1024, l
              layernorm_position="pre", activation="gelu_tanh", type_vocab_size=0)
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, layernorm_epsilon=1e-12,
              layernorm_position="post", activation="gelu", type_vocab_size=2)
-_LLAMA = dict(layernorm_epsilon=1e-5,  # the Llama-like families (their config class names the family)
-              hidden_dropout=0.0, attention_dropout=0.0,
+_LLAMA = dict(model_type="llama", layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
               tie_word_embeddings=False)
-_QWEN = dict(_LLAMA, layernorm_epsilon=1e-6, vocab_size=151936, rotary_base=1000000.0, tie_word_embeddings=True)
+_QWEN2 = dict(_LLAMA, model_type="qwen2", tie_word_embeddings=True)
+_QWEN3 = dict(_QWEN2, model_type="qwen3")
+_QWEN_REAL = dict(layernorm_epsilon=1e-6, vocab_size=151936, rotary_base=1000000.0)  # Qwen2.5's and Qwen3's
+_MISTRAL = dict(_LLAMA, model_type="mistral")
 # The tiny presets use the 512-token vocabulary of the bundled demo tokenizer.
 _TINY = dict(vocab_size=512, max_position_embeddings=256)
 # Post-LN BERT sits on the unigram plateau (MLM loss = unigram entropy) for hundreds of steps and does not
@@ -136,25 +138,26 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                    rope_scaling_factor=32.0)}),
     Family("qwen2", "tpzoo.models.qwen2", Qwen2Config, data="causal-lm", finetune="causal-lm",
            default_preset="qwen2-tiny", train_defaults=DECODER_DEFAULTS, presets={
-               "qwen2-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
-                                  num_query_groups=2, ffn_hidden_size=352, tie_word_embeddings=True),
+               "qwen2-tiny": dict(_QWEN2, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+                                  num_query_groups=2, ffn_hidden_size=352),
                # Qwen2.5-0.5B's shape
-               "qwen2.5-0.5b": dict(_QWEN, num_layers=24, hidden_size=896, num_attention_heads=14, num_query_groups=2,
-                                    ffn_hidden_size=4864, max_position_embeddings=32768)}),
+               "qwen2.5-0.5b": dict(_QWEN2, **_QWEN_REAL, num_layers=24, hidden_size=896, num_attention_heads=14,
+                                    num_query_groups=2, ffn_hidden_size=4864, max_position_embeddings=32768)}),
     Family("qwen3", "tpzoo.models.qwen3", Qwen3Config, data="causal-lm", finetune="causal-lm",
            default_preset="qwen3-tiny", train_defaults=DECODER_DEFAULTS, presets={
                # heads of 48 features over a width of 128: the head size is its own, as in Qwen3
-               "qwen3-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
-                                  num_query_groups=2, kv_channels=48, ffn_hidden_size=352, tie_word_embeddings=True),
+               "qwen3-tiny": dict(_QWEN3, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+                                  num_query_groups=2, kv_channels=48, ffn_hidden_size=352),
                # Qwen3-0.6B's shape
-               "qwen3-0.6b": dict(_QWEN, num_layers=28, hidden_size=1024, num_attention_heads=16, num_query_groups=8,
-                                  kv_channels=128, ffn_hidden_size=3072, max_position_embeddings=40960)}),
+               "qwen3-0.6b": dict(_QWEN3, **_QWEN_REAL, num_layers=28, hidden_size=1024, num_attention_heads=16,
+                                  num_query_groups=8, kv_channels=128, ffn_hidden_size=3072,
+                                  max_position_embeddings=40960)}),
     Family("mistral", "tpzoo.models.mistral", MistralConfig, data="causal-lm", finetune="causal-lm",
            default_preset="mistral-tiny", train_defaults=DECODER_DEFAULTS, presets={
-               "mistral-tiny": dict(_LLAMA, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+               "mistral-tiny": dict(_MISTRAL, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
                                     num_query_groups=2, ffn_hidden_size=352, window_size=16),
                # Mistral-7B-v0.1's shape: a window of 4096 tokens
-               "mistral-7b": dict(_LLAMA, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+               "mistral-7b": dict(_MISTRAL, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
                                   ffn_hidden_size=14336, vocab_size=32000, max_position_embeddings=32768,
                                   window_size=4096)}),
 )}
