@@ -13,7 +13,7 @@ with this module's ``config_from_hf``, ``config_to_hf`` and ``rules``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import LlamaConfig
@@ -125,7 +125,15 @@ def _llama_from_hf(hf: Any, arch: str) -> LlamaConfig:
     return config_from_hf(hf)
 
 
-SPEC = FamilySpec(models={"LlamaModel": LlamaModel}, pretrain_model="LlamaModel",
-                  finetune_model="LlamaModel", num_parameters=num_parameters,
-                  hf=HFAdapter("llama", {"LlamaForCausalLM": ("LlamaModel", {})}, _llama_from_hf,
-                               lambda c, arch: config_to_hf(c, "LlamaConfig", arch), rules))
+def llama_like_spec(model: type[CausalLM], hf_config: str, config_from: Callable[[Any, str], LlamaConfig],
+                    **own_to_hf: Callable[[LlamaConfig], Any]) -> FamilySpec:
+    """The ``FamilySpec`` of a Llama-like family: its one model class, Llama's parameter count and rules, Hugging Face's
+    ``<Name>ForCausalLM`` of config class ``hf_config`` read by ``config_from`` and written with ``own_to_hf`` (Hugging
+    Face field -> its value of a config)."""
+    name, arch = model.__name__, f"{hf_config.removesuffix('Config')}ForCausalLM"
+    to_hf = lambda c, arch: config_to_hf(c, hf_config, arch, **{k: f(c) for k, f in own_to_hf.items()})  # noqa: E731
+    return FamilySpec(models={name: model}, pretrain_model=name, finetune_model=name, num_parameters=num_parameters,
+                      hf=HFAdapter(model.model_type, {arch: (name, {})}, config_from, to_hf, rules))
+
+
+SPEC = llama_like_spec(LlamaModel, "LlamaConfig", _llama_from_hf)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import MistralConfig
-from tpzoo.models.families import FamilySpec, HFAdapter
-from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+from tpzoo.models.llama import config_from_hf, llama_like_spec
 
 
 class MistralModel(CausalLM):
@@ -24,9 +23,6 @@ class MistralModel(CausalLM):
     config_class = MistralConfig
 
 
-SPEC = FamilySpec(models={"MistralModel": MistralModel}, pretrain_model="MistralModel",
-                  finetune_model="MistralModel", num_parameters=num_parameters,
-                  hf=HFAdapter("mistral", {"MistralForCausalLM": ("MistralModel", {})},
-                               lambda hf, arch: config_from_hf(hf, MistralConfig, window_size=hf.sliding_window),
-                               lambda c, arch: config_to_hf(c, "MistralConfig", arch, sliding_window=c.window_size),
-                               rules))
+SPEC = llama_like_spec(MistralModel, "MistralConfig",
+                       lambda hf, arch: config_from_hf(hf, MistralConfig, window_size=hf.sliding_window),
+                       sliding_window=lambda c: c.window_size)

@@ -15,9 +15,8 @@ from typing import Any
 
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import Qwen2Config
-from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import require
-from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+from tpzoo.models.llama import config_from_hf, llama_like_spec
 
 
 class Qwen2Model(CausalLM):
@@ -32,7 +31,4 @@ def _from_hf(hf: Any, arch: str) -> Qwen2Config:
     return config_from_hf(hf, Qwen2Config)
 
 
-SPEC = FamilySpec(models={"Qwen2Model": Qwen2Model}, pretrain_model="Qwen2Model", finetune_model="Qwen2Model",
-                  num_parameters=num_parameters,
-                  hf=HFAdapter("qwen2", {"Qwen2ForCausalLM": ("Qwen2Model", {})}, _from_hf,
-                               lambda c, arch: config_to_hf(c, "Qwen2Config", arch), rules))
+SPEC = llama_like_spec(Qwen2Model, "Qwen2Config", _from_hf)

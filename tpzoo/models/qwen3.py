@@ -15,9 +15,8 @@ from typing import Any
 
 from tpzoo.models.causal_lm import CausalLM
 from tpzoo.models.config import Qwen3Config
-from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import require
-from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters, rules
+from tpzoo.models.llama import config_from_hf, llama_like_spec
 
 
 class Qwen3Model(CausalLM):
@@ -33,7 +32,4 @@ def _from_hf(hf: Any, arch: str) -> Qwen3Config:
     return config_from_hf(hf, Qwen3Config)
 
 
-SPEC = FamilySpec(models={"Qwen3Model": Qwen3Model}, pretrain_model="Qwen3Model", finetune_model="Qwen3Model",
-                  num_parameters=num_parameters,
-                  hf=HFAdapter("qwen3", {"Qwen3ForCausalLM": ("Qwen3Model", {})}, _from_hf,
-                               lambda c, arch: config_to_hf(c, "Qwen3Config", arch), rules))
+SPEC = llama_like_spec(Qwen3Model, "Qwen3Config", _from_hf)
