@@ -14,6 +14,7 @@ from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision
 from tpzoo.training.config_file import add_config_args, to_toml, write_config
 from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.optimizer_args import add_optimizer_args
+from tpzoo.lora_options import LoRAConfig
 from tpzoo.training.run_config import RunConfig, add_section, section_of
 
 PROG = "finetune.py"
@@ -22,6 +23,7 @@ PROG = "finetune.py"
 def parser() -> CommandParser:
     p = command_parser(PROG, "Fine-tune a BERT classifier or a GPT / Llama causal LM (docs/finetuning.md).")
     add_section(p, FinetuneConfig, "fine-tuning")
+    add_section(p, LoRAConfig, "LoRA adapters (docs/finetuning.md)")
     add_parallel_args(p)
     add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
                        lr_decay_style="linear")
@@ -31,20 +33,21 @@ def parser() -> CommandParser:
     return p
 
 
-def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig]:
+def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, LoRAConfig]:
     """What the flags alone can be checked for, before torch loads: each section's fields (--use-torch-fsdp2's
-    misuse ...), the launch (--local-rank), the folders written to; the run's configuration and own section."""
+    misuse ...), the launch (--local-rank), the folders written to; the run's configuration and own sections."""
     job, tune = RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args))
+    lora = section_of(LoRAConfig, vars(args))
     job.parallel.check_launch()
     check_output_folder("--save", tune.save)
     check_output_folder("--log-dir", tune.log_dir)
-    return job, tune
+    return job, tune, lora
 
 
 def main(argv: list[str] | None = None):
     p = parser()
     args = p.parse_args(argv)
-    job, tune = exit_on_misuse(PROG, lambda: check_flags(args))
+    job, tune, lora = exit_on_misuse(PROG, lambda: check_flags(args))
     if args.print_config:  # the checkpoint's values (dropout, tokenizer) stay its own: not set here
         print(to_toml(p, vars(args)), end="")
         return None
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None):
     from tpzoo.training.finetune_setup import build_finetune
 
     def run():
-        built = build_finetune(job, tune)
+        built = build_finetune(job, tune, lora)
         write_config(built.log_dir, to_toml(p, built.flags()))  # the --save folder, else the log folder
         return built
 

@@ -18,6 +18,7 @@ from tpzoo.models.build import build_model
 from tpzoo.models.families import SOURCES, config_from_dict
 from tpzoo.models.pretrained import CONFIG_FILE, load_state, model_options, read_pretrained
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan
+from tpzoo.parallel.lora import ADAPTER, add_adapters, recorded_adapters
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,14 @@ logger = logging.getLogger(__name__)
 def model_record(model: StagedModel) -> dict[str, Any]:
     """meta.json's "model": {"class", "options" (constructor options), "config" (the model config's dict),
     "plan" (the run options it was built with: ``ParallelPlan.options()``, for the record; loading takes
-    the loader's plan), "source" (the module:NAME of a family from outside tpzoo, else null)}. Checkpoints
-    written before the plan kept those options inside "config"; before the open registry, "source" was absent."""
-    return {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict(),
-            "plan": model.plan.options(), "source": SOURCES.get(model.config.model_type)}
+    the loader's plan), "source" (the module:NAME of a family from outside tpzoo, else null), and for a model with
+    LoRA adapters "adapters" (their ``LoRAConfig`` and seed). Checkpoints written before the plan kept those options
+    inside "config"; before the open registry, "source" was absent."""
+    record = {"class": type(model).__name__, "options": model_options(model), "config": model.config.to_dict(),
+              "plan": model.plan.options(), "source": SOURCES.get(model.config.model_type)}
+    if getattr(model, "adapters", None):  # LoRA (tpzoo.parallel.lora): added again before the weights load
+        record["adapters"] = model.adapters
+    return record
 
 
 def recorded_config(record: dict[str, Any], model: type | None = None) -> ModelConfig:
@@ -92,7 +97,9 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
     with its ``config_class``) and/or ``config_overrides`` change the config (e.g.
     {"num_labels": 3}); then parameters whose names and
     shapes match load and the others keep their seeded init, listed in a warning. Without either (or with
-    the saved class itself), every parameter must load.
+    the saved class itself), every parameter must load. A model saved with LoRA adapters gets them again
+    (``tpzoo.parallel.lora``; its base weights frozen), and a checkpoint of the adapters alone (``adapters_of``:
+    the base checkpoint it was fine-tuned from) loads that base first.
     """
     plan = as_plan(plan)
     mesh = plan.mesh
@@ -104,11 +111,19 @@ def load_model(path: str | Path, plan: ParallelPlan | ParallelMesh | None = None
     else:
         folder = resolve_checkpoint(path, collective=True)
         record = read_meta(folder)["checkpoint"]["model"]
-        model = _build(record["class"], record["options"], recorded_config(record, given), plan,
-                       model_class, config_overrides, stage)
+        if record.get("adapters_of"):  # LoRA's adapters alone: the base model's weights come from its checkpoint
+            model = load_model(record["adapters_of"], plan, model_class=model_class, config_overrides=config_overrides,
+                               **stage)
+        else:
+            model = _build(record["class"], record["options"], recorded_config(record, given), plan,
+                           model_class, config_overrides, stage)
+        if record.get("adapters"):
+            add_adapters(model, *recorded_adapters(record["adapters"]))
         strict = _strict(model, record["class"], config_overrides)
         saved = read_dcp_metadata(folder).state_dict_metadata
         entries, rest = split_by_fit(model_entries(model, mesh, loading=True), saved)
+        if record.get("adapters_of"):  # the base's weights are loaded: only the adapters are this folder's
+            rest = [e for e in rest if f".{ADAPTER}.lora_" in e.key]
         if strict and rest:
             raise ValueError(f"checkpoint {folder} lacks {len(rest)} of the model's parameters "
                              f"({', '.join(e.key for e in rest[:5])}{' ...' if len(rest) > 5 else ''})")

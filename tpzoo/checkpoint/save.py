@@ -30,6 +30,7 @@ from tpzoo.checkpoint.rng import rng_items
 from tpzoo.checkpoint.tensors import model_entries, save_items
 from tpzoo.engine.train_step import Engine
 from tpzoo.parallel.health import peers_named
+from tpzoo.parallel.lora import ADAPTER
 
 logger = logging.getLogger(__name__)
 RESERVED = ("iteration", "checkpoint")
@@ -40,7 +41,8 @@ def mesh_shape(engine: Engine) -> dict[str, int]:
     return {"pp": engine.mesh.pp_size, "dp": engine.mesh.dp_size, "tp": engine.mesh.tp_size}
 
 
-def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: bool, save_rng: bool) -> str:
+def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: bool, save_rng: bool,
+          adapters_of: str | None = None) -> str:
     """meta.json's text: the caller's ``meta`` plus "iteration" and "checkpoint" (what loading needs;
     "optimizer"."saved" and "rng" say whether the optimizer state and the RNG states were written)."""
     taken = [k for k in RESERVED if k in meta]
@@ -49,7 +51,7 @@ def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: 
     record = {
         "format": FORMAT, "version": VERSION, "mesh": mesh_shape(engine),
         "virtual_stages": engine.config.virtual_stages, "precision": engine.config.precision,
-        "model": model_record(engine.chunks[0].model),
+        "model": {**model_record(engine.chunks[0].model), **({"adapters_of": adapters_of} if adapters_of else {})},
         "optimizer": {"class": type(engine.optimizer).__name__,
                       "zero": engine.config.use_distributed_optimizer,
                       "param_groups": param_groups(engine.optimizer), "saved": save_optimizer},
@@ -182,7 +184,7 @@ def wait_for_save() -> Path | None:
 
 def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any],
                     background: bool = False, save_optimizer: bool = True, save_rng: bool = True,
-                    files: Mapping[str, str] | None = None) -> Path:
+                    files: Mapping[str, str] | None = None, adapters_of: str | None = None) -> Path:
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
@@ -206,11 +208,17 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
 
     ``files``: text files to keep beside meta.json (name -> text; pretrain.py's config.toml), covered by the
     manifest like the rest.
+
+    ``adapters_of``: the checkpoint (or model folder) the model's LoRA adapters were trained on: the model's
+    weights are left out but for the adapters' (``tpzoo.parallel.lora``), and the model record names that base,
+    which ``load_model`` loads first.
     """
     global _pending
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
-    text = _meta(iteration, engine, meta, save_optimizer, save_rng)
+    if adapters_of and not getattr(engine.chunks[0].model, "adapters", None):
+        raise ValueError(f"adapters_of={adapters_of!r}: the engine's model has no LoRA adapters to save alone")
+    text = _meta(iteration, engine, meta, save_optimizer, save_rng, adapters_of)
     taken = [name for name in files or {} if name in (*RANK0_FILES, MANIFEST_FILE) or "/" in name or
              name.endswith((".distcp", ".part"))]
     if taken:
@@ -224,7 +232,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     with peers_named(f"saving {final}", mesh, engine.config.timeout_s):  # a stuck or dead peer is named
         _on_first_rank(final, lambda: _prepare(final, partial))
         entries = [e for chunk in engine.chunks
-                   for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))]
+                   for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))
+                   if not adapters_of or f".{ADAPTER}.lora_" in e.key]
         entries += optimizer_entries(engine) if save_optimizer else []
         try:
             dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)

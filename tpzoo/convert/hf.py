@@ -39,6 +39,7 @@ from tpzoo.models.build import build_model
 from tpzoo.models.pretrained import FORMAT, model_options, write_once
 from tpzoo.models.sharding import load_full_state_dict
 from tpzoo.parallel import ParallelMesh, ParallelPlan
+from tpzoo.parallel.lora import merge_adapters, recorded_adapters
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -175,8 +176,10 @@ def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> Sta
 
 def to_hf(model: StagedModel, out_dir: str | Path) -> Path:
     """Write ``model`` as a Hugging Face folder that ``from_pretrained`` opens (the vocabulary
-    padding dropped). Every rank calls it; one writes."""
+    padding dropped; LoRA adapters merged into their weights). Every rank calls it; one writes."""
     def write(state: dict[str, Tensor]) -> None:
+        if getattr(model, "adapters", None):  # LoRA: W + (alpha / r) B A, what Hugging Face's model holds
+            state = merge_adapters(state, recorded_adapters(model.adapters)[0])
         hf_config, hf_state, tied = tpzoo_to_hf(type(model).__name__, model_options(model), model.config, state)
         write_hf(out_dir, hf_config, hf_state, tied)
 

@@ -50,14 +50,14 @@ def fsdp_units(model: StagedModel) -> list[nn.Module]:
 
 class FSDPParams:
     """Shards each of ``chunks`` (``StageModule``s: the units of ``fsdp_units``, the chunk the root unit)
-    over dp for a run at ``precision``; ``params``: the sharded parameters, all ``owned``."""
+    over dp for a run at ``precision``; ``params``: the sharded parameters, ``owned`` those that train."""
 
     def __init__(self, chunks: list[nn.Module], precision: str, mesh: ParallelMesh) -> None:
         for chunk in chunks:
             apply_fsdp(chunk, fsdp_units(chunk.model), mesh, param_dtype=DTYPES[precision])
         self.chunks = chunks
         self.params = [p for c in chunks for p in c.parameters()]
-        self.owned = self.params
+        self.owned = [p for p in self.params if p.requires_grad]  # a frozen parameter (LoRA's base) is not stepped
 
     def main_of(self, p: nn.Parameter) -> nn.Parameter:
         return p

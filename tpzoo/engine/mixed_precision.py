@@ -70,29 +70,39 @@ class MainParams:
     ``params[i]``: the main parameter of model parameter i; ``owned``: those this rank steps (under
     ``zero``, the ones ``owners`` gives this dp rank; otherwise all); ``chunks``: per model chunk
     (``modules``), a module whose parameters are its main parameters, in the chunk's order;
-    ``listeners``: called with a main parameter after each accumulation into its grad."""
+    ``listeners``: called with a main parameter after each accumulation into its grad. A frozen
+    parameter (``requires_grad`` False: the base weights under LoRA) has a main weight on every rank,
+    no owner, no gradient and no optimizer state; ``trainable`` / ``trainable_owner``: the others and their
+    dp owners (what the gradient reducer sums)."""
 
     def __init__(self, params: list[nn.Parameter], modules: list[nn.Module], precision: str,
                  dp_group: dist.ProcessGroup, zero: bool) -> None:
         self.model, self.dtype, self.group = params, DTYPES[precision], dp_group
         dp, rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
-        self.owner = owners(params, dp) if zero else [rank] * len(params)
-        if rank not in self.owner:
+        trains = [p.requires_grad for p in params]
+        learned = [p for p, t in zip(params, trains) if t]
+        given = iter(owners(learned, dp) if zero else [rank] * len(learned))
+        self.owner = [next(given) if t else None for t in trains]
+        if learned and rank not in self.owner:
             raise ValueError(f"the distributed optimizer over dp={dp} leaves dp rank {rank} no parameter to own: "
-                             f"this pipeline stage holds {len(params)} parameters; lower dp or turn off "
+                             f"this pipeline stage trains {len(learned)} parameters; lower dp or turn off "
                              f"use_distributed_optimizer")
         self.zero, self.mixed = zero and dp > 1, self.dtype != torch.float32
         mine = [o == rank for o in self.owner]
-        self.params = [_main_of(p, m) if self.mixed else p for p, m in zip(params, mine)]
+        self.params = [_main_of(p, m or not t) if self.mixed else p for p, m, t in zip(params, mine, trains)]
         self.owned = [main for main, m in zip(self.params, mine) if m]
+        self.trainable = [main for main, t in zip(self.params, trains) if t]
+        self.trainable_owner = [o for o in self.owner if o is not None]
+        self._kept = {id(main) for main, m, t in zip(self.params, mine, trains) if m or not t}  # weights() holds
         self._mine = [(p, main) for p, main, m in zip(params, self.params, mine) if m]
         self._main_of = {id(p): main for p, main in zip(params, self.params)}
         self.chunks = [nn.ParameterList([self.main_of(p) for p in module.parameters()]) for module in modules]
         self.listeners: list[Callable[[nn.Parameter], None]] = []
-        for p, main in zip(params, self.params):
+        for p, main, t in zip(params, self.params, trains):
             if self.mixed:
                 p.data = p.data.to(self.dtype)
-            p.register_post_accumulate_grad_hook(lambda p, main=main: self._accumulated(p, main))
+            if t:
+                p.register_post_accumulate_grad_hook(lambda p, main=main: self._accumulated(p, main))
 
     def main_of(self, p: nn.Parameter) -> nn.Parameter:
         """The main parameter of model parameter ``p``."""
@@ -133,10 +143,10 @@ class MainParams:
 
     def weights(self, model: nn.Module) -> dict[str, torch.Tensor | None]:
         """Parameter name -> its main weight (detached) for each parameter of ``model`` (a chunk's model), None
-        where another dp rank owns it: what a checkpoint stores of the model, and fills at load."""
-        owned = {id(main) for main in self.owned}
+        where another dp rank owns it (a frozen one every rank holds): what a checkpoint stores of the model, and
+        fills at load."""
         named = ((name, self.main_of(p)) for name, p in model.named_parameters(remove_duplicate=False))
-        return {name: main.detach() if id(main) in owned else None for name, main in named}
+        return {name: main.detach() if id(main) in self._kept else None for name, main in named}
 
 
 def _move_grad(p: nn.Parameter, main: nn.Parameter) -> None:

@@ -145,8 +145,8 @@ class Engine:
             self.main = MainParams([p for c in self.chunks for p in c.parameters()], self.chunks, config.precision,
                                    mesh.dp_group, config.use_distributed_optimizer)
             zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
-            self.reducer = GradReducer(self.main.params, mesh.dp_group, config.bucket_mb,
-                                       owner=self.main.owner if zero2 else None)
+            self.reducer = GradReducer(self.main.trainable, mesh.dp_group, config.bucket_mb,
+                                       owner=self.main.trainable_owner if zero2 else None)
             if self.reducer.active:
                 self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]

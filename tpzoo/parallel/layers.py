@@ -108,6 +108,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _bias(self.out_per_rank, bias, self.weight.dtype, self.weight.device)
         if self.bias is not None:
             mark(self.bias, tp_split_dim=0, tp_full_size=out_features)
+        self.adapter: nn.Module | None = None  # X -> [..., out/tp] added to Y_r (tpzoo.parallel.lora)
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor | None]:
         _check_last_dim(x, self.in_features, "ColumnParallelLinear")
@@ -116,6 +117,8 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = copy_to_tp_region(x, self.tp_group)
         y = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        if self.adapter is not None:
+            y = y + self.adapter(x)
         if self.gather_output:
             y = gather_from_tp_region(y, self.tp_group)
         return (y, self.bias) if self.skip_bias_add else y
@@ -154,6 +157,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _bias(out_features, bias, self.weight.dtype, self.weight.device)
         if self.bias is not None:
             mark(self.bias, tp_partial=sequence_parallel)
+        self.adapter: nn.Module | None = None  # X_r -> [..., out] added to the partial X_r A_r (tpzoo.parallel.lora)
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor | None]:
         if self.input_is_parallel:
@@ -162,6 +166,8 @@ class RowParallelLinear(nn.Module):
             _check_last_dim(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
             x = scatter_to_tp_region(x, self.tp_group)
         partial = F.linear(x, self.weight)
+        if self.adapter is not None:
+            partial = partial + self.adapter(x)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(partial, self.tp_group, SEQ_DIM)
         else:

@@ -37,8 +37,9 @@ def point_best(save_dir: Path, folder: Path) -> None:
 class BestCheckpoint:
     """Saves into ``save_dir`` when ``metric`` improves and at the end (see the module docstring)."""
 
-    def __init__(self, save_dir: Path, metric: str, higher_is_better: bool) -> None:
+    def __init__(self, save_dir: Path, metric: str, higher_is_better: bool, adapters_of: str | None = None) -> None:
         self.save_dir, self.metric, self.higher = Path(save_dir), metric, higher_is_better
+        self.adapters_of = adapters_of  # LoRA's --save-adapters-only: the base checkpoint (``save_checkpoint``)
         self.best: float | None = None
         self.best_folder: Path | None = None
         self.written: list[Path] = []
@@ -51,7 +52,7 @@ class BestCheckpoint:
         improved = self.improves(value)
         if not (improved or last):
             return None
-        folder = save_checkpoint(self.save_dir, iteration, engine, meta=meta)
+        folder = save_checkpoint(self.save_dir, iteration, engine, meta=meta, adapters_of=self.adapters_of)
         if improved:
             self.best, self.best_folder = value, folder
         if dist.get_rank() == 0:

@@ -67,7 +67,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     g, n = engine.config.global_batch_size, len(run.train)
     schedule, steps = run.schedule, num_batches(n, g)
     metric, higher = BEST_BY[run.kind]
-    keeper = BestCheckpoint(run.save_dir, metric, higher) if run.save_dir is not None else None
+    keeper = BestCheckpoint(run.save_dir, metric, higher, run.adapters_of) if run.save_dir is not None else None
     summary, iteration, latest, health = FinetuneSummary(), 0, None, Health()
     with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
             run.log_dir, schedule.decay_steps, tune.log_interval, enabled=rank0,

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tpzoo.checkpoint import load_model, read_meta
 from tpzoo.checkpoint.model import recorded_config
@@ -33,10 +33,12 @@ from tpzoo.data.causal_lm import CausalLMDataset, read_texts
 from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
+from tpzoo.lora_options import LoRAConfig
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
+from tpzoo.parallel.lora import add_adapters
 from tpzoo.data.batches import num_batches
 from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
@@ -65,6 +67,7 @@ class FinetuneRun:
     save_dir: Path | None
     log_dir: Path
     report: list[str]                 # printed once before training: classes, sample lengths
+    adapters_of: str | None = None    # --save-adapters-only: the --load checkpoint the adapters are saved against
 
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What a checkpoint of this run records besides the tensors (JSON-able)."""
@@ -159,14 +162,19 @@ def check_data_args(tune: FinetuneConfig, kind: str, class_name: str) -> None:
                          f"checkpoint of a classifier family ({', '.join(classifiers)})")
 
 
-def build_finetune(job: RunConfig, tune: FinetuneConfig) -> FinetuneRun:
-    """Everything the fine-tuning run of ``job`` and ``tune`` needs, checked before any training."""
+def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRAConfig()) -> FinetuneRun:
+    """Everything the fine-tuning run of ``job``, ``tune`` and ``lora`` (adapters, when its rank is set) needs,
+    checked before any training."""
     if not tune.load:
         raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
     class_name, saved, meta = saved_model(tune.load)
     fam = family(saved.model_type)
     spec, kind = fam.spec, fam.finetune
     check_data_args(tune, kind, class_name)
+    if lora.enabled and kind != "causal-lm":
+        raise ValueError(f"--lora-rank {lora.rank}: LoRA fine-tunes causal LMs (GPT, Llama, Qwen, Mistral) here; "
+                         f"--load {tune.load} fine-tunes as a {kind} model, whose new head trains whole: drop the "
+                         f"--lora flags")
     tokenizer = model_tokenizer(tune.load, tune.tokenizer_model, vocab_size=saved.vocab_size)
     parallel = job.parallel
     train, valid, names, report = finetune_data(tune, kind, tokenizer, saved, meta,
@@ -190,8 +198,25 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig) -> FinetuneRun:
     mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
     manual_seed(t.seed, mesh)
     build = functools.partial(load_model, tune.load, model_class=model_class, config_overrides=overrides)
+    if lora.enabled:
+        build = functools.partial(_with_adapters, build, lora, t.seed)
     engine = Engine(build, config, ecfg, job.plan(mesh))
     save_dir = Path(tune.save) if tune.save else None
     log_dir = Path(tune.log_dir) if tune.log_dir else save_dir or default_run_dir(f"finetune-{saved.model_type}")
+    adapters_of = str(Path(tune.load).resolve()) if lora.save_adapters_only else None
     return FinetuneRun(job, tune, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir,
-                       log_dir, report)
+                       log_dir, report, adapters_of)
+
+
+def _with_adapters(build: Callable[..., Any], lora: LoRAConfig, seed: int, plan: Any, **stage: Any) -> Any:
+    """``build``'s model (stage) with LoRA adapters added and the rest frozen (``tpzoo.parallel.lora``)."""
+    model = build(plan, **stage)
+    had = getattr(model, "adapters", None)  # a checkpoint fine-tuned with LoRA loads with its adapters
+    if had is None:
+        add_adapters(model, lora, seed)
+    elif {k: had[k] for k in ("rank", "alpha", "targets")} != {"rank": lora.rank, "alpha": lora.alpha,
+                                                                "targets": lora.targets}:
+        raise ValueError(f"--load holds LoRA adapters of rank {had['rank']}, alpha {had['alpha']} on {had['targets']}; "
+                         f"the --lora flags ask for rank {lora.rank}, alpha {lora.alpha} on {lora.targets}: drop them or "
+                         f"make them agree")
+    return model
