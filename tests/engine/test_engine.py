@@ -173,14 +173,16 @@ def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
 
 
 def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: bool = False,
-             schedules: tuple[str, ...] = SCHEDULES, classifier_runs: dict = CLASSIFIER_RUNS
-             ) -> list[tuple[str, str, dict]]:
+             schedules: tuple[str, ...] = SCHEDULES, classifier_runs: dict = CLASSIFIER_RUNS,
+             per_mesh: int | None = None) -> list[tuple[str, str, dict]]:
     """(case, schedule, options) for mesh number ``index``.
 
     Default: max(F, schedules) runs when pp > 1, else F runs of 1f1b; run j takes family j mod F, schedule
     (j + index) mod S and every option on when j // 2 + index is odd: every mesh meets every family and
     both settings, every schedule meets every family and both settings over the meshes, and every family
-    both settings. ``full``: every combination of
+    both settings. ``per_mesh`` R: R runs a mesh instead, run j taking family (index R + j) mod F, schedule j mod S
+    and every option on when j + index is odd: the families spread over the meshes, every mesh and schedule
+    meets both settings. ``full``: every combination of
     family, schedule, ZeRO-2 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
     add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
     no ZeRO-2), over ``schedules``.
@@ -193,6 +195,9 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
                for name, schedule, zero, recompute, sp in itertools.product(
                    families, schedules if pp > 1 else ("1f1b",), values[dp > 1 and not fsdp], (False, True),
                    values[tp > 1])]
+    elif per_mesh:
+        out = [(families[(index * per_mesh + j) % len(families)], schedules[j % len(schedules)] if pp > 1 else "1f1b",
+                options_of((j + index) % 2 == 1, tp, fsdp)) for j in range(per_mesh)]
     else:
         count = max(len(families), len(schedules)) if pp > 1 else len(families)
         out = [(families[j % len(families)], schedules[(j + index) % len(schedules)] if pp > 1 else "1f1b",

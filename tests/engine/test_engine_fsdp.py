@@ -5,10 +5,10 @@ One 8-rank spawn loops over the meshes (tp, pp, dp) of ``MESHES`` and checks, ea
 (``pytest -k 'fsdp and tp2'``):
 
 - 10 steps of FSDP equal the single-rank run within 1e-5 (losses, loss parts, gradient norms, final
-  weights: ``test_engine``'s references and ``compare``), the families and the option setting
-  (recompute and sequence parallelism all on or all off) rotating as in ``test_engine.variants``:
-  every mesh meets every pretraining family and both settings, every schedule FSDP allows (not
-  interleaved-zero-bubble) both settings; the classifier runs through a pipeline on one mesh. CLIP is
+  weights: ``test_engine``'s references and ``compare``), three runs a mesh, the families and the option
+  setting (recompute and sequence parallelism all on or all off) rotating (``test_engine.variants``'
+  ``per_mesh``): every pretraining family with and without a pipeline, every mesh and every schedule FSDP
+  allows (not interleaved-zero-bubble) both settings; the classifier runs through a pipeline on one mesh. CLIP is
   small enough that every run clips (asserted), so the weights check the clipping too;
 - bf16: FSDP's MixedPrecisionPolicy run (float32 shards cast for compute) tracks the plain bf16 engine
   (bf16 weights, float32 main weights) on the same mesh within HALF_TOL;
@@ -57,7 +57,8 @@ REFUSED = [("1f1b", dict(use_distributed_optimizer=True), 1, "turn off use_distr
 def fsdp_variants(index: int, tp: int, pp: int, dp: int) -> list[tuple[str, str, dict]]:
     """``test_engine.variants`` with FSDP over FSDP_SCHEDULES; on ACCUMULATING, 2 micro-batches a step, so that
     the engine's own accumulation at pp = 1 without a reduce (``sync_gradients_this_backward``) runs."""
-    runs = variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS)
+    runs = variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS,
+                    per_mesh=len(FSDP_SCHEDULES))
     m2 = (tp, pp, dp) == ACCUMULATING
     return [(name, schedule, {**options, "micro_batches": 2} if m2 else options) for name, schedule, options in runs]
 
@@ -181,8 +182,9 @@ def test_engine_fsdp_variants_cover_every_family_and_setting():
             for name, schedule, options in fsdp_variants(index, *mesh) if name in PRETRAINING]
     assert all(options["fsdp"] and not options["use_distributed_optimizer"] for *_, options in runs)
     for mesh in MESHES:
-        assert {r[1] for r in runs if r[0] == mesh} == set(PRETRAINING), mesh
         assert {r[3]["recompute_activations"] for r in runs if r[0] == mesh} == {False, True}, mesh
+    for name in PRETRAINING:  # every family through FSDP, with and without a pipeline
+        assert {r[0][1] > 1 for r in runs if r[1] == name} == {False, True}, name
     for schedule in FSDP_SCHEDULES:
         assert {r[3]["recompute_activations"] for r in runs if r[2] == schedule} == {False, True}, schedule
     assert {r[2] for r in runs} == set(FSDP_SCHEDULES)

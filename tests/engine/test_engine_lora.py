@@ -1,6 +1,7 @@
 """LoRA through the engine (tpzoo.parallel.lora): on 8 gloo ranks (one spawn, each check its own case), 10
 steps of the grouped-query causal LM with adapters on every linear layer of its transformer layers, on meshes
-(tp, pp, dp) = (2, 1, 4), (1, 2, 4) and (2, 2, 2), with ZeRO-1 and with FSDP (and the q/k/v-biased LM once),
+(tp, pp, dp) = (2, 1, 4), (1, 2, 4) and (2, 2, 2) with ZeRO-1, on (2, 1, 4) with FSDP (and the q/k/v-biased LM
+once),
 equal the single-process run within 1e-5: losses, gradient norms and the adapters' final weights; the
 frozen weights are bit-identical after training; optimizer state exists for the adapters alone (bytes
 counted against AdamW's for their elements).
@@ -30,17 +31,19 @@ from tpzoo.testing import spawn
 pytestmark = pytest.mark.tier("distributed")
 
 G = 16
-LORA = LoRAConfig(rank=4, alpha=8.0)
+LORA = LoRAConfig(rank=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h")
 MESHES = [(2, 1, 4), (1, 2, 4), (2, 2, 2)]
-SHARDINGS = ("zero1", "fsdp")
 
 
 def run_name(name: str, tp: int, pp: int, dp: int, sharding: str) -> str:
     return f"lora-{name}-tp{tp}-pp{pp}-dp{dp}-{sharding}"
 
 
-# the grouped-query LM on every mesh and sharding; the q/k/v-biased one (its adapters sit beside a fused bias) once
-RUNS = [(GQA_LM.name, mesh, s) for mesh in MESHES for s in SHARDINGS] + [(QKV_BIAS_LM.name, MESHES[-1], SHARDINGS[-1])]
+# the grouped-query LM with ZeRO-1 on every mesh, with FSDP without a pipeline; the q/k/v-biased one (its adapters
+# beside a fused bias) once. FSDP through a pipeline with adapters is refused for now (finetune.py says so): its
+# runs ended with the last stage's ranks in a collective the first stage's never joined
+RUNS = [(GQA_LM.name, mesh, "zero1") for mesh in MESHES] + [(GQA_LM.name, MESHES[0], "fsdp"),
+                                                            (QKV_BIAS_LM.name, MESHES[-1], "zero1")]
 CASE_NAMES = [run_name(n, *mesh, s) for n, mesh, s in RUNS]
 
 
@@ -77,11 +80,9 @@ def references() -> dict:
 def lora_checks(refs: dict) -> CaseLog:
     import torch.distributed as dist
 
-    log, meshes = CaseLog(), {}
+    log = CaseLog()
     for name, (tp, pp, dp), sharding in RUNS:
-        if (tp, pp, dp) not in meshes:
-            meshes[tp, pp, dp] = init_mesh(tp=tp, pp=pp, dp=dp)
-        mesh = meshes[tp, pp, dp]
+        mesh = init_mesh(tp=tp, pp=pp, dp=dp)  # groups of its own: a pipeline's p2p after another engine's
         with log.case(run_name(name, tp, pp, dp, sharding)):
             config = config_of(name, tp)
             plan = ParallelPlan(mesh, kernels="torch", fsdp=sharding == "fsdp")

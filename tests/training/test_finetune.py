@@ -103,6 +103,30 @@ def test_gpt_causal_lm_validation_loss_falls(docs_dir):
     assert abs(scores[1]["perplexity"] - 2.718281828 ** losses[1]) < 1e-6 * scores[1]["perplexity"]
 
 
+def test_lora_trains_the_adapters_alone_and_saves_them_alone(docs_dir):
+    """The LoRA command: its validation loss ends below its first logged training loss (the pretrained model's on
+    this data, 10 steps in); its checkpoint holds the adapters alone, names the checkpoint they adapt and loads
+    with them (frozen base, adapters on)."""
+    lines = metrics(docs_dir / "gpt-lora" / "metrics.jsonl")
+    full = epochs(docs_dir / "gpt-demo" / "metrics.jsonl")
+    print("LoRA", [(r["iteration"], r.get("loss"), r.get("val_loss")) for r in lines], "full",
+          [(r["epoch"], r["val_loss"]) for r in full])
+    assert lines[-1]["val_loss"] < lines[0]["loss"] - 0.2, lines
+    out = spawn(load_lora, 2, str(docs_dir / "gpt-lora" / "best"))[0]
+    assert out["adapters"]["rank"] == 8 and out["base"] == str((docs_dir / "gpt-pretrained").resolve())
+    assert out["trained"] and all("lora_" in name for name in out["trained"])
+
+
+def load_lora(folder: str) -> dict:
+    from tpzoo.checkpoint import load_model, read_meta
+    from tpzoo.parallel import init_mesh
+
+    model = load_model(folder, init_mesh(tp=2))
+    record = read_meta(folder)["checkpoint"]["model"]
+    return {"adapters": model.adapters, "base": record["adapters_of"],
+            "trained": [n for n, p in model.named_parameters() if p.requires_grad]}
+
+
 def load_best(folder: str) -> dict:
     from tpzoo.checkpoint import load_model, read_meta
     from tpzoo.parallel import init_mesh
