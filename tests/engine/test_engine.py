@@ -94,11 +94,15 @@ def loss_parts(model, out, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: t.sum() / (b[k] != -100).sum() for t, k in zip(out if isinstance(out, tuple) else (out,), keys)}
 
 
-def reference(name: str, tp: int) -> tuple[list[float], dict, list[float], list[dict[str, float]]]:
+def reference(name: str, tp: int, build: Callable | None = None
+              ) -> tuple[list[float], dict, list[float], list[dict[str, float]]]:
     """Single rank, no engine: the whole global batch in one forward, the mean loss of each label key
-    (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW; also each step's parts."""
-    model = CASES[name].build(config_of(name, tp), ParallelPlan(init_mesh(), kernels="torch"))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, eps=EPS)
+    (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW on the parameters that train; also each
+    step's parts. ``build(plan)``: the model (default: the case's at the test's sizes)."""
+    plan = ParallelPlan(init_mesh(), kernels="torch")
+    model = build(plan) if build is not None else CASES[name].build(config_of(name, tp), plan)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR, weight_decay=WD, eps=EPS)
     losses, norms, parts = [], [], []
     for step in range(STEPS):
         b = global_batch(name, step)
@@ -106,7 +110,7 @@ def reference(name: str, tp: int) -> tuple[list[float], dict, list[float], list[
         loss = sum(by_key.values())
         opt.zero_grad()
         loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        norms.append(torch.nn.utils.clip_grad_norm_(trained, CLIP).item())
         opt.step()
         losses.append(loss.item())
         parts.append({k: v.item() for k, v in by_key.items()})

@@ -15,14 +15,13 @@ import pytest
 import torch
 from cases import CaseLog, assert_case
 from families import CASES, GQA_LM, QKV_BIAS_LM
-from test_engine import CLIP, EPS, LR, STEPS, WD, compare, config_of, global_batch, loss_parts
+from test_engine import CLIP, EPS, LR, STEPS, WD, compare, config_of, global_batch, reference
 
 import background
 from tpzoo.engine.config import EngineConfig
 from tpzoo.engine.data_parallel import optimizer_state_bytes
 from tpzoo.engine.train_step import Engine
 from tpzoo.lora_options import LoRAConfig
-from tpzoo.models import full_state_dict
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.parallel.fsdp import local
 from tpzoo.parallel.lora import add_adapters
@@ -53,28 +52,10 @@ def adapted(name: str, tp: int, plan, **stage):
     return model
 
 
-def reference(name: str, tp: int) -> tuple:
-    """Single rank, no engine: the whole global batch, clip, AdamW on the adapters; also the frozen weights."""
-    model = adapted(name, tp, ParallelPlan(init_mesh(), kernels="torch"))
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=LR, weight_decay=WD, eps=EPS)
-    losses, norms, parts = [], [], []
-    for step in range(STEPS):
-        b = global_batch(name, step)
-        by_key = loss_parts(model, model(**b), b)
-        loss = sum(by_key.values())
-        opt.zero_grad()
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(trained, CLIP).item())
-        opt.step()
-        losses.append(loss.item())
-        parts.append({k: v.item() for k, v in by_key.items()})
-    state = {key: t.numpy() for key, t in full_state_dict(model).items()}
-    return losses, state, norms, parts
-
-
 def references() -> dict:
-    return {(name, mesh[0]): reference(name, mesh[0]) for name, mesh, _ in RUNS}
+    """test_engine's single-process reference of each run's model with its adapters (AdamW on them alone)."""
+    return {(name, mesh[0]): reference(name, mesh[0], functools.partial(adapted, name, mesh[0]))
+            for name, mesh, _ in RUNS}
 
 
 def lora_checks(refs: dict) -> CaseLog:

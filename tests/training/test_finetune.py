@@ -117,6 +117,21 @@ def test_lora_trains_the_adapters_alone_and_saves_them_alone(docs_dir):
     assert out["trained"] and all("lora_" in name for name in out["trained"])
 
 
+def test_to_hf_of_finetuned_checkpoints(docs_dir):
+    """python -m tpzoo.convert to-hf: a classifier's Hugging Face config names its classes as the checkpoint
+    records them (not LABEL_0 ...); a LoRA checkpoint's adapters are merged (a plain model Hugging Face opens)."""
+    import transformers
+
+    for source in ("bert-demo/best", "gpt-lora/best"):
+        done = run([sys.executable, "-m", "tpzoo.convert", "to-hf", source, f"{source.split('/')[0]}-hf"], docs_dir)
+        assert done.returncode == 0, done.stderr[-2000:]
+    config = transformers.AutoConfig.from_pretrained(docs_dir / "bert-demo-hf")
+    meta = json.loads(next((docs_dir / "bert-demo" / "best").glob("meta.json")).read_text())
+    assert config.id2label == dict(enumerate(meta["label_names"])) and meta["label_names"] != ["LABEL_0", "LABEL_1"]
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(docs_dir / "gpt-lora-hf", output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"], info
+
+
 def load_lora(folder: str) -> dict:
     from tpzoo.checkpoint import load_model, read_meta
     from tpzoo.parallel import init_mesh
@@ -216,6 +231,8 @@ def test_sparse_labels_auto_seq_length_and_the_saved_mapping(docs_dir, tmp_path)
     over = sum(n > pick for n in lengths)
     assert pick < 256 and "\n6 classes: 1 2 3 5 7 8\n" in done.stdout
     assert f"\n--seq-length auto: {pick} (the training samples' 95th percentile length is {pick}; " in done.stdout
+    trained = read_meta(docs_dir / "bert-pretrained")["args"]["seq_length"]
+    assert f"\n--seq-length {pick} is longer than the {trained} tokens --load was trained on" in done.stdout
     assert (f"; {over} ({over / len(lengths):.1%}) longer than --seq-length {pick} are cut\n") in done.stdout
     assert done.stdout.count(f"training samples: {len(train)}, tokens p50 ") == 1
     first = metrics(tmp_path / "ft" / "metrics.jsonl")[0]

@@ -54,13 +54,24 @@ def read_training_checkpoint(path: Path) -> tuple[str, dict[str, Any], ModelConf
     from tpzoo.checkpoint import load_model, resolve_checkpoint
     from tpzoo.models.sharding import full_state_dict
     from tpzoo.parallel import init_mesh
+    from tpzoo.parallel.lora import merge_adapters, recorded_adapters
 
     folder = resolve_checkpoint(path)  # before starting a process group: a wrong path fails fast
     try:
         model = load_model(folder, init_mesh(device_type="cpu"))
-        return type(model).__name__, model_options(model), model.config, full_state_dict(model)
+        state = full_state_dict(model)
+        if getattr(model, "adapters", None):  # LoRA: merged into the weights, W + (alpha / r) B A
+            state = merge_adapters(state, recorded_adapters(model.adapters)[0])
+        return type(model).__name__, model_options(model), model.config, state
     finally:
         dist.destroy_process_group()
+
+
+def label_names(path: Path) -> list[str] | None:
+    """The class names a finetune.py checkpoint records (its ``label_names``), or None."""
+    from tpzoo.checkpoint import read_meta
+
+    return None if (path / CONFIG_FILE).is_file() else read_meta(path).get("label_names")
 
 
 def _fail(message: str) -> NoReturn:
@@ -83,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             read = read_pretrained if (args.source / CONFIG_FILE).is_file() else read_training_checkpoint
             class_name, options, config, state = read(args.source)
             hf_config, hf_state, tied = tpzoo_to_hf(class_name, options, config, state)
+            names = label_names(args.source)
+            if names and len(names) == getattr(hf_config, "num_labels", None):  # the classes, not LABEL_0 ...
+                hf_config.id2label = dict(enumerate(names))
+                hf_config.label2id = {name: i for i, name in enumerate(names)}
             write_hf(args.out, hf_config, hf_state, tied)
             what = f"Hugging Face {hf_config.architectures[0]}"
     except (ConversionError, FileNotFoundError, ValueError, KeyError) as e:

@@ -137,17 +137,13 @@ def finetune_data(tune: FinetuneConfig, kind: str, tokenizer: Tokenizer, saved: 
     noun, cut = SAMPLES[kind]
     trained = meta.get("args", {}).get("seq_length")  # the positions --load was trained on (its run's length)
     if auto:
-        tp, cap = multiple, min(saved.max_position_embeddings, trained or saved.max_position_embeddings)
+        tp, cap = multiple, saved.max_position_embeddings
         pick = train.seq_length = valid.seq_length = auto_seq_length(train.lengths, cap, train.min_length, tp)
-        limit = (f"--load was trained on {trained}-token sequences, of max_position_embeddings "
-                 f"{saved.max_position_embeddings}"
-                 if trained and trained < saved.max_position_embeddings
-                 else f"the model's max_position_embeddings is {saved.max_position_embeddings}")
         report.append(f"--seq-length auto: {pick} (the training {noun}' {AUTO_PERCENTILE}th percentile "
-                      f"length is {percentile(train.lengths, AUTO_PERCENTILE)}; {limit}"
-                      + (f"; a multiple of tp={tp} under --sequence-parallel" if tp > 1 else "") + ")")
-    elif trained and tune.seq_length > trained:
-        report.append(f"--seq-length {tune.seq_length} is longer than the {trained} tokens --load was trained on: "
+                      f"length is {percentile(train.lengths, AUTO_PERCENTILE)}; the model's max_position_embeddings is "
+                      f"{cap}" + (f"; a multiple of tp={tp} under --sequence-parallel" if tp > 1 else "") + ")")
+    if trained and train.seq_length > trained:
+        report.append(f"--seq-length {train.seq_length} is longer than the {trained} tokens --load was trained on: "
                       f"positions past {trained} start from what pretraining left them")
     report += [length_report(f"{split} {noun}", data.lengths, train.seq_length, cut)
                for split, data in (("training", train), ("validation", valid))]
