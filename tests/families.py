@@ -3,9 +3,10 @@ preset, a tpzoo model class or a Hugging Face architecture. Every other test fil
 from here and builds its command lines and expected messages from these values.
 
 A ``Case`` is a preset, the model class to build from it, constructor options and config changes;
-``inputs`` says what a batch for it holds ("causal-lm": ids and next-token labels; "masked-lm": ids,
-token types, padding mask, MLM labels and the sentence-order label; "classification": ids, token types,
-padding mask and one label per sequence). ``batch`` and ``without_labels`` turn those into the keyword
+``inputs`` says what a batch for it holds ("causal-lm": ids and next-token labels; "packed-lm": those and
+the example of each token, ``document_ids``; "masked-lm": ids,
+token types, padding mask, MLM labels and the sentence-order label; "classification": ids, token types
+(for a model that reads them: BERT, not a decoder), padding mask and one label per sequence). ``batch`` and ``without_labels`` turn those into the keyword
 arguments of any case, so a test loops over ``CASES`` without knowing a family. A case also knows its
 family (``--model``), its model class, its Hugging Face architecture (the family's adapter says which)
 and the config of its tiny random Hugging Face model (``hf``; built by ``hf_model``).
@@ -108,6 +109,14 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("mistral", "mistral-tiny", "MistralModel", "causal-lm", "lm",
          changes={"num_query_groups": 2, "window_size": WINDOW},
          hf=dict(_HF_LLAMA, num_key_value_heads=2, sliding_window=WINDOW, tie_word_embeddings=False)),
+    # packed examples (``document_ids``): each kept to itself, learned positions counted from its start
+    Case("gpt-packed", "gpt-tiny", "GPTModel", "packed-lm", "lm"),
+    # decoders as classifiers, read at the last real token (padding on the right, never a real token's id)
+    Case("gpt-cls", "gpt-tiny", "GPTForSequenceClassification", "classification", "classification",
+         changes={"num_labels": 3}, hf=dict(_HF_GPT2, tie_word_embeddings=True, num_labels=3, pad_token_id=0)),
+    Case("llama-cls", "llama-tiny", "LlamaForSequenceClassification", "classification", "classification",
+         changes={"num_query_groups": 2, "num_labels": 3},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, num_labels=3, pad_token_id=0)),
 )}
 # one case per family and input kind: what the costlier checks (pipeline stages, recompute, engine) run
 MAIN = ("gpt", "bert", "bert-cls", "llama", "qwen2", "qwen3", "mistral")
@@ -126,6 +135,12 @@ GQA_LM_TIED_MHA = CASES["llama-tied-mha"]   # that family with one kv head per h
 MASKED_LM = CASES["bert"]                   # a masked LM with its binary (sentence-order) head
 MASKED_LM_ONLY = CASES["bert-mlm"]          # a masked LM without the binary head
 CLASSIFIER = CASES["bert-cls"]              # a sequence classifier
+DECODER_CLASSIFIER = CASES["gpt-cls"]       # a causal LM's decoder as a classifier (its last real token)
+GQA_CLASSIFIER = CASES["llama-cls"]         # the same of the grouped-query family
+PACKED_LM = CASES["gpt-packed"]             # a causal LM on packed examples (document_ids)
+# what the engine's mesh matrix trains besides MAIN's pretraining models: packed examples, and its classifiers
+ENGINE_PRETRAINING = (PACKED_LM.name,)
+ENGINE_CLASSIFIERS = (CLASSIFIER.name, GQA_CLASSIFIER.name)
 PRETRAIN_DEFAULT = CAUSAL_LM                # the family pretrain.py trains without --model
 # full-size presets, checked against the published (Hugging Face) parameter counts
 CAUSAL_LM_SMALL = "gpt2"                    # GPT-2 small: 124,439,808 parameters
@@ -179,17 +194,30 @@ def batch(case: Case, ids: torch.Tensor, generator: torch.Generator, classes: in
     import torch
 
     b, s = ids.shape
-    if case.inputs == "causal-lm":
-        return dict(input_ids=ids, labels=torch.cat([ids[:, 1:], torch.full((b, 1), -100)], 1))
+    if case.inputs in ("causal-lm", "packed-lm"):
+        out = dict(input_ids=ids, labels=torch.cat([ids[:, 1:], torch.full((b, 1), -100)], 1))
+        if case.inputs == "packed-lm":  # 1 to 3 examples a row, the last target of each ignored
+            ends = torch.rand(b, s, generator=generator) < 2 / s
+            out["document_ids"] = ends.long().cumsum(1)
+            out["labels"][:, :-1][out["document_ids"][:, 1:] != out["document_ids"][:, :-1]] = -100
+        return out
     mask = torch.ones(b, s, dtype=torch.long)
     mask[b - 1, s - max(1, s // 4):] = 0                                  # padding at the end of the last sample
-    types = (torch.arange(s) >= s // 2).long().expand(b, s).clone()
-    out = dict(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    out = dict(input_ids=ids, attention_mask=mask)
+    if reads_token_types(case.model_class):
+        out["token_type_ids"] = (torch.arange(s) >= s // 2).long().expand(b, s).clone()
     if case.inputs == "classification":
         return dict(out, labels=torch.randint(0, classes, (b,), generator=generator))
     labels = torch.where((torch.rand(b, s, generator=generator) < 0.3) & (mask == 1), ids, -100)
     labels[0, 0] = ids[0, 0]                                              # at least one MLM target
     return dict(out, labels=labels, next_sentence_label=torch.randint(0, 2, (b,), generator=generator))
+
+
+def reads_token_types(model: type) -> bool:
+    """Whether ``model``'s forward takes token types (BERT's segments; a decoder has none)."""
+    import inspect
+
+    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 def without_labels(kwargs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -68,6 +68,7 @@ def prepare(root: Path) -> dict[str, str]:
                   binary_jsonl=_write(f / "binary.jsonl", bytes(range(256)) * 8),
                   no_text_jsonl=_jsonl(f / "no_text.jsonl", [{"body": "the cat sat"}] * 3),
                   texts=_jsonl(f / "texts.jsonl", [{"text": "the cat sat on the mat"}] * 3),
+                  instructions=_jsonl(f / "instructions.jsonl", [{"prompt": "the cat", "response": "sat"}] * 3),
                   corrupt_jsonl=_write(f / "corrupt.jsonl", '{"text": "a b"}\n{"text": "c d"}\n{"text": "e\n'),
                   corrupt_train=_write(f / "corrupt_train.jsonl",
                                        "".join(json.dumps(r) + "\n" for r in rows[:2]) + '{"text": "x", "lab\n'),

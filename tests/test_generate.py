@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from data_helpers import small_corpus
-from families import CASES, MAIN
+from families import CASES, DECODER_CLASSIFIER, MAIN
 from pretrain_helpers import TINY, pretrain
 
 from tpzoo.data.demo import demo_data
@@ -75,8 +75,9 @@ def generation_checks(model_dir: str) -> None:
     with pytest.raises(ValueError, match="prompt of 9 tokens \\+ max_new_tokens=30 exceeds max_position_embeddings=32"):
         generate(model, ids, 30)
     encoder = CASES[next(name for name in MAIN if CASES[name].inputs != "causal-lm")]
-    with pytest.raises(ValueError, match=f"holds a {encoder.model}; generation needs a causal LM"):
-        check_causal_lm(encoder.build(encoder.config(), ParallelPlan(init_mesh(tp=1))), "model-dir")
+    for refused in (encoder, DECODER_CLASSIFIER):  # an encoder, a decoder's classifier: nothing to decode
+        with pytest.raises(ValueError, match=f"holds a {refused.model}; generation needs a causal LM"):
+            check_causal_lm(refused.build(refused.config(), ParallelPlan(init_mesh(tp=1))), "model-dir")
     vocab = load_tokenizer(demo_data()[0]).vocab_size
     save_pretrained(build(CAUSAL[0], init_mesh(tp=1), "auto", vocab), model_dir)
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpzoo.models import CausalLM, KVCache
+from tpzoo.models.causal_lm import SequenceClassifier
 from tpzoo.models.families import FAMILIES, family
 from tpzoo.models.family_flag import add_model_flag
 
@@ -82,8 +83,10 @@ def generate(model: CausalLM, input_ids: Tensor, max_new_tokens: int, *, tempera
 
 
 def check_causal_lm(model: torch.nn.Module, load: str) -> None:
-    """ValueError unless ``model`` is a causal LM (KV cache) of a causal-LM family: what generation decodes."""
-    if not (isinstance(model, CausalLM) and family(model.config.model_type).data == "causal-lm"):
+    """ValueError unless ``model`` is a causal LM (KV cache) of a causal-LM family, not its classifier: what
+    generation decodes."""
+    if not (isinstance(model, CausalLM) and not isinstance(model, SequenceClassifier)
+            and family(model.config.model_type).data == "causal-lm"):
         causal = ", ".join(f.name for f in FAMILIES.values() if f.data == "causal-lm")
         raise ValueError(f"{load} holds a {type(model).__name__}; generation needs a causal LM (a model of {causal})")
 

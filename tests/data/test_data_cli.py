@@ -57,12 +57,8 @@ def test_docs_commands_and_snippets_run(tmp_path, monkeypatch):
         os.chdir(cwd)
     demo = json.loads(outputs["demo demo_files"])
     assert demo["unigram_entropy_nats"] == pytest.approx(5.19, abs=0.01)
-    assert {p.name for p in (tmp_path / "demo_files").iterdir()} == {
-        "corpus.jsonl",
-        "tokenizer.model",
-        "sentiment_train.jsonl",
-        "sentiment_valid.jsonl",
-    }
+    assert {p.name for p in (tmp_path / "demo_files").iterdir()} == {"corpus.jsonl", "tokenizer.model"} | {
+        f"{kind}_{split}.jsonl" for kind in ("sentiment", "text", "instructions") for split in ("train", "valid")}
     stats = [json.loads(o) for k, o in outputs.items() if k.startswith("preprocess")]
     assert [s["documents"] for s in stats] == [12_000, 12_000] and stats[0]["tokens"] > 1_000_000
     gpt_samples = [json.loads(line) for line in outputs["samples 1"].splitlines()]

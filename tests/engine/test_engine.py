@@ -4,11 +4,13 @@
 The references are plain single-process training (whole global batch, one backward, torch's
 clip_grad_norm_, AdamW), computed once per case in a 1-rank spawn and handed to the 8 ranks, which
 loop over the meshes and run the engine on each; the (1, 1, 1) mesh runs the engine in a 1-rank
-spawn. Cases (``families.MAIN``): every family's pretraining model (GPT, BERT with its binary head,
-Llama, Qwen2, Qwen3, Mistral) and, on three meshes, BERT for sequence classification. Coverage by
-default (``variants``): per mesh, every family once, the schedules and the option setting (ZeRO-2,
-recompute and sequence parallelism all on or all off) rotating so that every mesh meets every family
-and both settings, and so does every schedule. With ``TPZOO_ENGINE_MATRIX=full``: every combination.
+spawn. Cases: every family's pretraining model (``families.MAIN``: GPT, BERT with its binary head,
+Llama, Qwen2, Qwen3, Mistral), a GPT on packed examples (``document_ids``) and, on four meshes, the
+classifiers (``families.ENGINE_CLASSIFIERS``: BERT's, and a decoder's read at its last real token).
+Coverage by default (``variants``): ``PER_MESH`` runs a mesh, the families, the schedules and the option
+setting (ZeRO-2, recompute and sequence parallelism all on or all off) rotating, so that every family
+runs on several meshes, with and without a pipeline, and every mesh and schedule meets both settings.
+With ``TPZOO_ENGINE_MATRIX=full``: every combination.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import CaseLog, assert_case
-from families import CASES, CAUSAL_LM, MAIN, batch
+from families import CASES, CAUSAL_LM, ENGINE_CLASSIFIERS, ENGINE_PRETRAINING, MAIN, batch
 
 from tpzoo.engine.config import EngineConfig, check_fits
 from tpzoo.engine.data_parallel import optimizer_state_bytes
@@ -55,9 +57,12 @@ TINY = dict(num_layers=6, hidden_size=32, num_attention_heads=8, ffn_hidden_size
             max_position_embeddings=S, hidden_dropout=0.0, attention_dropout=0.0)
 MESHES = [(2, 2, 2), (1, 2, 4), (2, 4, 1), (4, 2, 1), (1, 8, 1), (1, 1, 8), (8, 1, 1)]  # (tp, pp, dp)
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble")
-PRETRAINING = [name for name in MAIN if CASES[name].inputs != "classification"]
-CLASSIFIER_RUNS = {(1, 2, 4): ("gpipe", True), (2, 4, 1): ("interleaved-zero-bubble", True),
-                   (1, 1, 1): ("1f1b", False)}  # mesh: (schedule, every option on)
+PRETRAINING = [name for name in MAIN if CASES[name].inputs != "classification"] + list(ENGINE_PRETRAINING)
+# mesh: (classifier, schedule, every option on)
+CLASSIFIER_RUNS = {(1, 2, 4): (ENGINE_CLASSIFIERS[0], "gpipe", True),
+                   (2, 4, 1): (ENGINE_CLASSIFIERS[1], "interleaved-zero-bubble", True),
+                   (2, 2, 2): (ENGINE_CLASSIFIERS[1], "1f1b", True), (1, 1, 1): (ENGINE_CLASSIFIERS[0], "1f1b", False)}
+PER_MESH = 4  # runs a mesh besides the classifier's (``variants``)
 FULL = os.environ.get("TPZOO_ENGINE_MATRIX") == "full"
 
 
@@ -119,7 +124,8 @@ def reference(name: str, tp: int, build: Callable | None = None
 
 
 def references() -> dict:
-    runs = {ref_key(name, tp): (name, tp) for name in MAIN for tp in (1, 2, 4, 8)}
+    names = PRETRAINING + list(ENGINE_CLASSIFIERS)
+    runs = {ref_key(name, tp): (name, tp) for name in names for tp in (1, 2, 4, 8)}
     return {key: reference(name, tp) for key, (name, tp) in runs.items()}
 
 
@@ -178,7 +184,7 @@ def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
 
 def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: bool = False,
              schedules: tuple[str, ...] = SCHEDULES, classifier_runs: dict = CLASSIFIER_RUNS,
-             per_mesh: int | None = None) -> list[tuple[str, str, dict]]:
+             per_mesh: int | None = PER_MESH, families: list[str] = PRETRAINING) -> list[tuple[str, str, dict]]:
     """(case, schedule, options) for mesh number ``index``.
 
     Default: max(F, schedules) runs when pp > 1, else F runs of 1f1b; run j takes family j mod F, schedule
@@ -191,7 +197,6 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
     add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
     no ZeRO-2), over ``schedules``.
     """
-    families = PRETRAINING
     if full:
         values = {True: (False, True), False: (False,)}
         out = [(name, schedule, dict(use_distributed_optimizer=zero, recompute_activations=recompute,
@@ -207,8 +212,8 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
         out = [(families[j % len(families)], schedules[(j + index) % len(schedules)] if pp > 1 else "1f1b",
                 options_of((j // 2 + index) % 2 == 1, tp, fsdp)) for j in range(count)]
     if (tp, pp, dp) in classifier_runs:
-        schedule, on = classifier_runs[tp, pp, dp]
-        out.append(([n for n in MAIN if CASES[n].inputs == "classification"][0], schedule, options_of(on, tp, fsdp)))
+        name, schedule, on = classifier_runs[tp, pp, dp]
+        out.append((name, schedule, options_of(on, tp, fsdp)))
     return out
 
 
@@ -330,9 +335,11 @@ def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedul
             assert values == ({False, True} if possible else {False}), (mesh, option)
         for schedule in SCHEDULES:
             assert {r[3][option] for r in runs if r[2] == schedule} == {False, True}, (schedule, option)
-    assert all({r[1] for r in runs if r[0] == mesh} == set(PRETRAINING) for mesh in MESHES)
-    assert all({r[1] for r in runs if r[2] == schedule} == set(PRETRAINING) for schedule in SCHEDULES)
-    assert all({r[3]["recompute_activations"] for r in runs if r[1] == name} == {False, True} for name in PRETRAINING)
+    for name in PRETRAINING:  # on several meshes, with and without a pipeline, both settings
+        own = [r for r in runs if r[1] == name]
+        assert len({r[0] for r in own}) >= 3 and {r[0][1] > 1 for r in own} == {False, True}, name
+        assert {r[3]["recompute_activations"] for r in own} == {False, True}, name
+    assert all(len({r[2] for r in runs if r[0] == mesh}) == min(PER_MESH, len(SCHEDULES)) for mesh in MESHES if mesh[1] > 1)
     assert any(mesh[1] > 1 for mesh in CLASSIFIER_RUNS), "the classifier must run through a pipeline too"
     names = run_names(MESHES) + run_names([(1, 1, 1)])
     assert len(set(names)) == len(names), "two runs share a case name"

@@ -8,7 +8,7 @@ One 8-rank spawn loops over the meshes (tp, pp, dp) of ``MESHES`` and checks, ea
   weights: ``test_engine``'s references and ``compare``), three runs a mesh, the families and the option
   setting (recompute and sequence parallelism all on or all off) rotating (``test_engine.variants``'
   ``per_mesh``): every pretraining family with and without a pipeline, every mesh and every schedule FSDP
-  allows (not interleaved-zero-bubble) both settings; the classifier runs through a pipeline on one mesh. CLIP is
+  allows (not interleaved-zero-bubble) both settings; a decoder classifier runs through a pipeline on one mesh. CLIP is
   small enough that every run clips (asserted), so the weights check the clipping too;
 - bf16: FSDP's MixedPrecisionPolicy run (float32 shards cast for compute) tracks the plain bf16 engine
   (bf16 weights, float32 main weights) on the same mesh within HALF_TOL;
@@ -29,6 +29,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import CaseLog, assert_case
+from families import ENGINE_CLASSIFIERS, ENGINE_PRETRAINING
 from test_engine import CLIP, PRETRAINING, SCHEDULES, refs, run_case, run_name, train, variants
 
 from tpzoo.engine.config import EngineConfig
@@ -42,7 +43,8 @@ pytestmark = pytest.mark.tier("distributed")
 
 MESHES = [(1, 1, 8), (2, 1, 4), (1, 2, 4), (2, 2, 2)]  # (tp, pp, dp)
 FSDP_SCHEDULES = tuple(s for s in SCHEDULES if s != "interleaved-zero-bubble")  # refused: see check_fsdp
-CLASSIFIER_RUNS = {(2, 2, 2): ("interleaved-1f1b", True)}  # mesh: (schedule, every option on)
+CLASSIFIER_RUNS = {(2, 2, 2): (ENGINE_CLASSIFIERS[1], "interleaved-1f1b", True)}  # mesh: (case, schedule, options on)
+FAMILIES = [name for name in PRETRAINING if name not in ENGINE_PRETRAINING]  # packed inputs: test_engine's matrix
 ACCUMULATING = (2, 1, 4)  # a pp = 1 mesh whose runs take 2 micro-batches a step (the others: m = pp)
 EXTRA_STEPS = 4          # the precision checks (the matrix runs test_engine's 10)
 BF16 = ((2, 2, 2), "1f1b", dict(recompute_activations=True, sequence_parallel=True))  # mesh, schedule, options
@@ -58,7 +60,7 @@ def fsdp_variants(index: int, tp: int, pp: int, dp: int) -> list[tuple[str, str,
     """``test_engine.variants`` with FSDP over FSDP_SCHEDULES; on ACCUMULATING, 2 micro-batches a step, so that
     the engine's own accumulation at pp = 1 without a reduce (``sync_gradients_this_backward``) runs."""
     runs = variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS,
-                    per_mesh=len(FSDP_SCHEDULES))
+                    per_mesh=len(FSDP_SCHEDULES), families=FAMILIES)
     m2 = (tp, pp, dp) == ACCUMULATING
     return [(name, schedule, {**options, "micro_batches": 2} if m2 else options) for name, schedule, options in runs]
 
@@ -179,11 +181,11 @@ def test_engine_fsdp_misuse_refused(schedule, changes, pp, message):
 @pytest.mark.tier("unit")
 def test_engine_fsdp_variants_cover_every_family_and_setting():
     runs = [(mesh, name, schedule, options) for index, mesh in enumerate(MESHES)
-            for name, schedule, options in fsdp_variants(index, *mesh) if name in PRETRAINING]
+            for name, schedule, options in fsdp_variants(index, *mesh) if name in FAMILIES]
     assert all(options["fsdp"] and not options["use_distributed_optimizer"] for *_, options in runs)
     for mesh in MESHES:
         assert {r[3]["recompute_activations"] for r in runs if r[0] == mesh} == {False, True}, mesh
-    for name in PRETRAINING:  # every family through FSDP, with and without a pipeline
+    for name in FAMILIES:  # every family through FSDP, with and without a pipeline
         assert {r[0][1] > 1 for r in runs if r[1] == name} == {False, True}, name
     for schedule in FSDP_SCHEDULES:
         assert {r[3]["recompute_activations"] for r in runs if r[2] == schedule} == {False, True}, schedule

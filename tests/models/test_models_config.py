@@ -67,9 +67,12 @@ def hf_counts(name: str) -> dict[str, int]:
     configs from the family's adapter), built on the meta device (no memory)."""
     import transformers
 
+    from tpzoo.models.hf_rules import is_classifier
+
     c = get_preset(name)
     adapter = family(c.model_type).spec.hf
     heads = {case.architecture: case.head for case in CASES.values()}  # num_parameters' head of each
+    heads.update({arch: "classification" for arch in adapter.architectures if is_classifier(arch)})
     with torch.device("meta"):
         models = {arch: getattr(transformers, arch)(adapter.config_to_hf(c, arch)) for arch in adapter.architectures}
     return {heads[arch]: sum(p.numel() for p in model.parameters()) for arch, model in models.items()}

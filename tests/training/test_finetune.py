@@ -21,9 +21,10 @@ from pathlib import Path
 
 import background
 import pytest
+import torch
 
 from doc_helpers import ROOT, blocks, run, run_as_needed
-from families import CLASSIFIER
+from families import CAUSAL_LM, CLASSIFIER, DECODER_CLASSIFIER
 from test_finetune_units import stdlib_paragraphs, write_labelled
 from tpzoo.testing import spawn
 
@@ -34,6 +35,9 @@ pytestmark = pytest.mark.tier("journey")
 DOC = "finetuning.md"
 README = "../README.md"  # blocks() reads docs/<name>
 PRETRAINED_ACCURACY = 0.65  # the demo task from the pretrain.py checkpoint, 5 epochs (measured 0.93)
+MAJORITY = 0.528           # the demo validation set's share of class 0
+DECODER_MARGIN = 0.1       # the GPT classifier over the majority class (measured 0.836, default seed)
+SFT_LOSS = 0.3             # the answers' validation loss after instruction tuning (measured 0.148)
 
 
 def commands() -> list[str]:
@@ -101,6 +105,70 @@ def test_gpt_causal_lm_validation_loss_falls(docs_dir):
     losses = [r["val_loss"] for r in scores]
     assert losses[1] < losses[0], scores
     assert abs(scores[1]["perplexity"] - 2.718281828 ** losses[1]) < 1e-6 * scores[1]["perplexity"]
+
+
+def test_gpt_classifier_beats_the_majority_class_and_a_random_start(docs_dir, tmp_path):
+    """The decoder-classifier command: from the pretrain.py checkpoint the best accuracy beats the majority class
+    (0.528) by DECODER_MARGIN; the same flags from a randomly initialised GPT of that shape (a model folder) do no
+    better. The route is said before training."""
+    from tpzoo.checkpoint import read_meta
+    from tpzoo.checkpoint.model import recorded_config
+    from tpzoo.models.pretrained import write_pretrained
+
+    said = (docs_dir / "stdout.txt").read_text()
+    lm = CAUSAL_LM  # pretrain.py's default family, whose classifier the command trains
+    assert DECODER_CLASSIFIER.family == lm.family
+    assert f"so --load's {lm.model} fine-tunes as {DECODER_CLASSIFIER.model}" in said
+    pretrained = max(r["accuracy"] for r in epochs(docs_dir / "gpt-classifier" / "metrics.jsonl"))
+    config = recorded_config(read_meta(docs_dir / "gpt-pretrained")["checkpoint"]["model"])
+    model = lm.model_class(config, seed=7)
+    write_pretrained(tmp_path / "random", lm.model, {}, config, model.state_dict())
+    command = next(c for c in commands() if "--save gpt-classifier" in c)
+    flags = shlex.split(command.replace("--load gpt-pretrained", f"--load {tmp_path / 'random'} --tokenizer-model "
+                                        f"{docs_dir / 'demo_files' / 'tokenizer.model'}"))[2:]
+    flags[flags.index("--save") + 1] = str(tmp_path / "random-classifier")
+    done = run([sys.executable, "finetune.py", *flags], docs_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    random_start = max(r["accuracy"] for r in epochs(tmp_path / "random-classifier" / "metrics.jsonl"))
+    print("decoder classifier: pretrained", pretrained, "random start", random_start)
+    assert pretrained >= MAJORITY + DECODER_MARGIN and random_start <= pretrained, (pretrained, random_start)
+    done = run([sys.executable, "-m", "tpzoo.convert", "to-hf", "gpt-classifier/best", str(tmp_path / "hf")], docs_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "hf")  # the padding it was fine-tuned with
+    assert config.architectures == [DECODER_CLASSIFIER.architecture] and config.pad_token_id is not None, config
+
+
+def sft_answers(folder: str, prompts: list[str]) -> list[str]:
+    """The fine-tuned model's greedy answers (up to its end-of-document token) to ``prompts``, plain template."""
+    from tpzoo.checkpoint import load_model
+    from tpzoo.checkpoint.tokenizer import model_tokenizer
+    from tpzoo.generate import generate
+    from tpzoo.parallel import init_mesh
+
+    model, tok = load_model(folder, init_mesh()).eval(), model_tokenizer(folder)
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([tok.encode(prompt + "\n")])
+        new = generate(model, ids, 8, eos_id=tok.eod)[0, ids.shape[1]:].tolist()
+        out.append(tok.decode(new[:new.index(tok.eod)] if tok.eod in new else new).strip())
+    return out
+
+
+def test_instruction_tuning_learns_the_answers(docs_dir):
+    """The instruction-tuning command: the answers' validation loss falls by epoch and ends below SFT_LOSS, and the
+    model answers validation prompts in the taught words (greedy), mostly rightly."""
+    from tpzoo.data.demo import ANSWERS
+
+    scores = epochs(docs_dir / "gpt-sft" / "metrics.jsonl")
+    print("SFT", [(r["epoch"], r["val_loss"]) for r in scores])
+    assert scores[-1]["val_loss"] < scores[0]["val_loss"] and scores[-1]["val_loss"] < SFT_LOSS, scores
+    rows = [json.loads(line) for line in (docs_dir / "demo_files" / "instructions_valid.jsonl").read_text().splitlines()]
+    answers = spawn(sft_answers, 1, str(docs_dir / "gpt-sft" / "best"), [r["prompt"] for r in rows[:24]])[0]
+    print("answers", answers)
+    assert set(answers) <= set(ANSWERS), answers
+    assert sum(a == r["response"] for a, r in zip(answers, rows)) > len(answers) // 2, answers
 
 
 def test_lora_trains_the_adapters_alone_and_saves_them_alone(docs_dir):
@@ -252,7 +320,8 @@ def test_sparse_labels_auto_seq_length_and_the_saved_mapping(docs_dir, tmp_path)
 MISUSE = [
     ([], "--load is required"),
     (["--load", "missing-dir", "--task", "demo"], "missing-dir does not exist"),
-    (["--load", "gpt-pretrained", "--task", "demo"], "holds a GPT model"),
+    (["--load", "bert-pretrained", "--train-data", "ask.jsonl", "--valid-data", "ask.jsonl"],
+     "has instructions, but the"),
     (["--load", "bert-pretrained"], "no data: pass --task NAME or --train-data FILE --valid-data FILE"),
     (["--load", "bert-pretrained", "--task", "demo", "--train-data", "x.jsonl"], "either --task or"),
     (["--load", "bert-pretrained", "--train-data", "demo_files/sentiment_train.jsonl"], "go together"),
@@ -273,6 +342,7 @@ def test_misuse_one_line_exit_2(docs_dir, capsys, monkeypatch):
     """Every misuse fails before the process group starts: run main() in this process, and one
     case as a real command (one line on stderr, no traceback)."""
     (docs_dir / "nolabel.jsonl").write_text('{"text": "a b"}\n')
+    (docs_dir / "ask.jsonl").write_text('{"prompt": "a b?", "response": "c"}\n')
     (docs_dir / "three.jsonl").write_text("".join(json.dumps({"text": "a", "label": y}) + "\n" for y in (0, 1, 2)))
     (docs_dir / "mnli").mkdir(exist_ok=True)
     for name in ("train.tsv", "dev_matched.tsv"):

@@ -188,3 +188,30 @@ def test_saved_label_mapping_is_reused(tmp_path, demo_tokenizer):
                                          r"not fine-tuned on \(its labels: \['1', '2', '3', '5', '7', '8'\]\)"):
         finetune_data(data_args(tmp_path, rows, [(rows[0][0], 4)]), "classification", demo_tokenizer,
                       CLASSIFIER.config(), meta)
+
+
+@pytest.mark.parametrize("rows, kind", [
+    ([{"text": "the cat", "label": "pets"}], "classification"),
+    ([{"prompt": "the cat?", "response": "sat"}], "sft"),
+    ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}], "sft"),
+    ([{"text": "the cat sat"}], "causal-lm"),
+])
+def test_the_route_follows_the_data_and_is_said(tmp_path, rows, kind):
+    """A decoder checkpoint: labelled rows make its classifier, instructions instruction-tune it, text alone
+    fine-tunes it as a causal LM; an encoder checkpoint's family takes labelled data only."""
+    from tpzoo.models.families import family
+    from tpzoo.training.finetune_setup import route
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tune = FinetuneConfig(load="ckpt", train_data=str(path), valid_data=str(path))
+    decoder, encoder = family(CAUSAL_LM.family), family(CLASSIFIER.family)
+    got, target, said = route(tune, decoder, CAUSAL_LM.model)
+    spec = decoder.spec
+    assert (got, target) == (kind, spec.classifier_model if kind == "classification" else spec.finetune_model)
+    assert said.startswith(f"route: {path}") and f"--load's {CAUSAL_LM.model} fine-tunes as {target}" in said
+    if kind == "sft":
+        with pytest.raises(ValueError, match=f"the {encoder.name} family has no causal LM to instruction-tune"):
+            route(tune, encoder, CLASSIFIER.model)
+    assert route(FinetuneConfig(load="ckpt", task="demo"), decoder, CAUSAL_LM.model)[:2] == (
+        "classification", spec.classifier_model)

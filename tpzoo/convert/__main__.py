@@ -20,6 +20,7 @@ from torch import Tensor
 
 from tpzoo.convert.hf import hf_to_tpzoo, read_hf, tpzoo_to_hf, write_hf
 from tpzoo.convert.mapping import ConversionError, architectures
+from tpzoo.models.hf_rules import is_classifier
 from tpzoo.models.family_flag import add_model_flag
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.pretrained import CONFIG_FILE, model_options, read_pretrained, write_pretrained
@@ -74,6 +75,20 @@ def label_names(path: Path) -> list[str] | None:
     return None if (path / CONFIG_FILE).is_file() else read_meta(path).get("label_names")
 
 
+def padding_id(path: Path) -> int | None:
+    """The id a finetune.py classifier padded its samples with (the recorded tokenizer's pad token, else its
+    separator or end of document, as ``TaskDataset`` pads), or None without a tokenizer on this machine."""
+    from tpzoo.checkpoint import read_meta
+    from tpzoo.data.tokenizer import recorded_tokenizer
+
+    if (path / CONFIG_FILE).is_file():
+        return None
+    tokenizer = recorded_tokenizer(read_meta(path).get("tokenizer"))
+    if tokenizer is None:
+        return None
+    return next((i for i in (tokenizer.pad, tokenizer.sep, tokenizer.eod) if i is not None), None)
+
+
 def _fail(message: str) -> NoReturn:
     sys.stderr.write(f"python -m tpzoo.convert: error: {message}\n")
     raise SystemExit(2)
@@ -98,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             if names and len(names) == getattr(hf_config, "num_labels", None):  # the classes, not LABEL_0 ...
                 hf_config.id2label = dict(enumerate(names))
                 hf_config.label2id = {name: i for i, name in enumerate(names)}
+            if is_classifier(hf_config.architectures[0]) and getattr(hf_config, "pad_token_id", None) is None:
+                hf_config.pad_token_id = padding_id(args.source)  # where a decoder classifier finds the last token
             write_hf(args.out, hf_config, hf_state, tied)
             what = f"Hugging Face {hf_config.architectures[0]}"
     except (ConversionError, FileNotFoundError, ValueError, KeyError) as e:

@@ -15,6 +15,6 @@ _EXPORTS = {
     "tasks": ("Example", "TaskDataset", "load_task", "read_examples"),
     "build": ("build_datasets", "resolve_data", "samples_needed", "split_documents"),
     "data_args": ("add_data_args",),
-    "demo": ("demo_data", "demo_task", "unigram_entropy"),
+    "demo": ("demo_data", "demo_files", "demo_task", "unigram_entropy"),
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

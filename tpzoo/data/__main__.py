@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="build (once) and print the demo tokenizer, datasets and task files")
     p.add_argument("--export", metavar="DIR",
-                   help="also copy the tokenizer (tokenizer.model), the corpus (corpus.jsonl) and task files into DIR")
+                   help="also copy the tokenizer (tokenizer.model), the corpus (corpus.jsonl), the sentiment task, "
+                   "text and instruction files (sentiment_*, text_*, instructions_*.jsonl) into DIR")
     add_cache_arg(p)
     return parser
 
@@ -152,13 +153,14 @@ def _samples(args: argparse.Namespace) -> None:
 def _demo(export: str | None, cache_path: str | None) -> None:
     import shutil
 
-    from tpzoo.data.demo import PREFIXES, demo_data, demo_dir, demo_task, unigram_entropy
+    from tpzoo.data.demo import PREFIXES, demo_data, demo_dir, demo_files, demo_task, unigram_entropy
     from tpzoo.data.tokenizer import load_tokenizer
 
     tok_path, causal = demo_data("causal-lm", cache_path)
     if export:
         os.makedirs(export, exist_ok=True)
-        for path in [tok_path, demo_dir(cache_path) / "corpus.jsonl", *demo_task(cache_path)]:
+        files = [path for kind in ("sentiment", "text", "instructions") for path in demo_files(kind, cache_path)]
+        for path in [tok_path, demo_dir(cache_path) / "corpus.jsonl", *files]:
             shutil.copy(path, export)
     vocab = load_tokenizer(tok_path).vocab_size
     print(

@@ -119,7 +119,8 @@ def load_task(name: str, split: str = "train", folder: str | None = None) -> tup
 
 class TaskDataset(ResizableSamples):
     """Map-style dataset of classifier samples, each a dict of int64 tensors: ``input_ids``,
-    ``token_type_ids``, ``attention_mask`` (1 real, 0 pad) of shape [s] and the scalar ``label``.
+    ``token_type_ids`` (with ``token_types``: for a model that reads segments, BERT), ``attention_mask``
+    (1 real, 0 pad) of shape [s] and the scalar ``label``.
 
     Layout ``[CLS] A [SEP] B [SEP]`` then padding; a tokenizer without [CLS]/[SEP] (GPT-2's) uses
     no CLS and its end-of-document token as the separator. The longer text is trimmed first.
@@ -129,14 +130,14 @@ class TaskDataset(ResizableSamples):
 
     sample_name = "a task sample"
 
-    def __init__(self, examples: Sequence[Example], tokenizer: Any, seq_length: int) -> None:
+    def __init__(self, examples: Sequence[Example], tokenizer: Any, seq_length: int, token_types: bool = True) -> None:
         sep = tokenizer.sep if tokenizer.sep is not None else tokenizer.eod
         if sep is None:
             raise ValueError(f"tokenizer {tokenizer.path!r} has neither [SEP] nor an end-of-document token")
         self.cls = [] if tokenizer.cls is None else [tokenizer.cls]
         self.sep, self.pad = sep, tokenizer.pad if tokenizer.pad is not None else sep
         self.min_length = len(self.cls) + 4  # [CLS] a [SEP] b [SEP]: one token of each text
-        self.seq_length = seq_length
+        self.seq_length, self.token_types = seq_length, token_types
         self.examples = list(examples)
         self.encoded = [
             (tokenizer.encode(e.text), None if e.text_b is None else tokenizer.encode(e.text_b)) for e in self.examples
@@ -157,9 +158,8 @@ class TaskDataset(ResizableSamples):
             ids += b + [self.sep]
             types += [1] * (len(b) + 1)
         n, pad = len(ids), self.seq_length - len(ids)
-        return {
-            "input_ids": torch.tensor(ids + [self.pad] * pad),
-            "token_type_ids": torch.tensor(types + [0] * pad),
-            "attention_mask": torch.tensor([1] * n + [0] * pad),
-            "label": torch.tensor(self.examples[i].label),
-        }
+        sample = {"input_ids": torch.tensor(ids + [self.pad] * pad), "attention_mask": torch.tensor([1] * n + [0] * pad),
+                  "label": torch.tensor(self.examples[i].label)}
+        if self.token_types:
+            sample["token_type_ids"] = torch.tensor(types + [0] * pad)
+        return sample

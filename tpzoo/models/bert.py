@@ -168,7 +168,8 @@ class BertForSequenceClassification(_BertBase):
 
 
 SPEC = FamilySpec(pretrain_model="BertModel",
-                  finetune_model="BertForSequenceClassification", num_parameters=num_parameters,
+                  finetune_model="BertForSequenceClassification", classifier_model="BertForSequenceClassification",
+                  num_parameters=num_parameters,
                   models={"BertModel": BertModel, "BertForSequenceClassification": BertForSequenceClassification},
                   model_options=lambda model: {"add_binary_head": model.add_binary_head}
                   if isinstance(model, BertModel) else {},

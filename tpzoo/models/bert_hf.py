@@ -7,7 +7,8 @@ from typing import Any
 
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.families import HFAdapter
-from tpzoo.models.hf_rules import Rule, gelu_from_hf, gelu_to_hf, linear, qkv, require, same, tied, transformers_module
+from tpzoo.models.hf_rules import (Rule, gelu_from_hf, gelu_to_hf, is_classifier, labels_from_hf, labels_to_hf, linear,
+                                   qkv, require, same, tied, transformers_module)
 from tpzoo.models.presets import layer_parameters
 
 
@@ -38,17 +39,14 @@ def _config_from_hf(hf: Any, arch: str) -> TransformerConfig:
     """The TransformerConfig of a BertConfig (dropout probabilities included)."""
     require(not hf.is_decoder and not hf.add_cross_attention, "is_decoder / add_cross_attention (a BERT decoder)")
     require(getattr(hf, "position_embedding_type", "absolute") == "absolute", "relative position embeddings")
-    require(hf.problem_type in (None, "single_label_classification"), f"problem_type={hf.problem_type!r}")
-    require(hf.tie_word_embeddings or arch == "BertForSequenceClassification", _UNTIED)
-    require(hf.num_labels >= 2 or arch != "BertForSequenceClassification", "num_labels=1 (regression)")
+    require(hf.tie_word_embeddings or is_classifier(arch), _UNTIED)
     return TransformerConfig(
         model_type="bert", num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
         num_attention_heads=hf.num_attention_heads, ffn_hidden_size=hf.intermediate_size, vocab_size=hf.vocab_size,
         max_position_embeddings=hf.max_position_embeddings, type_vocab_size=hf.type_vocab_size,
         hidden_dropout=hf.hidden_dropout_prob, attention_dropout=hf.attention_probs_dropout_prob,
         layernorm_epsilon=hf.layer_norm_eps, layernorm_position="post", activation=gelu_from_hf(hf.hidden_act),
-        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range,
-        num_labels=max(hf.num_labels, 2))
+        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range, **labels_from_hf(hf, arch))
 
 
 def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
@@ -59,12 +57,12 @@ def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
         hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout,
         max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size,
         initializer_range=c.init_method_std, layer_norm_eps=c.layernorm_epsilon,
-        tie_word_embeddings=c.tie_word_embeddings, num_labels=c.num_labels, architectures=[arch])
+        tie_word_embeddings=c.tie_word_embeddings, architectures=[arch], **labels_to_hf(c, arch))
 
 
 def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
     """The tensors of ``arch``: q, k, v as three Linears; the MLM decoder (weight and bias) tied."""
-    lm = arch != "BertForSequenceClassification"
+    lm = not is_classifier(arch)
     e, p = "bert.embeddings.", "cls.predictions."
     rules = [tied("embedding.word_embeddings.weight", f"{e}word_embeddings.weight",
                   *((f"{p}decoder.weight",) if lm else ())),

@@ -1,10 +1,18 @@
 """``CausalLM``: the decoder every causal family builds from its config's traits (GPT, Llama), with
-incremental decoding through a ``KVCache``; ``DECODER_PLAN`` is its sharding plan.
+incremental decoding through a ``KVCache``; ``DECODER_PLAN`` is its sharding plan. ``SequenceClassifier``
+makes a family's decoder a classifier (``CLASSIFIER_PLAN``), as Hugging Face's ``...ForSequenceClassification``.
 
     logits = model(input_ids)                  # [b, s, V]
     loss = model(input_ids, labels=labels)     # [b, s] per-token loss
+    loss = model(input_ids, labels=labels, document_ids=docs)   # packed examples, each as if alone
+    clf = GPTForSequenceClassification(config)               # config.num_labels classes
+    logits = clf(input_ids, attention_mask=mask)             # [b, num_labels], read at the last real token
+    loss = clf(input_ids, attention_mask=mask, labels=y)     # per-example loss [b]
 
-``labels`` are aligned with the positions (labels[:, t] is the target of position t, i.e. the
+``document_ids`` [b, s] (packed examples: the example of each token, in runs) keep each example to itself:
+attention within its run only (``document_mask``) and learned positions counted from its start
+(``document_positions``); rotary positions stay absolute, which changes nothing inside a run, since rotary
+scores depend only on the distance between query and key. ``labels`` are aligned with the positions (labels[:, t] is the target of position t, i.e. the
 next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids`` equals
 ``labels = input_ids[:, 1:]`` padded with -100 here.
 
@@ -24,10 +32,10 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from tpzoo.models.attention import Attention
+from tpzoo.models.attention import Attention, document_mask
 from tpzoo.models.base import StagedModel
-from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding
-from tpzoo.models.heads import LM_HEAD_PLAN, LMHead
+from tpzoo.models.embedding import EMBEDDING_PLAN, Embedding, document_positions
+from tpzoo.models.heads import LM_HEAD_PLAN, LastTokenHead, LMHead
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.mlp import MLP
 from tpzoo.models.rope import Llama3Scaling, RotaryEmbedding
@@ -37,6 +45,9 @@ from tpzoo.sharding_plan import ShardingPlan, prefixed
 DECODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN),
                              **prefixed("head", LM_HEAD_PLAN)},
                             tp_divides=("num_attention_heads", "num_query_groups", "ffn_hidden_size"))
+# the classifier's head reads one token of the whole sequence: gathered under sequence parallelism, kept whole
+CLASSIFIER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN),
+                                "head": "gather"}, tp_divides=DECODER_PLAN.tp_divides)
 
 
 class CausalLM(StagedModel):
@@ -84,15 +95,45 @@ class CausalLM(StagedModel):
     def build_head(self) -> nn.Module:
         return LMHead(self.norm(), self.config.vocab_size)
 
-    def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only)."""
+    def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None,
+                document_ids: Tensor | None = None) -> Tensor:
+        """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only).
+        ``document_ids``: packed examples (see module docstring)."""
         if cache is not None and not self.is_whole:
             raise ValueError("a KV cache needs the whole model (pre_process, post_process and every layer)")
+        if cache is not None and document_ids is not None:
+            raise ValueError("document_ids are for training on packed examples; decode without them")
         offset = cache.length if cache is not None else 0
-        hidden = self.embedding(input_ids, position_offset=offset) if self.pre_process else input_ids
-        hidden = self.run_layers(hidden, None, cache)
+        if self.pre_process:
+            positions = None if document_ids is None else document_positions(document_ids)
+            hidden = self.embedding(input_ids, position_offset=offset, position_ids=positions)
+        else:
+            hidden = input_ids
+        hidden = self.run_layers(hidden, None if document_ids is None else document_mask(document_ids), cache)
         if cache is not None:
             cache.length += input_ids.shape[1]
         if not self.post_process:
             return hidden
         return self.head(hidden, labels, self.tied_weight())
+
+
+class SequenceClassifier:
+    """Mixed in before a family's decoder (``class GPTForSequenceClassification(SequenceClassifier, GPTModel)``):
+    its embedding and layers, and a ``LastTokenHead`` (final norm, ``score`` [num_labels, h]) in place of the LM
+    head. Sequences are padded on the right; ``attention_mask`` (1 = token, 0 = padding) says where each ends.
+
+    forward(input_ids [b, s] (or a stage's hidden states), attention_mask [b, s] | None, labels [b] | None) ->
+    logits [b, num_labels] | the per-example cross entropy [b] (float32).
+    """
+
+    sharding = CLASSIFIER_PLAN
+    ties_output_to_embedding = False
+
+    def build_head(self) -> nn.Module:
+        c = self.config
+        return LastTokenHead(self.norm(), c.hidden_size, c.num_labels, c.init_method_std)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None) -> Tensor:
+        hidden = self.embedding(input_ids) if self.pre_process else input_ids
+        hidden = self.run_layers(hidden)
+        return self.head(hidden, labels, attention_mask) if self.post_process else hidden

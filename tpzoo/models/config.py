@@ -68,6 +68,8 @@ class ModelConfig:
                                        "False with --untie-embeddings-and-output-weights)",
                                        "--untie-embeddings-and-output-weights")
     init_method_std: float = option(0.02, positive_number, "std of the normal weight init", "--init-method-std")
+    num_labels: int = option(2, at_least(2), "classes of a sequence classifier (BertForSequenceClassification, "
+                             "a decoder's ...ForSequenceClassification)")
 
     position_embedding_type: str = option("learned_absolute", one_of(*POSITION_EMBEDDING_TYPES),
                                           "learned_absolute: a learned position table; rope: rotary positions",
@@ -156,7 +158,6 @@ class TransformerConfig(ModelConfig):
     type_vocab_size: int = option(0, at_least(0), "token types (BERT segments); 0 for none")
     layernorm_position: str = option("pre", one_of(*LAYERNORM_POSITIONS),
                                      "pre: x + f(LN(x)) and a final LN (GPT); post: LN(x + f(x)) (BERT)")
-    num_labels: int = option(2, at_least(2), "classes of BertForSequenceClassification")
     position_embedding_type: str = _narrowed(ModelConfig, "position_embedding_type", "learned_absolute",
                                              "learned absolute positions", one_of("learned_absolute"))
     normalization: str = _narrowed(ModelConfig, "normalization", "LayerNorm", "LayerNorm", one_of("LayerNorm"))

@@ -45,8 +45,10 @@ class Embedding(nn.Module):
         self.layernorm = norm
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_offset: int = 0) -> Tensor:
-        """``position_offset``: the position of input_ids[:, 0] (tokens already decoded, see KVCache)."""
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_offset: int = 0,
+                position_ids: Tensor | None = None) -> Tensor:
+        """``position_offset``: the position of input_ids[:, 0] (tokens already decoded, see KVCache);
+        ``position_ids`` [b, s]: each token's own position instead (packed examples, ``document_positions``)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         s = input_ids.shape[1]
@@ -58,8 +60,8 @@ class Embedding(nn.Module):
         x = self.word_embeddings(input_ids)                                   # [b, s, h]
         extra = None
         if self.position_embeddings is not None:
-            positions = torch.arange(position_offset, position_offset + s, device=input_ids.device)
-            extra = self.position_embeddings(positions[None])                 # [1, s, h]
+            positions = torch.arange(position_offset, position_offset + s, device=input_ids.device)[None]
+            extra = self.position_embeddings(positions if position_ids is None else position_ids)  # [1 | b, s, h]
         if self.token_type_embeddings is not None:
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             types = self.token_type_embeddings(types)
@@ -69,3 +71,13 @@ class Embedding(nn.Module):
         if self.layernorm is not None:
             x = self.layernorm(x)
         return self.dropout(x)
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """Packed documents: ids [b, s] (the document of each token, runs of equal ids) -> each token's position
+    within its document [b, s], counted from 0 where its run starts."""
+    b, s = document_ids.shape
+    index = torch.arange(s, device=document_ids.device).expand(b, s)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(-1).values

@@ -49,14 +49,17 @@ class FamilySpec:
     """What a family's module provides (its ``SPEC``).
 
     ``models``: class name -> class, every class a checkpoint may name; ``pretrain_model`` /
-    ``finetune_model``: the class names pretrain.py and finetune.py build; ``num_parameters(config,
-    head)``: the parameter count, as Hugging Face counts it (``head`` None: the pretraining model's).
+    ``finetune_model``: the class names pretrain.py and finetune.py build (finetune.py: on text without
+    labels); ``classifier_model``: the sequence classifier finetune.py builds for labelled data (None: the
+    family has none); ``num_parameters(config, head)``: the parameter count, as Hugging Face counts it
+    (``head`` None: the pretraining model's; "classification": the classifier's).
     """
 
     models: dict[str, type]
     pretrain_model: str
     finetune_model: str
     num_parameters: Callable[..., int]
+    classifier_model: str | None = None
     hf: HFAdapter | None = None
     model_options: Callable[[Any], dict[str, Any]] = field(default=lambda model: {})
 

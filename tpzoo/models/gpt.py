@@ -5,6 +5,7 @@ final LayerNorm, and an output layer tied to the word embeddings; the block libr
     model = GPTModel(get_preset("gpt2"))       # plain PyTorch, one device
     logits = model(input_ids)                  # [b, s, V]
     loss = model(input_ids, labels=labels)     # [b, s] per-token loss (see ``CausalLM``)
+    clf = GPTForSequenceClassification(config) # a classifier read at the last real token (``SequenceClassifier``)
 
 GPT-2 scales the init of the projections into the residual stream by 1 / sqrt(2 num_layers).
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.causal_lm import CausalLM, SequenceClassifier
 from tpzoo.models.config import TransformerConfig
 from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import (
@@ -24,6 +25,9 @@ from tpzoo.models.hf_rules import (
     gelu_from_hf,
     gelu_to_hf,
     heads_from_qkv,
+    is_classifier,
+    labels_from_hf,
+    labels_to_hf,
     linear,
     qkv_from_heads,
     require,
@@ -44,14 +48,20 @@ class GPTModel(CausalLM):
         return self.config.init_method_std / math.sqrt(2.0 * self.config.num_layers)
 
 
+class GPTForSequenceClassification(SequenceClassifier, GPTModel):
+    """GPT-2 as a classifier (Hugging Face's GPT2ForSequenceClassification): ``score`` at the last real token."""
+
+
 def num_parameters(c: TransformerConfig, head: str | None = None) -> int:
-    """Parameters of GPT2LMHeadModel of this config (``head``: "lm", the only one)."""
-    if head not in (None, "lm"):
-        raise ValueError(f"head {head!r} does not apply to a gpt config; choose 'lm'")
+    """Parameters of GPT2LMHeadModel of this config (``head`` "lm", the default) or of
+    GPT2ForSequenceClassification (``head`` "classification")."""
+    if head not in (None, "lm", "classification"):
+        raise ValueError(f"head {head!r} does not apply to a gpt config; choose 'lm' or 'classification'")
     h, v = c.hidden_size, c.vocab_size
     layer = layer_parameters(h, c.ffn_size, c.num_attention_heads, c.num_attention_heads, bias=True, gated=False,
                              norm_params=2 * h)
-    return v * h * (1 if c.tie_word_embeddings else 2) + c.max_position_embeddings * h + c.num_layers * layer + 2 * h
+    out = c.num_labels * h if head == "classification" else 0 if c.tie_word_embeddings else v * h
+    return v * h + out + c.max_position_embeddings * h + c.num_layers * layer + 2 * h
 
 
 # ------------------------------------------------------------------- Hugging Face GPT2LMHeadModel
@@ -66,7 +76,7 @@ def _config_from_hf(hf: Any, arch: str) -> TransformerConfig:
         ffn_hidden_size=hf.n_inner, vocab_size=hf.vocab_size, max_position_embeddings=hf.n_positions,
         hidden_dropout=hf.resid_pdrop, attention_dropout=hf.attn_pdrop, layernorm_epsilon=hf.layer_norm_epsilon,
         layernorm_position="pre", activation=gelu_from_hf(hf.activation_function),
-        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range)
+        tie_word_embeddings=hf.tie_word_embeddings, init_method_std=hf.initializer_range, **labels_from_hf(hf, arch))
 
 
 def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
@@ -77,14 +87,15 @@ def _config_to_hf(c: TransformerConfig, arch: str) -> Any:
         resid_pdrop=c.hidden_dropout, embd_pdrop=c.hidden_dropout, attn_pdrop=c.attention_dropout,
         layer_norm_epsilon=c.layernorm_epsilon, initializer_range=c.init_method_std,
         tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.vocab_size - 1, eos_token_id=c.vocab_size - 1,
-        architectures=[arch])
+        architectures=[arch], **labels_to_hf(c, arch))
 
 
 def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
-    """GPT2LMHeadModel's tensors: Conv1D weights are [in, out] (transposed), c_attn holds [q k v]."""
-    n = c.num_attention_heads
+    """The tensors of GPT2LMHeadModel (or GPT2ForSequenceClassification: ``score``, no LM head): Conv1D weights are
+    [in, out] (transposed), c_attn holds [q k v]."""
+    n, lm = c.num_attention_heads, not is_classifier(arch)
     rules = [tied("embedding.word_embeddings.weight", "transformer.wte.weight",
-                  *(("lm_head.weight",) if c.tie_word_embeddings else ())),
+                  *(("lm_head.weight",) if c.tie_word_embeddings and lm else ())),
              same("embedding.position_embeddings.weight", "transformer.wpe.weight")]
     for i in range(c.num_layers):
         t, h = f"layers.{i}.", f"transformer.h.{i}."
@@ -101,11 +112,16 @@ def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
             rules += [same(f"{t}{ours}.weight", f"{h}{theirs}.weight", transpose=True),
                       same(f"{t}{ours}.bias", f"{h}{theirs}.bias")]
     rules += linear("head.final_layernorm", "transformer.ln_f")
-    if not c.tie_word_embeddings:
+    if not lm:
+        rules.append(same("head.score.weight", "score.weight"))
+    elif not c.tie_word_embeddings:
         rules.append(same("head.output_layer.weight", "lm_head.weight"))
     return rules
 
 
-SPEC = FamilySpec(models={"GPTModel": GPTModel}, pretrain_model="GPTModel",
-                  finetune_model="GPTModel", num_parameters=num_parameters,
-                  hf=HFAdapter("gpt2", {"GPT2LMHeadModel": ("GPTModel", {})}, _config_from_hf, _config_to_hf, _rules))
+SPEC = FamilySpec(models={"GPTModel": GPTModel, "GPTForSequenceClassification": GPTForSequenceClassification},
+                  pretrain_model="GPTModel", finetune_model="GPTModel", classifier_model="GPTForSequenceClassification",
+                  num_parameters=num_parameters,
+                  hf=HFAdapter("gpt2", {"GPT2LMHeadModel": ("GPTModel", {}),
+                                        "GPT2ForSequenceClassification": ("GPTForSequenceClassification", {})},
+                               _config_from_hf, _config_to_hf, _rules))

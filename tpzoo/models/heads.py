@@ -5,6 +5,7 @@
     MLMHead     BERT's masked-LM head: dense + GELU + LayerNorm, then ``LMOutput`` with a vocabulary bias
     Pooler      tanh(dense(hidden[:, 0])): the first token's summary
     ClassificationHead   pooler, dropout, classifier: [b, s, h] -> [b, classes] | the loss [b]
+    LastTokenHead        a decoder's classifier: final norm, ``score`` at the last real token -> [b, classes]
 
 The output weight E is the word embedding's (tied, passed in by the model) or ``output_layer`` /
 ``word_embeddings`` of the head itself (``output_weight``; ``tpzoo.models.base`` adds them). Their plans
@@ -115,4 +116,32 @@ class ClassificationHead(nn.Module):
 
     def forward(self, hidden: Tensor, labels: Tensor | None) -> Tensor:
         logits = self.classifier(self.dropout(self.pooler(hidden)))
+        return logits if labels is None else F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def last_tokens(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """hidden [b, s, h] at each sequence's last real token -> [b, h]: the rightmost position whose
+    attention_mask [b, s] is 1 (padding may sit anywhere after it), the last position without a mask."""
+    if attention_mask is None:
+        return hidden[:, -1]
+    if attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(f"attention_mask must be [b, s] = {list(hidden.shape[:2])}, got {list(attention_mask.shape)}")
+    positions = torch.arange(hidden.shape[1], device=hidden.device)
+    last = (positions * (attention_mask != 0)).argmax(-1)  # a row of padding alone reads position 0
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
+class LastTokenHead(nn.Module):
+    """A decoder as a sequence classifier, as Hugging Face's ``...ForSequenceClassification``: ``final_layernorm``
+    (any norm), then ``score`` [classes, h] (no bias) at each sequence's last real token (``last_tokens``): under
+    causal attention only that token has read the whole text. forward(hidden [b, s, h], labels [b] | None,
+    attention_mask [b, s] | None) -> logits [b, classes] | the per-example cross entropy [b] (float32)."""
+
+    def __init__(self, norm: nn.Module, hidden_size: int, num_labels: int, init_std: float = 0.02) -> None:
+        super().__init__()
+        self.final_layernorm = norm
+        self.score = linear(hidden_size, num_labels, False, init_std)
+
+    def forward(self, hidden: Tensor, labels: Tensor | None, attention_mask: Tensor | None = None) -> Tensor:
+        logits = self.score(self.final_layernorm(last_tokens(hidden, attention_mask)))
         return logits if labels is None else F.cross_entropy(logits.float(), labels, reduction="none")

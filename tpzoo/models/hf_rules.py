@@ -60,6 +60,27 @@ def transformers_module() -> Any:
     return transformers
 
 
+def is_classifier(arch: str) -> bool:
+    """Whether Hugging Face class ``arch`` is a sequence classifier (``...ForSequenceClassification``)."""
+    return arch.endswith("ForSequenceClassification")
+
+
+def labels_from_hf(hf: Any, arch: str) -> dict[str, Any]:
+    """The config fields of a classifier ``arch``'s classes ({} for another class); regression and multi-label
+    problems are refused."""
+    if not is_classifier(arch):
+        return {}
+    require(getattr(hf, "problem_type", None) in (None, "single_label_classification"),
+            f"problem_type={hf.problem_type!r}")
+    require(hf.num_labels >= 2, "num_labels=1 (regression)")
+    return dict(num_labels=hf.num_labels)
+
+
+def labels_to_hf(c: Any, arch: str) -> dict[str, Any]:
+    """``labels_from_hf``'s inverse: a Hugging Face config's fields of a classifier's classes."""
+    return dict(num_labels=c.num_labels) if is_classifier(arch) else {}
+
+
 @dataclass(frozen=True)
 class Rule:
     """tpzoo tensor ``tpzoo`` = ``to_tpzoo(*hf tensors)``; the hf tensors = ``to_hf(tpzoo tensor)``.

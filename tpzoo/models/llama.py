@@ -4,9 +4,10 @@ sublayer and at the end, no biases, an output layer of its own; the block librar
 
     model = LlamaModel(get_preset("llama-1b"))   # plain PyTorch, one device
     loss = model(input_ids, labels=labels)       # [b, s] per-token loss (see ``CausalLM``)
+    clf = LlamaForSequenceClassification(config) # a classifier read at the last real token (``SequenceClassifier``)
 
 Tensor parallelism splits the kv heads too: tp must divide ``num_query_groups`` (a clear error
-otherwise). Hugging Face ``LlamaForCausalLM`` converts both ways (``tpzoo.convert``), Llama 3.x's scaled
+otherwise). Hugging Face ``LlamaForCausalLM`` and ``LlamaForSequenceClassification`` convert both ways (``tpzoo.convert``), Llama 3.x's scaled
 rotary positions included; the Llama-like families (``tpzoo.models.qwen2``, ``qwen3``, ``mistral``) convert
 with this module's ``config_from_hf``, ``config_to_hf`` and ``rules``.
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.causal_lm import CausalLM, SequenceClassifier
 from tpzoo.models.config import LlamaConfig
 from tpzoo.models.families import FamilySpec, HFAdapter
-from tpzoo.models.hf_rules import Rule, gated, qkv, require, same, tied, transformers_module
+from tpzoo.models.hf_rules import (Rule, gated, is_classifier, labels_from_hf, labels_to_hf, qkv, require, same, tied,
+                                   transformers_module)
 from tpzoo.models.presets import layer_parameters
 
 
@@ -30,15 +32,21 @@ class LlamaModel(CausalLM):
     config_class = LlamaConfig
 
 
+class LlamaForSequenceClassification(SequenceClassifier, LlamaModel):
+    """Llama as a classifier (Hugging Face's LlamaForSequenceClassification): ``score`` at the last real token."""
+
+
 def num_parameters(c: LlamaConfig, head: str | None = None) -> int:
-    """Parameters of the ``...ForCausalLM`` of this Llama-like config (``head``: "lm", the only one)."""
-    if head not in (None, "lm"):
-        raise ValueError(f"head {head!r} does not apply to a {c.model_type} config; choose 'lm'")
+    """Parameters of the ``...ForCausalLM`` of this Llama-like config (``head`` "lm", the default) or of its
+    ``...ForSequenceClassification`` (``head`` "classification")."""
+    if head not in (None, "lm", "classification"):
+        raise ValueError(f"head {head!r} does not apply to a {c.model_type} config; choose 'lm' or 'classification'")
     h, d = c.hidden_size, c.head_dim
     layer = layer_parameters(h, c.ffn_size, c.num_attention_heads, c.query_groups, bias=False, gated=True,
                              norm_params=h, head_dim=d)
     layer += (c.num_attention_heads + 2 * c.query_groups) * d * c.add_qkv_bias + 2 * d * c.qk_layernorm
-    return c.vocab_size * h * (1 if c.tie_word_embeddings else 2) + c.num_layers * layer + h
+    out = c.num_labels * h if head == "classification" else 0 if c.tie_word_embeddings else c.vocab_size * h
+    return c.vocab_size * h + out + c.num_layers * layer + h
 
 
 # ------------------------------------------------------------------ Hugging Face LlamaForCausalLM
@@ -73,9 +81,10 @@ def rope_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return dict(rope_theta=c.rotary_base, rope_scaling=scaling)
 
 
-def config_from_hf(hf: Any, config_class: type[LlamaConfig] = LlamaConfig, **own: Any) -> LlamaConfig:
-    """The ``config_class`` of a Llama-like Hugging Face config: the fields they share, the rotary ones
-    (``rope_from_hf``), the head size and ``own`` (the family's); a non-SwiGLU MLP is refused."""
+def config_from_hf(hf: Any, arch: str, config_class: type[LlamaConfig] = LlamaConfig, **own: Any) -> LlamaConfig:
+    """The ``config_class`` of a Llama-like Hugging Face config of class ``arch``: the fields they share, the rotary
+    ones (``rope_from_hf``), the head size, a classifier's classes and ``own`` (the family's); a non-SwiGLU MLP is
+    refused."""
     require(hf.hidden_act == "silu", f"hidden_act={hf.hidden_act!r} (tpzoo's Llama MLP is SwiGLU: silu)")
     return config_class(num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
                         num_attention_heads=hf.num_attention_heads, num_query_groups=hf.num_key_value_heads,
@@ -83,7 +92,7 @@ def config_from_hf(hf: Any, config_class: type[LlamaConfig] = LlamaConfig, **own
                         max_position_embeddings=hf.max_position_embeddings, attention_dropout=hf.attention_dropout,
                         layernorm_epsilon=hf.rms_norm_eps, tie_word_embeddings=hf.tie_word_embeddings,
                         init_method_std=hf.initializer_range, kv_channels=getattr(hf, "head_dim", None),
-                        **rope_from_hf(hf), **own)
+                        **rope_from_hf(hf), **labels_from_hf(hf, arch), **own)
 
 
 def config_to_hf(c: LlamaConfig, hf_config: str, arch: str, **own: Any) -> Any:
@@ -93,15 +102,16 @@ def config_to_hf(c: LlamaConfig, hf_config: str, arch: str, **own: Any) -> Any:
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_attention_heads, num_key_value_heads=c.query_groups,
         head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.layernorm_epsilon,
         tie_word_embeddings=c.tie_word_embeddings, attention_dropout=c.attention_dropout,
-        initializer_range=c.init_method_std, architectures=[arch], **rope_to_hf(c), **own)
+        initializer_range=c.init_method_std, architectures=[arch], **rope_to_hf(c), **labels_to_hf(c, arch), **own)
 
 
 def rules(c: LlamaConfig, arch: str) -> list[Rule]:
-    """The tensors of a Llama-like ``...ForCausalLM``: q/k/v (and their biases with ``add_qkv_bias``) fused group
-    by group, gate/up interleaved, the query and key norms with ``qk_layernorm``; q and k rows unpermuted (Hugging
-    Face's weights are in the half-rotation layout already)."""
+    """The tensors of a Llama-like ``...ForCausalLM`` (or ``...ForSequenceClassification``: ``score``, no LM head):
+    q/k/v (and their biases with ``add_qkv_bias``) fused group by group, gate/up interleaved, the query and key norms
+    with ``qk_layernorm``; q and k rows unpermuted (Hugging Face's weights are in the half-rotation layout already)."""
+    lm = not is_classifier(arch)
     out = [tied("embedding.word_embeddings.weight", "model.embed_tokens.weight",
-                *(("lm_head.weight",) if c.tie_word_embeddings else ()))]
+                *(("lm_head.weight",) if c.tie_word_embeddings and lm else ()))]
     for i in range(c.num_layers):
         t, h = f"layers.{i}.", f"model.layers.{i}."
         attention = [qkv(f"{t}self_attention.query_key_value.{p}", tuple(f"{h}self_attn.{x}_proj.{p}" for x in "qkv"),
@@ -115,6 +125,8 @@ def rules(c: LlamaConfig, arch: str) -> list[Rule]:
                 gated(f"{t}mlp.dense_h_to_4h.weight", f"{h}mlp.gate_proj.weight", f"{h}mlp.up_proj.weight"),
                 same(f"{t}mlp.dense_4h_to_h.weight", f"{h}mlp.down_proj.weight")]
     out.append(same("head.final_layernorm.weight", "model.norm.weight"))
+    if not lm:
+        return out + [same("head.score.weight", "score.weight")]
     return out + ([] if c.tie_word_embeddings else [same("head.output_layer.weight", "lm_head.weight")])
 
 
@@ -122,18 +134,22 @@ def _llama_from_hf(hf: Any, arch: str) -> LlamaConfig:
     """Biases (Llama's attention_bias also puts one on o_proj) are refused."""
     for flag in ("attention_bias", "mlp_bias"):
         require(not getattr(hf, flag, False), f"{flag}=True")
-    return config_from_hf(hf)
+    return config_from_hf(hf, arch)
 
 
-def llama_like_spec(model: type[CausalLM], hf_config: str, config_from: Callable[[Any, str], LlamaConfig],
-                    **own_to_hf: Callable[[LlamaConfig], Any]) -> FamilySpec:
-    """The ``FamilySpec`` of a Llama-like family: its one model class, Llama's parameter count and rules, Hugging Face's
-    ``<Name>ForCausalLM`` of config class ``hf_config`` read by ``config_from`` and written with ``own_to_hf`` (Hugging
-    Face field -> its value of a config)."""
-    name, arch = model.__name__, f"{hf_config.removesuffix('Config')}ForCausalLM"
+def llama_like_spec(model: type[CausalLM], classifier: type[CausalLM], hf_config: str,
+                    config_from: Callable[[Any, str], LlamaConfig], **own_to_hf: Callable[[LlamaConfig], Any]
+                    ) -> FamilySpec:
+    """The ``FamilySpec`` of a Llama-like family: its decoder ``model`` and its ``classifier``, Llama's parameter count
+    and rules, Hugging Face's ``<Name>ForCausalLM`` and ``<Name>ForSequenceClassification`` of config class
+    ``hf_config``, read by ``config_from`` and written with ``own_to_hf`` (Hugging Face field -> its value of a
+    config)."""
+    name, hf_name = model.__name__, hf_config.removesuffix("Config")
     to_hf = lambda c, arch: config_to_hf(c, hf_config, arch, **{k: f(c) for k, f in own_to_hf.items()})  # noqa: E731
-    return FamilySpec(models={name: model}, pretrain_model=name, finetune_model=name, num_parameters=num_parameters,
-                      hf=HFAdapter(model.model_type, {arch: (name, {})}, config_from, to_hf, rules))
+    archs = {f"{hf_name}ForCausalLM": (name, {}), f"{hf_name}ForSequenceClassification": (classifier.__name__, {})}
+    return FamilySpec(models={name: model, classifier.__name__: classifier}, pretrain_model=name,
+                      finetune_model=name, classifier_model=classifier.__name__, num_parameters=num_parameters,
+                      hf=HFAdapter(model.model_type, archs, config_from, to_hf, rules))
 
 
-SPEC = llama_like_spec(LlamaModel, "LlamaConfig", _llama_from_hf)
+SPEC = llama_like_spec(LlamaModel, LlamaForSequenceClassification, "LlamaConfig", _llama_from_hf)

@@ -6,12 +6,12 @@ tokens (Mistral 7B v0.1: 4096; None in the later versions); the block library's 
 
 The window is a mask (``CoreAttention``): query t sees keys t - window_size + 1 .. t, with either attention
 backend and through the KV cache (whose keys are kept whole; the mask hides the old ones). Hugging Face
-``MistralForCausalLM`` converts both ways.
+``MistralForCausalLM`` and ``MistralForSequenceClassification`` convert both ways.
 """
 
 from __future__ import annotations
 
-from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.causal_lm import CausalLM, SequenceClassifier
 from tpzoo.models.config import MistralConfig
 from tpzoo.models.llama import config_from_hf, llama_like_spec
 
@@ -23,6 +23,10 @@ class MistralModel(CausalLM):
     config_class = MistralConfig
 
 
-SPEC = llama_like_spec(MistralModel, "MistralConfig",
-                       lambda hf, arch: config_from_hf(hf, MistralConfig, window_size=hf.sliding_window),
+class MistralForSequenceClassification(SequenceClassifier, MistralModel):
+    """Mistral as a classifier (Hugging Face's MistralForSequenceClassification): ``score`` at the last real token."""
+
+
+SPEC = llama_like_spec(MistralModel, MistralForSequenceClassification, "MistralConfig",
+                       lambda hf, arch: config_from_hf(hf, arch, MistralConfig, window_size=hf.sliding_window),
                        sliding_window=lambda c: c.window_size)

@@ -5,15 +5,15 @@ block library's decoder built from a ``Qwen2Config``, split by ``DECODER_PLAN``.
     model = Qwen2Model(get_preset("qwen2.5-0.5b"))   # plain PyTorch, one device
 
 The biases are fused like the weights, [(n + 2g) d] group by group, so a tp rank holds the biases of its own
-heads. Hugging Face ``Qwen2ForCausalLM`` converts both ways; its per-layer sliding window
-(``use_sliding_window``) is refused.
+heads. Hugging Face ``Qwen2ForCausalLM`` and ``Qwen2ForSequenceClassification`` convert both ways; its per-layer
+sliding window (``use_sliding_window``) is refused.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.causal_lm import CausalLM, SequenceClassifier
 from tpzoo.models.config import Qwen2Config
 from tpzoo.models.hf_rules import require
 from tpzoo.models.llama import config_from_hf, llama_like_spec
@@ -26,9 +26,13 @@ class Qwen2Model(CausalLM):
     config_class = Qwen2Config
 
 
+class Qwen2ForSequenceClassification(SequenceClassifier, Qwen2Model):
+    """Qwen2 as a classifier (Hugging Face's Qwen2ForSequenceClassification): ``score`` at the last real token."""
+
+
 def _from_hf(hf: Any, arch: str) -> Qwen2Config:
     require(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True (Qwen2's per-layer window)")
-    return config_from_hf(hf, Qwen2Config)
+    return config_from_hf(hf, arch, Qwen2Config)
 
 
-SPEC = llama_like_spec(Qwen2Model, "Qwen2Config", _from_hf)
+SPEC = llama_like_spec(Qwen2Model, Qwen2ForSequenceClassification, "Qwen2Config", _from_hf)

@@ -5,15 +5,15 @@
     model = Qwen3Model(get_preset("qwen3-0.6b"))     # plain PyTorch, one device
 
 The query and key norms hold d weights each, the same on every tp rank (each rank norms its own heads; their
-gradients are summed over tp). Hugging Face ``Qwen3ForCausalLM`` converts both ways; attention biases and its
-sliding window are refused.
+gradients are summed over tp). Hugging Face ``Qwen3ForCausalLM`` and ``Qwen3ForSequenceClassification`` convert
+both ways; attention biases and its sliding window are refused.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tpzoo.models.causal_lm import CausalLM
+from tpzoo.models.causal_lm import CausalLM, SequenceClassifier
 from tpzoo.models.config import Qwen3Config
 from tpzoo.models.hf_rules import require
 from tpzoo.models.llama import config_from_hf, llama_like_spec
@@ -26,10 +26,14 @@ class Qwen3Model(CausalLM):
     config_class = Qwen3Config
 
 
+class Qwen3ForSequenceClassification(SequenceClassifier, Qwen3Model):
+    """Qwen3 as a classifier (Hugging Face's Qwen3ForSequenceClassification): ``score`` at the last real token."""
+
+
 def _from_hf(hf: Any, arch: str) -> Qwen3Config:
     require(not getattr(hf, "attention_bias", False), "attention_bias=True")
     require(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True (Qwen3's per-layer window)")
-    return config_from_hf(hf, Qwen3Config)
+    return config_from_hf(hf, arch, Qwen3Config)
 
 
-SPEC = llama_like_spec(Qwen3Model, "Qwen3Config", _from_hf)
+SPEC = llama_like_spec(Qwen3Model, Qwen3ForSequenceClassification, "Qwen3Config", _from_hf)

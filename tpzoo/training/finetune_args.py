@@ -50,8 +50,8 @@ class FinetuneConfig:
     task: str | None = option(None, optional(one_of(*TASKS)), "a named classification task (GLUE ones read "
                               "--data-dir)", "--task")
     data_dir: str | None = _path("the GLUE task's folder (train.tsv, dev.tsv)", "--data-dir", "DIR")
-    train_data: str | None = _path("csv/tsv/jsonl: text, optional text_b, label (BERT); jsonl text (GPT, Llama)",
-                                   "--train-data", "FILE")
+    train_data: str | None = _path("csv/tsv/jsonl: text (+ text_b) and label: a classifier; prompt and response, or "
+                                   "messages: instruction tuning; text alone: a causal LM", "--train-data", "FILE")
     valid_data: str | None = _path("the validation file, same columns", "--valid-data", "FILE")
     tokenizer_model: str | None = _path("default: the checkpoint's tokenizer", "--tokenizer-model", "FILE")
     epochs: int = option(5, at_least(1), "", "--epochs")

@@ -33,7 +33,7 @@ from tpzoo.training.health import Health
 from tpzoo.training.stopping import StopRules, check_divergence, skipped_save
 
 # the metric that picks the best checkpoint, and whether higher is better
-BEST_BY = {"classification": ("accuracy", True), "causal-lm": ("val_loss", False)}
+BEST_BY = {"classification": ("accuracy", True), "causal-lm": ("val_loss", False), "sft": ("val_loss", False)}
 
 
 @dataclass

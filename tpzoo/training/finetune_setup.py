@@ -2,15 +2,17 @@
 the checkpoint's family), the tokenizer, the task's data, the model config, the plan and the engine.
 
     run = build_finetune(job, tune)  # RunConfig, FinetuneConfig; ValueError/FileNotFoundError on misuse
-    run.kind                         # the family's ``finetune``: "classification" (BERT) or "causal-lm" (GPT, Llama)
+    run.kind                         # the route: "classification" (labels), "sft" (instructions), "causal-lm" (text)
     run.engine, run.train, run.valid, run.label_names
     run.report                       # lines finetune() prints once: the classes, the sample lengths
 
 ``--load`` is a training checkpoint (``pretrain.py``'s or ``finetune.py``'s) or a tpzoo model folder
-(``python -m tpzoo.convert from-hf``). The model built is the family's ``finetune_model``
-(``tpzoo.models.families``): a BERT checkpoint becomes a ``BertForSequenceClassification`` (encoder
-and, where saved, pooler loaded; a fresh head of ``num_labels`` = the task's classes); a GPT or Llama
-checkpoint stays a causal LM.
+(``python -m tpzoo.convert from-hf``). The route follows the data (``route``): labelled data (``--task``, or
+files with a ``label`` field) trains the family's ``classifier_model`` (``tpzoo.models.families``): a BERT
+becomes a ``BertForSequenceClassification`` (encoder and, where saved, pooler loaded), a decoder its
+``...ForSequenceClassification`` (the last real token's hidden state into ``score``), each with a fresh head
+of ``num_labels`` = the task's classes; text without labels trains the family's ``finetune_model`` (a
+decoder stays a causal LM). The route is said in the first lines the run prints.
 
 Classifier labels: a ``--load`` checkpoint that records ``label_names`` (a ``finetune.py`` one) maps
 the data files' labels through them; else the training file's labels become ids in ``label_order``;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -30,12 +33,14 @@ from tpzoo.checkpoint import load_model, read_meta
 from tpzoo.checkpoint.model import recorded_config
 from tpzoo.checkpoint.tokenizer import model_tokenizer
 from tpzoo.data.causal_lm import CausalLMDataset, read_texts
+from tpzoo.data.sft import SFTDataset, read_conversations
+from tpzoo.data.sources import one_file, rows
 from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_examples
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.lora_options import LoRAConfig
 from tpzoo.models.config import ModelConfig
-from tpzoo.models.families import FAMILIES, family
+from tpzoo.models.families import Family, family, model_class
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
 from tpzoo.parallel.lora import add_adapters
@@ -48,7 +53,8 @@ from tpzoo.training.run_config import RunConfig
 from tpzoo.training.setup import default_run_dir
 
 # what a sample of each kind is, and what happens to one longer than --seq-length
-SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", "span several windows")}
+SAMPLES = {"classification": ("samples", "are cut"), "causal-lm": ("documents", "span several windows"),
+           "sft": ("examples", "are cut")}
 
 
 @dataclass
@@ -56,7 +62,7 @@ class FinetuneRun:
     job: RunConfig                    # the flags' sections
     tune: FinetuneConfig              # finetune.py's own, --seq-length auto resolved to the length picked
     mesh: ParallelMesh
-    kind: str                         # the family's finetune kind: "classification" or "causal-lm"
+    kind: str                         # the route (``route``): "classification", "sft" or "causal-lm"
     tokenizer: Tokenizer
     config: ModelConfig               # the fine-tuned model's
     engine: Engine
@@ -97,9 +103,11 @@ def check_label_count(names: list[str]) -> None:
 
 
 def classification_data(tune: FinetuneConfig, tokenizer: Tokenizer, seq_length: int,
-                        saved_names: list[str] | None = None) -> tuple[TaskDataset, TaskDataset, list[str]]:
+                        saved_names: list[str] | None = None, token_types: bool = True
+                        ) -> tuple[TaskDataset, TaskDataset, list[str]]:
     """(train, valid, label names) of ``--task`` (``--data-dir`` for GLUE) or ``--train-data/--valid-data``,
-    whose labels map through ``saved_names`` (the ``--load`` classifier's) when given."""
+    whose labels map through ``saved_names`` (the ``--load`` classifier's) when given; ``token_types``: the samples
+    hold token types (a model that reads segments: BERT)."""
     if tune.task:
         train, names = load_task(tune.task, "train", tune.data_dir)
         valid, _ = load_task(tune.task, "valid", tune.data_dir)
@@ -112,25 +120,32 @@ def classification_data(tune: FinetuneConfig, tokenizer: Tokenizer, seq_length: 
             if saved_names is None:
                 raise
             raise ValueError(f"{err.path!r} has labels {err.unknown} that the classifier --load {tune.load} was not "
-                             f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune a BERT encoder "
-                             f"checkpoint for new labels") from None
+                             f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune the checkpoint "
+                             f"it was fine-tuned from for new labels") from None
     check_label_count(names)
-    return TaskDataset(train, tokenizer, seq_length), TaskDataset(valid, tokenizer, seq_length), names
+    return (TaskDataset(train, tokenizer, seq_length, token_types), TaskDataset(valid, tokenizer, seq_length, token_types),
+            names)
 
 
 def finetune_data(tune: FinetuneConfig, kind: str, tokenizer: Tokenizer, saved: ModelConfig,
-                  meta: dict[str, Any], multiple: int = 1) -> tuple[Any, Any, list[str] | None, list[str]]:
+                  meta: dict[str, Any], multiple: int = 1, token_types: bool = True
+                  ) -> tuple[Any, Any, list[str] | None, list[str]]:
     """(train, valid, label names, report lines) of the run; ``--seq-length auto`` is resolved here from the
     training samples' lengths (a multiple of ``multiple``: tp under sequence parallelism), the datasets' seq_length
-    the pick."""
+    the pick; ``token_types``: classifier samples hold token types."""
     auto = tune.seq_length == AUTO
     seq_length = saved.max_position_embeddings if auto else tune.seq_length  # auto: cut again below
     names, report = None, []
     if kind == "classification":
         saved_names = meta.get("label_names")
-        train, valid, names = classification_data(tune, tokenizer, seq_length, saved_names)
+        train, valid, names = classification_data(tune, tokenizer, seq_length, saved_names, token_types)
         report.append(f"{len(names)} classes" + (f" (the labels of --load {tune.load})" if saved_names else "")
                       + ": " + " ".join(n if n.split() == [n] else repr(n) for n in names))
+    elif kind == "sft":
+        train, valid = (SFTDataset(read_conversations(path), tokenizer, seq_length)
+                        for path in (tune.train_data, tune.valid_data))
+        report.append(f"formatted by the {train.template} template (docs/finetuning.md); the loss on the answers "
+                      f"only, examples packed into sequences of --seq-length without crossing")
     else:
         train, valid = (CausalLMDataset(read_texts(path), tokenizer, seq_length)
                         for path in (tune.train_data, tune.valid_data))
@@ -150,8 +165,8 @@ def finetune_data(tune: FinetuneConfig, kind: str, tokenizer: Tokenizer, saved: 
     return train, valid, names, report
 
 
-def check_data_args(tune: FinetuneConfig, kind: str, class_name: str) -> None:
-    """Exactly one data source, and one that fits the checkpoint's kind."""
+def check_data_args(tune: FinetuneConfig) -> None:
+    """Exactly one data source."""
     files = tune.train_data is not None or tune.valid_data is not None
     if tune.task and files:
         raise ValueError("pass either --task or --train-data/--valid-data, not both")
@@ -159,11 +174,30 @@ def check_data_args(tune: FinetuneConfig, kind: str, class_name: str) -> None:
         raise ValueError("--train-data and --valid-data go together; pass both")
     if not tune.task and not files:
         raise ValueError("no data: pass --task NAME or --train-data FILE --valid-data FILE")
-    if tune.task and kind == "causal-lm":
-        classifiers = [f.name for f in FAMILIES.values() if f.finetune == "classification"]
-        raise ValueError(f"--load {tune.load} holds a {class_name.removesuffix('Model')} model, which fine-tunes "
-                         f"as a causal LM on --train-data/--valid-data text files; --task {tune.task} needs a "
-                         f"checkpoint of a classifier family ({', '.join(classifiers)})")
+
+
+def route(tune: FinetuneConfig, fam: Family, class_name: str) -> tuple[str, str, str]:
+    """(kind, model class, the line saying why) of the run, from the data: labelled (``--task``, or a training file
+    whose first row has a ``label`` field) trains the family's classifier; instructions (``prompt`` and
+    ``response``, or ``messages``) a causal LM on the answers ("sft"); text alone, the family's ``finetune_model``."""
+    spec = fam.spec
+    if tune.task:
+        kind, source = "classification", f"--task {tune.task} is a classification task"
+    else:
+        fields = set(next(rows(one_file(tune.train_data)), {}))
+        kind = ("classification" if "label" in fields else "sft" if "messages" in fields or {"prompt", "response"}
+                <= fields else fam.finetune)
+        source = (f"{tune.train_data} has " + ("a 'label' field" if kind == "classification" else "instructions" if
+                  kind == "sft" else f"no 'label', 'prompt'/'response' or 'messages' field (its fields: "
+                  f"{', '.join(sorted(fields))})"))
+    if kind == "classification" and spec.classifier_model is None or kind == "sft" and fam.finetune != "causal-lm":
+        what = "sequence classifier" if kind == "classification" else "causal LM to instruction-tune"
+        raise ValueError(f"{source}, but the {fam.name} family has no {what}; it fine-tunes as a {fam.finetune}")
+    target = spec.classifier_model if kind == "classification" else spec.finetune_model
+    what = {"classification": "a classifier" + (", its head new" if target != class_name else ""),
+            "sft": "a causal LM, the loss on the answers only",
+            "causal-lm": "a causal LM: the next-token loss on the text"}[kind]
+    return kind, target, f"route: {source}, so --load's {class_name} fine-tunes as {target} ({what})"
 
 
 def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRAConfig()) -> FinetuneRun:
@@ -173,26 +207,27 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
         raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
     class_name, saved, meta = saved_model(tune.load)
     fam = family(saved.model_type)
-    spec, kind = fam.spec, fam.finetune
-    check_data_args(tune, kind, class_name)
+    check_data_args(tune)
+    kind, target, said = route(tune, fam, class_name)
     if lora.enabled and job.parallel.use_torch_fsdp2 and job.parallel.pp > 1:
         raise ValueError(f"--lora-rank with --use-torch-fsdp2 and --pp {job.parallel.pp}: FSDP through a pipeline "
                          f"with adapters is not supported yet (its stages fell out of step in testing); use "
                          f"--use-distributed-optimizer, or FSDP with --pp 1")
-    if lora.enabled and kind != "causal-lm":
-        raise ValueError(f"--lora-rank {lora.rank}: LoRA fine-tunes causal LMs (GPT, Llama, Qwen, Mistral) here; "
-                         f"--load {tune.load} fine-tunes as a {kind} model, whose new head trains whole: drop the "
-                         f"--lora flags")
+    if lora.enabled and kind == "classification":
+        raise ValueError(f"--lora-rank {lora.rank}: LoRA fine-tunes causal LMs here; this run trains {target} "
+                         f"(labelled data), whose new head trains whole: drop the --lora flags")
     tokenizer = model_tokenizer(tune.load, tune.tokenizer_model, vocab_size=saved.vocab_size)
     parallel = job.parallel
     train, valid, names, report = finetune_data(tune, kind, tokenizer, saved, meta,
-                                                parallel.tp if parallel.sequence_parallel else 1)
+                                                parallel.tp if parallel.sequence_parallel else 1,
+                                                reads_token_types(model_class(target, fam.name)))
+    report.insert(0, said)
     tune = dataclasses.replace(tune, seq_length=train.seq_length)  # auto: the length picked
     changes: dict[str, Any] = {}
     if kind == "classification":
-        if class_name == spec.finetune_model and saved.num_labels != len(names):
+        if class_name == target and saved.num_labels != len(names):
             raise ValueError(f"--load {tune.load} is a classifier of {saved.num_labels} labels but the data has "
-                             f"{len(names)} ({names}); fine-tune a {spec.pretrain_model} checkpoint instead")
+                             f"{len(names)} ({names}); fine-tune a {fam.spec.pretrain_model} checkpoint instead")
         changes = dict(num_labels=len(names))
     ecfg = job.engine()
     t = job.training
@@ -202,10 +237,10 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     choice = dataclasses.replace(job.model, model=saved.model_type, preset=None, seq_length=tune.seq_length)
     config = model_config(choice, saved, **changes)  # the checkpoint's, with the dropout flags given
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
-    model_class = spec.finetune_model if spec.finetune_model != class_name else None
     mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
     manual_seed(t.seed, mesh)
-    build = functools.partial(load_model, tune.load, model_class=model_class, config_overrides=overrides)
+    build = functools.partial(load_model, tune.load, model_class=target if target != class_name else None,
+                              config_overrides=overrides)
     if lora.enabled:
         build = functools.partial(_with_adapters, build, lora, t.seed)
     engine = Engine(build, config, ecfg, job.plan(mesh))
@@ -214,6 +249,11 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     adapters_of = str(Path(tune.load).resolve()) if lora.save_adapters_only else None
     return FinetuneRun(job, tune, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir,
                        log_dir, report, adapters_of)
+
+
+def reads_token_types(model: type) -> bool:
+    """Whether ``model``'s forward takes token types (BERT's segments A and B; a decoder reads none)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 def _with_adapters(build: Callable[..., Any], lora: LoRAConfig, seed: int, plan: Any, **stage: Any) -> Any:
