@@ -204,6 +204,8 @@ def batch(case: Case, ids: torch.Tensor, generator: torch.Generator, classes: in
     mask = torch.ones(b, s, dtype=torch.long)
     mask[b - 1, s - max(1, s // 4):] = 0                                  # padding at the end of the last sample
     out = dict(input_ids=ids, attention_mask=mask)
+    from tpzoo.models.base import reads_token_types
+
     if reads_token_types(case.model_class):
         out["token_type_ids"] = (torch.arange(s) >= s // 2).long().expand(b, s).clone()
     if case.inputs == "classification":
@@ -211,13 +213,6 @@ def batch(case: Case, ids: torch.Tensor, generator: torch.Generator, classes: in
     labels = torch.where((torch.rand(b, s, generator=generator) < 0.3) & (mask == 1), ids, -100)
     labels[0, 0] = ids[0, 0]                                              # at least one MLM target
     return dict(out, labels=labels, next_sentence_label=torch.randint(0, 2, (b,), generator=generator))
-
-
-def reads_token_types(model: type) -> bool:
-    """Whether ``model``'s forward takes token types (BERT's segments; a decoder has none)."""
-    import inspect
-
-    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 def without_labels(kwargs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -76,17 +76,16 @@ def label_names(path: Path) -> list[str] | None:
 
 
 def padding_id(path: Path) -> int | None:
-    """The id a finetune.py classifier padded its samples with (the recorded tokenizer's pad token, else its
-    separator or end of document, as ``TaskDataset`` pads), or None without a tokenizer on this machine."""
+    """The id a finetune.py classifier padded its samples with (``tpzoo.data.tasks.padding_token`` of the recorded
+    tokenizer), or None without a tokenizer on this machine."""
     from tpzoo.checkpoint import read_meta
+    from tpzoo.data.tasks import padding_token
     from tpzoo.data.tokenizer import recorded_tokenizer
 
     if (path / CONFIG_FILE).is_file():
         return None
     tokenizer = recorded_tokenizer(read_meta(path).get("tokenizer"))
-    if tokenizer is None:
-        return None
-    return next((i for i in (tokenizer.pad, tokenizer.sep, tokenizer.eod) if i is not None), None)
+    return None if tokenizer is None else padding_token(tokenizer)
 
 
 def _fail(message: str) -> NoReturn:

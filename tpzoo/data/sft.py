@@ -157,5 +157,5 @@ class SFTDataset(ResizableSamples):
             labels += [t if learn else IGNORE_INDEX for t, learn in zip(tokens[1:], trained[1:])] + [IGNORE_INDEX]
             docs += [d] * len(tokens)
         pad = self.seq_length - len(ids)
-        return {"input_ids": torch.tensor(ids + [self.pad] * pad), "labels": torch.tensor(labels + [IGNORE_INDEX] * pad),
-                "document_ids": torch.tensor(docs + [-1] * pad)}
+        return {"input_ids": torch.tensor(ids + [self.pad] * pad),
+                "labels": torch.tensor(labels + [IGNORE_INDEX] * pad), "document_ids": torch.tensor(docs + [-1] * pad)}

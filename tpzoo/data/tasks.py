@@ -117,6 +117,12 @@ def load_task(name: str, split: str = "train", folder: str | None = None) -> tup
     return read_examples(path, layout.labels, layout.text, layout.text_b, layout.label, **options)
 
 
+def padding_token(tokenizer: Any) -> int | None:
+    """The id classifier samples are padded with: the tokenizer's pad token, else its separator, else its end of
+    document (a GPT-2 tokenizer's); None when it has none of them."""
+    return next((i for i in (tokenizer.pad, tokenizer.sep, tokenizer.eod) if i is not None), None)
+
+
 class TaskDataset(ResizableSamples):
     """Map-style dataset of classifier samples, each a dict of int64 tensors: ``input_ids``,
     ``token_type_ids`` (with ``token_types``: for a model that reads segments, BERT), ``attention_mask``
@@ -135,7 +141,7 @@ class TaskDataset(ResizableSamples):
         if sep is None:
             raise ValueError(f"tokenizer {tokenizer.path!r} has neither [SEP] nor an end-of-document token")
         self.cls = [] if tokenizer.cls is None else [tokenizer.cls]
-        self.sep, self.pad = sep, tokenizer.pad if tokenizer.pad is not None else sep
+        self.sep, self.pad = sep, padding_token(tokenizer)
         self.min_length = len(self.cls) + 4  # [CLS] a [SEP] b [SEP]: one token of each text
         self.seq_length, self.token_types = seq_length, token_types
         self.examples = list(examples)
@@ -158,8 +164,8 @@ class TaskDataset(ResizableSamples):
             ids += b + [self.sep]
             types += [1] * (len(b) + 1)
         n, pad = len(ids), self.seq_length - len(ids)
-        sample = {"input_ids": torch.tensor(ids + [self.pad] * pad), "attention_mask": torch.tensor([1] * n + [0] * pad),
-                  "label": torch.tensor(self.examples[i].label)}
+        sample = {"input_ids": torch.tensor(ids + [self.pad] * pad),
+                  "attention_mask": torch.tensor([1] * n + [0] * pad), "label": torch.tensor(self.examples[i].label)}
         if self.token_types:
             sample["token_type_ids"] = torch.tensor(types + [0] * pad)
         return sample

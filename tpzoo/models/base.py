@@ -26,6 +26,7 @@ A family subclasses ``StagedModel`` with ``build_embedding``, ``build_layer(i)``
 from __future__ import annotations
 
 import hashlib
+import inspect
 from contextlib import contextmanager
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
@@ -62,6 +63,11 @@ def _layer_range(layers: Iterable[int] | None, num_layers: int) -> list[int]:
         raise ValueError(f"layers must be consecutive layer numbers within 0..{num_layers - 1} "
                          f"(num_layers={num_layers}), got {indices}")
     return indices
+
+
+def reads_token_types(model: type) -> bool:
+    """Whether ``model``'s forward takes token types (BERT's segments A and B; a decoder reads none)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 def in_order(layers: Sequence[nn.Module], hidden: Tensor, *args: Any, training: bool = False) -> Tensor:

@@ -12,7 +12,8 @@ makes a family's decoder a classifier (``CLASSIFIER_PLAN``), as Hugging Face's `
 ``document_ids`` [b, s] (packed examples: the example of each token, in runs) keep each example to itself:
 attention within its run only (``document_mask``) and learned positions counted from its start
 (``document_positions``); rotary positions stay absolute, which changes nothing inside a run, since rotary
-scores depend only on the distance between query and key. ``labels`` are aligned with the positions (labels[:, t] is the target of position t, i.e. the
+scores depend only on the distance between query and key. ``labels`` are aligned with the positions
+(labels[:, t] is the target of position t, i.e. the
 next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids`` equals
 ``labels = input_ids[:, 1:]`` padded with -100 here.
 

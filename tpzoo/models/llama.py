@@ -7,7 +7,8 @@ sublayer and at the end, no biases, an output layer of its own; the block librar
     clf = LlamaForSequenceClassification(config) # a classifier read at the last real token (``SequenceClassifier``)
 
 Tensor parallelism splits the kv heads too: tp must divide ``num_query_groups`` (a clear error
-otherwise). Hugging Face ``LlamaForCausalLM`` and ``LlamaForSequenceClassification`` convert both ways (``tpzoo.convert``), Llama 3.x's scaled
+otherwise). Hugging Face ``LlamaForCausalLM`` and ``LlamaForSequenceClassification`` convert both ways
+(``tpzoo.convert``), Llama 3.x's scaled
 rotary positions included; the Llama-like families (``tpzoo.models.qwen2``, ``qwen3``, ``mistral``) convert
 with this module's ``config_from_hf``, ``config_to_hf`` and ``rules``.
 """

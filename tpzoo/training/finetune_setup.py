@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +38,7 @@ from tpzoo.data.tasks import TaskDataset, UnknownLabels, load_task, read_example
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.engine import Engine
 from tpzoo.lora_options import LoRAConfig
+from tpzoo.models.base import reads_token_types
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import Family, family, model_class
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
@@ -123,8 +123,8 @@ def classification_data(tune: FinetuneConfig, tokenizer: Tokenizer, seq_length: 
                              f"fine-tuned on (its labels: {err.known}); fix the file, or fine-tune the checkpoint "
                              f"it was fine-tuned from for new labels") from None
     check_label_count(names)
-    return (TaskDataset(train, tokenizer, seq_length, token_types), TaskDataset(valid, tokenizer, seq_length, token_types),
-            names)
+    train, valid = (TaskDataset(examples, tokenizer, seq_length, token_types) for examples in (train, valid))
+    return train, valid, names
 
 
 def finetune_data(tune: FinetuneConfig, kind: str, tokenizer: Tokenizer, saved: ModelConfig,
@@ -249,11 +249,6 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     adapters_of = str(Path(tune.load).resolve()) if lora.save_adapters_only else None
     return FinetuneRun(job, tune, mesh, kind, tokenizer, config, engine, train, valid, names, schedule, save_dir,
                        log_dir, report, adapters_of)
-
-
-def reads_token_types(model: type) -> bool:
-    """Whether ``model``'s forward takes token types (BERT's segments A and B; a decoder reads none)."""
-    return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
 def _with_adapters(build: Callable[..., Any], lora: LoRAConfig, seed: int, plan: Any, **stage: Any) -> Any:
