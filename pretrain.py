@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 # OpenMP threads that spin while they wait crawl (20-50x slower steps) on a CPU shared with other
@@ -21,7 +22,7 @@ from tpzoo.training.architecture_args import add_architecture_args, add_speed_ar
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
                                  check_output_folder, check_save_folder, command_parser, exit_on_misuse,
                                  exit_on_run_error)
-from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO  # noqa: E402
+from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, model_folder_type  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import LoggingConfig  # noqa: E402
 from tpzoo.training.model_args import add_model_args, check_preset  # noqa: E402
@@ -72,9 +73,15 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunC
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     resumed_into = args.load if args.save is None and args.load is not None and not args.finetune else None
     check_save_folder(args.save or resumed_into)  # a resume saves where its checkpoint is
-    if args.load is not None:
+    folder_family = model_folder_type(args.load) if args.load is not None else None
+    if args.load is not None and folder_family is None:
         resolve_speed(args)  # the launch's own; the others once merged with the checkpoint's (start_run)
         return None
+    if folder_family is not None:  # --finetune from a model folder: a new run of its family, its weights to start
+        if (given is None or "model" in given) and args.model != folder_family:
+            raise ValueError(f"--load {args.load} holds a {folder_family} model but --model is {args.model}; pass "
+                             f"--model {folder_family} or leave it out")
+        args.model, given = folder_family, None if given is None else {*given, "model"}
     resolve_flags(args, given, None, MODEL_DEFAULTS)  # --model, when not given: the one the architecture flags describe
     job = RunConfig.of(vars(args))  # every section's fields
     job.training.lr_schedule(job.training.batches(job.model.seq_length))  # and the batch ramp-up
@@ -93,6 +100,8 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
 
     parallel = job.parallel if job else section_of(ParallelConfig, vars(args))  # the launch's: never restored
     mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
+    if job is not None and job.io.load is not None:  # a model folder (check_flags): its weights start a new run
+        return build_run(job, mesh, weights=Path(job.io.load))
     checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))
     saved = read_meta(checkpoint) if checkpoint else None  # None also for --save DIR --load DIR before DIR holds one
     changes = []

@@ -1,7 +1,8 @@
-"""Per-rank memory of plain data parallelism, ZeRO-1, ZeRO-2 and FSDP, measured after a training step.
+"""Per-rank memory of plain data parallelism, ZeRO-1, ZeRO-2, FSDP and LoRA, measured after a training step.
 
     python bench/memory.py --check                  # gpt-tiny at dp 2, 4, 8 (8 gloo ranks without a GPU)
     python bench/memory.py --preset gpt2-xl --dp 1 --modes plain fsdp --recompute    # one GPU: peak, tokens/s
+    python bench/memory.py --preset llama-1b --dp 1 --modes plain lora               # LoRA against full fine-tuning
 
 For each dp and mode, dp ranks (``tpzoo.testing.spawn``; one GPU each with ``--device cuda``) build the
 preset's pretraining model under ``tpzoo.engine.Engine`` at (tp, pp, dp) = (1, 1, dp), run one step over a
@@ -14,8 +15,10 @@ global batch of micro-batch x dp sequences, and count, right after it (gradients
     gathered    FSDP: the largest unit unsharded in the compute dtype (a layer, the embedding, the head, or the
                 root unit: a tied embedding and head and the rest), what FSDP holds on top at its peak
 
-Each figure is the maximum over the ranks. ``plain`` is data parallelism without sharding, ``zero1`` and
-``zero2`` ``use_distributed_optimizer`` with ``zero_stage`` 1 and 2, ``fsdp`` ``ParallelPlan(fsdp=True)``.
+Each figure is the maximum over the ranks. ``plain`` is data parallelism without sharding (every weight trained:
+full fine-tuning), ``zero1`` and ``zero2`` ``use_distributed_optimizer`` with ``zero_stage`` 1 and 2, ``fsdp``
+``ParallelPlan(fsdp=True)``, ``lora`` plain with LoRA adapters of rank ``--lora-rank`` on the attention's
+projections (finetune.py's default targets), every other weight frozen.
 With ``--steps N`` (default 3 on CUDA, 0 elsewhere) N more steps are timed: tokens/s = global batch x
 sequence / median step time; on CUDA also the peak (``torch.cuda.max_memory_allocated`` over those steps).
 
@@ -36,12 +39,14 @@ import statistics
 import sys
 import time
 from datetime import date
+from typing import Callable
 
 import torch
 from baselines import make_batch  # bench/, the script's folder
 from torch.distributed.fsdp import FSDPModule
 
 from tpzoo.engine import Engine, EngineConfig
+from tpzoo.lora_options import LoRAConfig
 from tpzoo.engine.config import PRECISIONS
 from tpzoo.engine.data_parallel import optimizer_state_bytes
 from tpzoo.engine.mixed_precision import DTYPES
@@ -50,10 +55,11 @@ from tpzoo.models.families import PRESETS, family
 from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelMesh, ParallelPlan, init_mesh
 from tpzoo.parallel.fsdp import local
+from tpzoo.parallel.lora import add_adapters
 from tpzoo.testing import spawn
 
 MODES = {"plain": {}, "zero1": dict(use_distributed_optimizer=True, zero_stage=1),
-         "zero2": dict(use_distributed_optimizer=True, zero_stage=2), "fsdp": {}}
+         "zero2": dict(use_distributed_optimizer=True, zero_stage=2), "fsdp": {}, "lora": {}}
 PARTS = ("weights", "gradients", "optimizer")
 MiB = 2.0**20
 
@@ -86,12 +92,22 @@ def held(engine: Engine) -> dict[str, int]:
             "optimizer": optimizer_state_bytes(engine.optimizer)}
 
 
+def with_adapters(build: Callable[..., torch.nn.Module], rank: int, plan: ParallelPlan, **stage) -> torch.nn.Module:
+    """``build``'s model with LoRA adapters of ``rank`` (finetune.py's default targets), the rest frozen."""
+    model = build(plan, **stage)
+    add_adapters(model, LoRAConfig(rank=rank))
+    return model
+
+
 def measure(mode: str, mesh: ParallelMesh, preset: str, dp: int, precision: str, b: int, s: int, steps: int,
-            recompute: bool) -> dict[str, float]:
+            recompute: bool, lora_rank: int) -> dict[str, float]:
     """This rank's figures for one mode (an Engine built, stepped, measured and dropped)."""
     config = get_preset(preset, hidden_dropout=0.0, attention_dropout=0.0)
     plan = ParallelPlan(mesh, fsdp=mode == "fsdp", recompute_activations=recompute)
-    engine = Engine(functools.partial(build_model, family(config.model_type).spec.pretrain_model, config), config,
+    build = functools.partial(build_model, family(config.model_type).spec.pretrain_model, config)
+    if mode == "lora":
+        build = functools.partial(with_adapters, build, lora_rank)
+    engine = Engine(build, config,
                     EngineConfig(micro_batch_size=b, global_batch_size=b * dp, precision=precision, **MODES[mode]),
                     plan)
     batch = make_batch(family(config.model_type).data, config.vocab_size, b * dp, s, torch.device("cpu"))
@@ -176,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="gpt-tiny", choices=sorted(PRESETS), help="model preset")
     p.add_argument("--dp", type=int, nargs="+", default=[2, 4, 8], help="data-parallel sizes, one spawn each")
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="what to measure")
+    p.add_argument("--modes", nargs="+", default=[m for m in MODES if m != "lora"], choices=list(MODES),
+                   help="what to measure (default: the data-parallel ones)")
     p.add_argument("--precision", default="bf16", choices=PRECISIONS, help="EngineConfig.precision")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
     p.add_argument("--micro-batch-size", type=int, default=None, help="sequences per rank (default: 8 on CUDA, 1)")
@@ -184,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps after the measured one (default: 3 on "
                                                            "CUDA, 0)")
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
+    p.add_argument("--lora-rank", type=int, default=8, help="the adapters' rank in the lora mode")
     p.add_argument("--check", action="store_true", help="exit 1 unless the sharding bounds hold (docstring)")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
@@ -192,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     positions = config.max_position_embeddings
     s = args.seq_length or min(1024 if cuda else 64, positions)
     steps = (3 if cuda else 0) if args.steps is None else args.steps
-    if min(args.dp) < 1 or b < 1 or steps < 0 or not 1 <= s <= positions:
-        p.error(f"need --dp and --micro-batch-size >= 1, --steps >= 0 and 1 <= --seq-length <= {positions} "
-                f"(the preset's positions), got {args.dp}, {b}, {steps} and {s}")
+    if min(args.dp) < 1 or b < 1 or steps < 0 or args.lora_rank < 1 or not 1 <= s <= positions:
+        p.error(f"need --dp, --micro-batch-size and --lora-rank >= 1, --steps >= 0 and 1 <= --seq-length <= "
+                f"{positions} (the preset's positions), got {args.dp}, {b}, {args.lora_rank}, {steps} and {s}")
     if args.check and "plain" not in args.modes:
         p.error("--check compares with plain data parallelism: add plain to --modes")
     if cuda and not torch.cuda.is_available():
@@ -207,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.preset} ({n / 1e6:.2f}M parameters), {args.precision}, micro-batch {b} x {s} tokens per rank"
           f"{', recompute' if args.recompute else ''}; {device}; torch {torch.__version__}; {date.today()}")
     results = {dp: worst(spawn(measure_all, dp, args.device, modes, args.preset, dp, args.precision, b, s, steps,
-                               args.recompute, timeout=1800)) for dp in args.dp}
+                               args.recompute, args.lora_rank, timeout=1800)) for dp in args.dp}
     print("\n".join(table(results)))
     if not args.check:
         return 0

@@ -192,7 +192,15 @@ CASES: dict[str, tuple[str, str, str]] = {
                                    f"holds a {CAUSAL_LM.family} model"),
     "pretrain-load-other-tokenizer": ("pretrain", T + " --load {causal_lm} --tokenizer-model {other_tok}",
                                       "holds a model of"),
-    "pretrain-load-hf-folder": ("pretrain", T + " --load {hf}", "is a model folder (config.json), not a training"),
+    "pretrain-load-hf-folder": ("pretrain", T + " --load {hf} --finetune",
+                                f"is a Hugging Face folder (model_type '{CAUSAL_LM.hf_model_type}'); convert it "
+                                "first: python -m tpzoo.convert"),
+    "pretrain-load-model-folder-to-resume": ("pretrain", T + " --load {tz}", "is a model folder (weights, no training "
+                                             "run to resume); add --finetune"),
+    "pretrain-load-model-folder-other-family": ("pretrain", T + f" --load {{tz}} --finetune --model {MASKED_LM.family}",
+                                                f"holds a {CAUSAL_LM.family} model but --model is {MASKED_LM.family}"),
+    "pretrain-load-model-folder-other-shape": ("pretrain", T + " --load {tz} --finetune --hidden-size 64",
+                                               "hidden_size: checkpoint 32"),
     "pretrain-load-bad-latest": ("pretrain", T + " --load {bad_latest}", "iter_0000009"),
     # pretrain.py: Megatron-LM's architecture, speed and checkpoint flags (tpzoo.training.architecture_args,
     # checkpoint_args)

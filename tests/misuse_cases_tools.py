@@ -166,6 +166,11 @@ TOOL_CASES: dict[str, tuple[str, str, str]] = {
                                    f"is a Hugging Face config (model_type '{CAUSAL_LM.hf_model_type}')"),
     "convert-to-hf-empty-folder": ("convert", "to-hf {empty_dir} out", "holds no tpzoo checkpoint"),
     "convert-to-hf-garbage-config": ("convert", "to-hf {garbage_tz} out", "needs config.json and model.safetensors"),
+    "convert-peft-without-adapters": ("convert", "to-hf {causal_lm} out --peft adapter",
+                                      "holds no LoRA adapters; --peft writes a LoRA fine-tuning's adapters: drop it"),
+    "convert-peft-of-a-hugging-face-folder": ("convert", "to-hf {hf} out --peft adapter", "holds no LoRA adapters"),
+    "convert-peft-folder-not-empty": ("convert", "to-hf {causal_lm} out --peft {file_iter_save}",
+                                      "already exists and is not empty"),
     # python -m tpzoo.generate
     "generate-no-load": ("generate", "--prompt hi", "the following arguments are required: --load"),
     "generate-no-prompt": ("generate", "--load {causal_lm}", "the following arguments are required: --prompt"),

@@ -103,6 +103,8 @@ def prepare(root: Path) -> dict[str, str]:
     inputs["file_beside_checkpoints"] = _write(beside / "latest", "iter_0000040\n") and str(beside)
     inputs["hf"] = str(root / "hf")
     assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
+    inputs["tz"] = str(root / "tz")  # a tpzoo model folder (with the demo tokenizer), as from-hf writes one
+    assert _call("convert", ["from-hf", inputs["hf"], inputs["tz"]]) == 0
     return {**inputs, **_bad_model_folders(f, Path(inputs["hf"]))}
 
 

@@ -1,7 +1,7 @@
 """bench/memory.py, the docs' commands at CPU size, all at once (one OpenMP thread each): docs/parallelism.md's
 ``--check`` at dp 2 (the table there has dp 4 and 8 too), docs/benchmarks.md's GPT-2 XL command (pending a GPU) at
-the tiny causal LM's preset on the CPU (dp 1 with and without FSDP, recompute, timed steps), and a misuse of
---check; in the background from the start of the session (tests/background.py)."""
+the tiny causal LM's preset on the CPU (dp 1 with and without FSDP, recompute, timed steps), its LoRA command
+(llama-1b) at the tiny Llama's preset, and a misuse of --check; in the background from the start of the session (tests/background.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import re
 import background
 import pytest
 from doc_helpers import ROOT, commands, run_as_needed
-from families import CAUSAL_LM, CAUSAL_LM_XL
+from families import CAUSAL_LM, CAUSAL_LM_XL, GQA_LM, GQA_LM_1B
 
 pytestmark = pytest.mark.tier("journey")
 
 
 
 MODES = ("plain", "zero1", "zero2", "fsdp")
-SHOWN = {"parallelism.md": "python bench/memory.py --check",
-         "benchmarks.md": f"python bench/memory.py --preset {CAUSAL_LM_XL} --dp 1 --modes plain fsdp --recompute"}
+SHOWN = {"parallelism.md": ["python bench/memory.py --check"],
+         "benchmarks.md": [f"python bench/memory.py --preset {CAUSAL_LM_XL} --dp 1 --modes plain fsdp --recompute",
+                           f"python bench/memory.py --preset {GQA_LM_1B} --dp 1 --modes plain lora"]}
 MISUSE = "python bench/memory.py --check --modes fsdp"
 
 
@@ -36,12 +37,13 @@ def rows(stdout: str) -> dict[tuple[int, str], dict[str, float]]:
 
 @background.fixture
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    for doc, command in SHOWN.items():
-        assert [c for c in commands(doc) if "bench/memory.py" in c] == [command], doc
-    done = run_as_needed([SHOWN["parallelism.md"] + " --device cpu --dp 2",
-                          SHOWN["benchmarks.md"] + f" --device cpu --preset {CAUSAL_LM.preset} --steps 1", MISUSE],
+    for doc, shown in SHOWN.items():
+        assert [c for c in commands(doc) if "bench/memory.py" in c] == shown, doc
+    (check,), (xl, lora) = SHOWN.values()
+    done = run_as_needed([check + " --device cpu --dp 2", xl + f" --device cpu --preset {CAUSAL_LM.preset} --steps 1",
+                          lora + f" --device cpu --preset {GQA_LM.preset} --steps 1", MISUSE],
                          ROOT, timeout=300, check=False)
-    return dict(zip(("sharding", "xl", "misuse"), done))
+    return dict(zip(("sharding", "xl", "lora", "misuse"), done))
 
 
 def test_sharding_table_meets_the_bounds(runs):
@@ -67,6 +69,19 @@ def test_gpt2_xl_command_runs_at_dp1_with_and_without_fsdp(runs):
     assert list(table) == [(1, "plain"), (1, "fsdp")], proc.stdout
     assert min(f["tokens/s"] for f in table.values()) > 0 and "peak GiB" not in table[1, "plain"]
     assert table[1, "fsdp"]["x plain"] == pytest.approx(16 / 18, abs=2e-3), proc.stdout  # float32 shards: no bf16 copy
+
+
+def test_lora_holds_no_float32_copy_gradient_or_optimizer_state_of_frozen_weights(runs):
+    """bf16: full fine-tuning holds 2 + 4 bytes of weights, 4 of gradients and 8 of AdamW state per parameter; LoRA the
+    frozen weights' 2 bytes and, for the adapters alone, those 18."""
+    proc = runs["lora"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = rows(proc.stdout)
+    plain, lora = table[1, "plain"], table[1, "lora"]
+    assert lora["weights MiB"] < 0.4 * plain["weights MiB"], proc.stdout  # 2 of 6 bytes, and the adapters
+    for part in ("gradients MiB", "optimizer MiB"):
+        assert lora[part] < 0.05 * plain[part], proc.stdout  # the adapters' (llama-tiny at rank 8: 2.4%)
+    assert min(f["tokens/s"] for f in table.values()) > 0, proc.stdout
 
 
 def test_check_without_plain_is_refused(runs):

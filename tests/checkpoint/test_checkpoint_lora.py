@@ -3,7 +3,11 @@ adapters trains 3 steps from a base model folder; its full checkpoint and its ad
 (``adapters_of``: the base) both load (``load_model`` adds the adapters again) to the trained model's logits;
 the adapters-only checkpoint (adapters and their AdamW state) is under 5% of a full fine-tuning checkpoint's
 bytes (every weight and its state; measured: 443,310 of 10,763,839 B, 4.1%; the same run's full checkpoint:
-4,003,432 B); ``to_hf`` merges the adapters, and Hugging Face's model of that folder gives the tpzoo model's logits within 1e-5.
+4,003,432 B); ``to_hf`` merges the adapters, and Hugging Face's model of that folder gives the tpzoo model's logits
+within 1e-5; ``python -m tpzoo.convert to-hf ADAPTERS OUT --peft DIR`` writes the base weights and a PEFT folder that
+``peft.PeftModel`` opens over them, to the same logits. Under bf16 the frozen weights have no float32 main copy
+(the engine's main parameter of each is the bf16 weight itself), stay bit-identical through training, and a
+checkpoint's save and load into a fresh engine give the trained logits back exactly.
 """
 
 from __future__ import annotations
@@ -85,3 +89,64 @@ def test_lora_checkpoints_load_merge_and_stay_small(tmp_path):
         merged = hf(out["ids"]).logits
     err = ((merged - out["trained"]).abs().max() / out["trained"].abs().max()).item()
     assert err < 1e-5, f"the merged Hugging Face model's logits differ by {err:.2e}"
+
+    import peft
+
+    from tpzoo.convert.__main__ import main as convert_main
+
+    assert convert_main(["to-hf", str(tmp_path / "adapters"), str(tmp_path / "base-hf"),
+                         "--peft", str(tmp_path / "peft")]) == 0
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf")
+    with torch.no_grad():
+        unmerged = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()(out["ids"]).logits
+    err = ((unmerged - out["trained"]).abs().max() / out["trained"].abs().max()).item()
+    assert err < 1e-5, f"PEFT's model of the adapters folder gives logits off by {err:.2e}"
+
+
+def bf16_lora(tmp: str) -> dict:
+    from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
+    from tpzoo.engine import Engine, EngineConfig
+    from tpzoo.models.pretrained import save_pretrained
+    from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
+    from tpzoo.parallel.lora import add_adapters
+
+    tmp, mesh = Path(tmp), init_mesh(tp=2)
+    plan = ParallelPlan(mesh, kernels="torch")
+    manual_seed(0, mesh)
+    config = GQA_LM.config()
+    save_pretrained(GQA_LM.build(config, plan), tmp / "base")
+
+    def engine() -> Engine:
+        def build(plan, **stage):
+            model = load_model(tmp / "base", plan, **stage)
+            add_adapters(model, LORA, seed=1)
+            return model
+        return Engine(build, config, EngineConfig(micro_batch_size=B, global_batch_size=B, lr=1e-2, precision="bf16"),
+                      plan)
+
+    trained = engine()
+    frozen = {n: p.detach().clone() for n, p in trained.chunks[0].model.named_parameters() if not p.requires_grad}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        trained.train_step(batch(GQA_LM, torch.randint(0, config.vocab_size, (B, S), generator=g), g))
+    model = trained.chunks[0].model
+    own_main = all(trained.main.main_of(p) is p for p in model.parameters() if not p.requires_grad)
+    unchanged = all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    save_checkpoint(tmp / "bf16", 3, trained, meta={})
+    fresh = engine()
+    with torch.no_grad():  # the fresh engine's frozen weights perturbed: the load must write them
+        for p in fresh.chunks[0].model.parameters():
+            if not p.requires_grad:
+                p.add_(1.0)
+    load_checkpoint(tmp / "bf16", fresh)
+    ids = torch.randint(0, config.vocab_size, (B, S), generator=g)
+    with torch.no_grad():
+        same = torch.equal(model.eval()(ids), fresh.chunks[0].model.eval()(ids))
+    return {"own_main": own_main, "unchanged": unchanged, "same": same, "frozen": len(frozen)}
+
+
+def test_bf16_lora_keeps_no_float32_copy_of_frozen_weights_and_resumes_exactly(tmp_path):
+    out = spawn(bf16_lora, 2, str(tmp_path))[0]
+    assert out["frozen"] > 0 and out["own_main"], out
+    assert out["unchanged"], "a frozen weight changed in training"
+    assert out["same"], "the bf16 LoRA checkpoint loads other weights"

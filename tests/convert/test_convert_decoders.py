@@ -129,15 +129,42 @@ def test_llama_config_tpzoo_cannot_represent_is_refused(setting):
         hf_to_tpzoo(config, {}, GQA_LM.architecture)
 
 
+def chat_tokenizer(vocab_size: int):
+    """A small byte-level BPE ``PreTrainedTokenizerFast`` with a chat template, as a hub folder holds one."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>"])
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran to the park"] * 10, trainer)
+    template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>{% endfor %}"
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", chat_template=template)
+
+
 def test_llama_command_line_round_trip(tmp_path, capsys):
     """``python -m tpzoo.convert from-hf`` then ``to-hf``, run as the command's ``main`` in this process
-    (test_convert runs ``python -m`` itself)."""
+    (test_convert runs ``python -m`` itself). The folder's tokenizer travels both ways, chat template included."""
+    from transformers import AutoTokenizer
+
+    from tpzoo.data.demo import DEMO_TOKENIZER
+
     hf = hf_model(GQA_LM, tie_word_embeddings=True)
     hf.save_pretrained(tmp_path / "hf")  # leaves out the tied lm_head.weight
+    chat_tokenizer(hf.config.vocab_size).save_pretrained(tmp_path / "hf")
     assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "tz")]) == 0
     assert convert_main(["to-hf", str(tmp_path / "tz"), str(tmp_path / "hf2")]) == 0
     out = capsys.readouterr().out
     assert f"wrote tpzoo {GQA_LM.model}" in out and f"wrote Hugging Face {GQA_LM.architecture}" in out, out
+    assert out.count("with its tokenizer (tokenizer.json, tokenizer_config.json") == 2, out
+    before, after = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("hf", "hf2"))
+    chat = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat on the mat"}]
+    assert after.apply_chat_template(chat, tokenize=False) == before.apply_chat_template(chat, tokenize=False)
+    assert after.encode("a dog sat") == before.encode("a dog sat") and after.eos_token == "<|endoftext|>"
+    with pytest.raises(SystemExit, match="2"):  # the demo tokenizer's 512 tokens do not fit the model's 101
+        convert_main(["to-hf", str(tmp_path / "tz"), str(tmp_path / "hf3"), "--tokenizer-model", str(DEMO_TOKENIZER)])
+    assert "has 512 tokens but the model's vocabulary has 101; pass the --tokenizer-model" in capsys.readouterr().err
     back = hf_class(GQA_LM).from_pretrained(tmp_path / "hf2").state_dict()
     original = hf.state_dict()
     assert back.keys() == original.keys()

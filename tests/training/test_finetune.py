@@ -187,17 +187,38 @@ def test_lora_trains_the_adapters_alone_and_saves_them_alone(docs_dir):
 
 def test_to_hf_of_finetuned_checkpoints(docs_dir):
     """python -m tpzoo.convert to-hf: a classifier's Hugging Face config names its classes as the checkpoint
-    records them (not LABEL_0 ...); a LoRA checkpoint's adapters are merged (a plain model Hugging Face opens)."""
+    records them (not LABEL_0 ...); a LoRA checkpoint's adapters are merged (a plain model Hugging Face opens);
+    the tokenizer the run recorded (the demo sentencepiece model) is written beside them: AutoTokenizer opens the
+    folder and encodes the demo texts into tpzoo's ids."""
     import transformers
+
+    from tpzoo.data import demo_files
+    from tpzoo.data.demo import DEMO_TOKENIZER
+    from tpzoo.data.tokenizer import load_tokenizer
 
     for source in ("bert-demo/best", "gpt-lora/best"):
         done = run([sys.executable, "-m", "tpzoo.convert", "to-hf", source, f"{source.split('/')[0]}-hf"], docs_dir)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert "with its tokenizer (tokenizer.json, tokenizer_config.json" in done.stdout, done.stdout
+    hf_config = transformers.AutoConfig.from_pretrained(docs_dir / "gpt-lora-hf")
+    ours, theirs = load_tokenizer(DEMO_TOKENIZER), transformers.AutoTokenizer.from_pretrained(docs_dir / "gpt-lora-hf")
+    texts = [json.loads(line)["text"] for line in Path(demo_files("text")[0]).read_text().splitlines()[:100]]
+    texts += ["  spaces   between  ", "Ünïcödé — dashes…\nnew\tline", "", "ＦＵＬＬ width ①"]
+    assert [theirs.encode(t, add_special_tokens=False) for t in texts] == [ours.encode(t) for t in texts]
+    assert theirs.eos_token == "<eod>" and theirs.pad_token == "[PAD]" and theirs.model_max_length == hf_config.n_positions
     config = transformers.AutoConfig.from_pretrained(docs_dir / "bert-demo-hf")
     meta = json.loads(next((docs_dir / "bert-demo" / "best").glob("meta.json")).read_text())
     assert config.id2label == dict(enumerate(meta["label_names"])) and meta["label_names"] != ["LABEL_0", "LABEL_1"]
-    _, info = transformers.AutoModelForCausalLM.from_pretrained(docs_dir / "gpt-lora-hf", output_loading_info=True)
+    merged, info = transformers.AutoModelForCausalLM.from_pretrained(docs_dir / "gpt-lora-hf", output_loading_info=True)
     assert not info["unexpected_keys"] and not info["missing_keys"], info
+    import peft  # the doc's --peft folder over its base weights: the merged model's logits
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(docs_dir / "gpt-lora-base")
+    unmerged = peft.PeftModel.from_pretrained(base, docs_dir / "gpt-lora-peft").eval()
+    ids = torch.tensor([ours.encode(texts[0])[:16]])
+    with torch.no_grad():
+        expected, got = merged.eval()(ids).logits, unmerged(ids).logits
+    assert ((got - expected).abs().max() / expected.abs().max()).item() < 1e-5
 
 
 def load_lora(folder: str) -> dict:
@@ -332,7 +353,7 @@ MISUSE = [
     (["--load", "bert-demo/best", "--task", "mnli", "--data-dir", "mnli"], "is a classifier of 2 labels but the data "
      "has 3"),
     (["--load", "bert-pretrained", "--task", "demo", "--seq-length", "0"], "expected an integer >= 1 or 'auto'"),
-    (["--load", "bert-hf-tpzoo", "--task", "demo"], "pass --tokenizer-model"),
+    (["--load", "bare-tpzoo", "--task", "demo"], "bare-tpzoo names no tokenizer and holds none; pass --tokenizer-model"),
     (["--load", "gpt-pretrained", "--train-data", "nolabel.jsonl", "--valid-data", "missing.jsonl"],
      "missing.jsonl' does not exist"),
 ]
@@ -347,6 +368,9 @@ def test_misuse_one_line_exit_2(docs_dir, capsys, monkeypatch):
     (docs_dir / "mnli").mkdir(exist_ok=True)
     for name in ("train.tsv", "dev_matched.tsv"):
         (docs_dir / "mnli" / name).write_text("sentence1\tsentence2\tgold_label\nIt rains.\tIt is dry.\tneutral\n")
+    (docs_dir / "bare-tpzoo").mkdir(exist_ok=True)  # a model folder without the tokenizer files
+    for name in ("config.json", "model.safetensors"):
+        (docs_dir / "bare-tpzoo" / name).write_bytes((docs_dir / "bert-hf-tpzoo" / name).read_bytes())
     monkeypatch.chdir(docs_dir)
     for flags, message in MISUSE:
         monkeypatch.setattr(sys, "argv", ["finetune.py", *flags])

@@ -3,12 +3,16 @@ was configured, on real text: documents of Python's standard-library documentati
 tokenised from jsonl with ``--dataset`` by a sentencepiece tokenizer trained here (not the demo one),
 sequences of 48 tokens, global batch 12 of micro-batches of 2. Saved at iteration 4 of a
 single-process run, resumed at (tp, pp, dp) = (2, 1, 2): the val loss right after loading and the
-losses of iterations 5..8 equal the uninterrupted run's.
+losses of iterations 5..8 equal the uninterrupted run's. Continued pretraining of a Hugging Face model: that
+checkpoint through ``to-hf`` (its sentencepiece tokenizer written as tokenizer.json) and ``from-hf`` again is a
+model folder that ``--load FOLDER --finetune`` trains from at iteration 0, reading the text with the folder's
+tokenizer: its val loss before the first step and its losses are those of ``--load CHECKPOINT --finetune``.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +76,27 @@ def test_resume_with_another_tokenizer_names_both_vocabularies(saved_run, tmp_pa
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "700 tokens" in done.stderr and "has 600" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_continued_pretraining_of_a_hugging_face_model_starts_from_its_weights(saved_run, tmp_path):
+    convert = [sys.executable, "-m", "tpzoo.convert"]
+    for direction, source, out in (("to-hf", saved_run / "whole" / f"iter_{SAVED:07d}", "hf"), ("from-hf", "hf", "tz")):
+        done = run([*convert, direction, str(source), out], tmp_path)
+        assert done.returncode == 0 and "with its tokenizer (tokenizer.json" in done.stdout, done.stdout + done.stderr
+    refused = run(command(["--load", "tz", "--train-iters", "2"]), tmp_path)
+    assert refused.returncode == 2 and "is a model folder (weights, no training run to resume); add --finetune" \
+        in refused.stderr, refused.stderr
+    data = ["--dataset", str(saved_run / "docs.jsonl"), "--data-cache-path", "cache"]  # no tokenizer flag: tz's own
+    val = {}
+    for load, mesh, flags in ((str(saved_run / "whole" / f"iter_{SAVED:07d}"), (1, 1, 1),
+                                ["--tokenizer-model", str(saved_run / "stdlib.model")]), ("tz", (2, 1, 1), RUN)):
+        done = pretrain(flags + data + ["--load", load, "--finetune", "--train-iters", "2", "--save", f"from-{mesh[0]}"],
+                        tmp_path, mesh)
+        found = re.search(rf"finetuning from {load} at iteration 0 \(consumed samples 0\): val loss (\S+)", done.stdout)
+        assert found, done.stdout
+        val[load] = float(found.group(1))
+    from_checkpoint, from_folder = metrics(tmp_path / "from-1"), metrics(tmp_path / "from-2")
+    assert sorted(from_folder) == sorted(from_checkpoint) == [1, 2]
+    worst = max(rel(from_folder[i]["loss"], from_checkpoint[i]["loss"]) for i in (1, 2))
+    print(f"val losses before training {val}; largest loss difference {worst:.1e}")
+    assert rel(val["tz"], val[str(saved_run / "whole" / f"iter_{SAVED:07d}")]) <= 1e-5 and worst <= 1e-5

@@ -51,7 +51,7 @@ def _load(path: str | Path, engine: Engine, load_optimizer: bool, load_rng: bool
     saved = read_dcp_metadata(folder).state_dict_metadata
     mesh = engine.mesh
     entries, missing = split_by_fit([e for c in engine.chunks for e in model_entries(
-        c.model, mesh, loading=True, weights=engine.main.weights(c.model))], saved)
+        c.model, mesh, loading=True, weights=engine.main.weights(c.model, loading=True))], saved)
     if missing:
         raise ValueError(f"checkpoint {folder} lacks {len(missing)} parameters of the engine's model "
                          f"({', '.join(e.key for e in missing[:5])}); it is incomplete or of another model")

@@ -121,18 +121,22 @@ def resolve_data(
 ) -> tuple[Tokenizer, str]:
     """The tokenizer and indexed-dataset prefix a run uses: ``data_path``; else ``dataset`` files
     tokenized into the cache (``cache_path``, see ``cache_dir``); else the bundled demo corpus
-    (built there too). ``tokenizer_model``: a Tokenizer or a ``load_tokenizer`` path; without one the
-    tokenizer recorded in the dataset is used. Raises ValueError if they do not match."""
+    (built there too; tokenized again when ``tokenizer_model`` is not the demo's). ``tokenizer_model``: a Tokenizer
+    or a ``load_tokenizer`` path; without one the tokenizer recorded in the dataset is used. Raises ValueError if they
+    do not match."""
     data_kind(model)  # a known family or kind
     if data_path and dataset:
         raise ValueError("pass either --data-path or --dataset, not both")
-    if not data_path and not dataset:
-        from tpzoo.data.demo import demo_data
-
-        demo_tokenizer, data_path = demo_data(model, cache_path)
-        tokenizer_model = tokenizer_model or demo_tokenizer
     tok = (load_tokenizer(tokenizer_model) if isinstance(tokenizer_model, (str, os.PathLike))
            else tokenizer_model)
+    if not data_path and not dataset:
+        from tpzoo.data.demo import DEMO_TOKENIZER, demo_data, demo_dir
+
+        demo = load_tokenizer(DEMO_TOKENIZER)
+        if tok is None or tok.sha256 == demo.sha256:
+            tok, data_path = tok or demo, demo_data(model, cache_path)[1]
+        else:  # another tokenizer (a converted model's): the demo corpus tokenized with it, into the cache
+            dataset = str(demo_dir(cache_path) / "corpus.jsonl")
     if dataset:
         if tok is None:
             raise ValueError("--dataset needs --tokenizer-model (a sentencepiece .model file), --vocab-file + "

@@ -252,15 +252,27 @@ def _load_path(path: str, bos: bool = False) -> Tokenizer:
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer {path!r} does not exist; pass a sentencepiece .model file or a folder")
     if os.path.isdir(path):
-        names = set(os.listdir(path))
-        if "tokenizer.json" in names or {"vocab.json", "merges.txt"} <= names:
-            return HFTokenizer(path)
-        if models := sorted(n for n in names if n.endswith(".model")):
-            return SentencePieceTokenizer(os.path.join(path, models[0]), bos)
+        if (found := _in_folder(path)) is not None:
+            return HFTokenizer(found) if found == path else SentencePieceTokenizer(found, bos)
         raise FileNotFoundError(
             f"folder {path!r} holds no tokenizer.json, vocab.json+merges.txt or sentencepiece .model file"
         )
     return HFTokenizer(path) if path.endswith(".json") else SentencePieceTokenizer(path, bos)
+
+
+def _in_folder(path: str) -> str | None:
+    """What of the folder ``path`` is its tokenizer: ``path`` itself (a Hugging Face one: tokenizer.json, or GPT-2's
+    vocab.json + merges.txt), its first sentencepiece ``.model`` file, or None."""
+    names = set(os.listdir(path))
+    if "tokenizer.json" in names or {"vocab.json", "merges.txt"} <= names:
+        return path
+    models = sorted(n for n in names if n.endswith(".model"))
+    return os.path.join(path, models[0]) if models else None
+
+
+def folder_holds_tokenizer(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` holds a tokenizer ``load_tokenizer(path)`` reads."""
+    return os.path.isdir(path) and _in_folder(str(path)) is not None
 
 
 def recorded_tokenizer(reference: dict[str, Any] | None) -> Tokenizer | None:

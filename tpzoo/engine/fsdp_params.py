@@ -78,6 +78,7 @@ class FSDPParams:
     def publish(self) -> None:
         """Nothing: the next forward gathers the updated shards."""
 
-    def weights(self, model: nn.Module) -> dict[str, torch.Tensor | None]:
-        """Parameter name -> its sharded weight (a DTensor over dp, detached) for every parameter of ``model``."""
+    def weights(self, model: nn.Module, loading: bool = False) -> dict[str, torch.Tensor | None]:
+        """Parameter name -> its sharded weight (a DTensor over dp, detached) for every parameter of ``model``, which
+        a load fills in place (``loading`` changes nothing: the shards are float32 at every precision)."""
         return {name: p.detach() for name, p in model.named_parameters(remove_duplicate=False)}

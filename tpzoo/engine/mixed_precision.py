@@ -8,6 +8,9 @@ Each model parameter p has a *main* parameter, the one the rest of the step work
     fp32        float32              p.grad itself                 p itself
     bf16/fp16   bf16 / fp16          float32, main.grad            float32 copy of p's initial value,
                                                                    on the dp rank that owns p (ZeRO-1) or on all
+    frozen p    its dtype            none                          p itself: no float32 copy (LoRA's base weights
+                                                                   never step; a checkpoint holds them in float32,
+                                                                   cast from p, and a load casts them back)
 
     per micro-batch  p's post-accumulate-grad hook: main.grad += p.grad (in float32); p.grad = None
     after backward   dp all-reduce (ZeRO-2: reduce-scatter, each dp rank keeps its owned parameters' main
@@ -71,9 +74,9 @@ class MainParams:
     ``zero``, the ones ``owners`` gives this dp rank; otherwise all); ``chunks``: per model chunk
     (``modules``), a module whose parameters are its main parameters, in the chunk's order;
     ``listeners``: called with a main parameter after each accumulation into its grad. A frozen
-    parameter (``requires_grad`` False: the base weights under LoRA) has a main weight on every rank,
-    no owner, no gradient and no optimizer state; ``trainable`` / ``trainable_owner``: the others and their
-    dp owners (what the gradient reducer sums)."""
+    parameter (``requires_grad`` False: the base weights under LoRA) is its own main parameter on every rank
+    (no float32 copy), with no owner, no gradient and no optimizer state; ``trainable`` / ``trainable_owner``: the
+    others and their dp owners (what the gradient reducer sums)."""
 
     def __init__(self, params: list[nn.Parameter], modules: list[nn.Module], precision: str,
                  dp_group: dist.ProcessGroup, zero: bool) -> None:
@@ -89,7 +92,7 @@ class MainParams:
                              f"use_distributed_optimizer")
         self.zero, self.mixed = zero and dp > 1, self.dtype != torch.float32
         mine = [o == rank for o in self.owner]
-        self.params = [_main_of(p, m or not t) if self.mixed else p for p, m, t in zip(params, mine, trains)]
+        self.params = [_main_of(p, m) if self.mixed and t else p for p, m, t in zip(params, mine, trains)]
         self.owned = [main for main, m in zip(self.params, mine) if m]
         self.trainable = [main for main, t in zip(self.params, trains) if t]
         self.trainable_owner = [o for o in self.owner if o is not None]
@@ -98,6 +101,7 @@ class MainParams:
         self._main_of = {id(p): main for p, main in zip(params, self.params)}
         self.chunks = [nn.ParameterList([self.main_of(p) for p in module.parameters()]) for module in modules]
         self.listeners: list[Callable[[nn.Parameter], None]] = []
+        self._loaded: list[tuple[nn.Parameter, torch.Tensor]] = []  # frozen p, its float32 value loaded (weights)
         for p, main, t in zip(params, self.params, trains):
             if self.mixed:
                 p.data = p.data.to(self.dtype)
@@ -130,7 +134,11 @@ class MainParams:
     @torch.no_grad()
     def publish(self) -> None:
         """Model weights = main weights: each rank casts the ones it owns, then under ZeRO-1 every dp rank
-        broadcasts its model weights (one flat tensor in the model's dtype) to the others."""
+        broadcasts its model weights (one flat tensor in the model's dtype) to the others; frozen weights take the
+        values a load gave them (``weights(loading=True)``)."""
+        for p, value in self._loaded:
+            p.copy_(value)
+        self._loaded.clear()
         if self.mixed:
             torch._foreach_copy_([p for p, _ in self._mine], [main for _, main in self._mine])
         if not self.zero:
@@ -141,12 +149,21 @@ class MainParams:
             dist.broadcast(flat, src=dist.get_global_rank(self.group, r), group=self.group)
             torch._foreach_copy_(theirs, torch._utils._unflatten_dense_tensors(flat, theirs))
 
-    def weights(self, model: nn.Module) -> dict[str, torch.Tensor | None]:
+    def weights(self, model: nn.Module, loading: bool = False) -> dict[str, torch.Tensor | None]:
         """Parameter name -> its main weight (detached) for each parameter of ``model`` (a chunk's model), None
         where another dp rank owns it (a frozen one every rank holds): what a checkpoint stores of the model, and
-        fills at load."""
-        named = ((name, self.main_of(p)) for name, p in model.named_parameters(remove_duplicate=False))
-        return {name: main.detach() if id(main) in self._kept else None for name, main in named}
+        fills at load (``loading``). A frozen weight under mixed precision is a float32 copy of it, which a load
+        fills and ``publish`` casts into it."""
+        out: dict[str, torch.Tensor | None] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            main = self.main_of(p)
+            if self.mixed and main is p:  # frozen
+                out[name] = p.detach().float()
+                if loading:
+                    self._loaded.append((p, out[name]))
+            else:
+                out[name] = main.detach() if id(main) in self._kept else None
+        return out
 
 
 def _move_grad(p: nn.Parameter, main: nn.Parameter) -> None:

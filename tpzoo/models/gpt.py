@@ -103,7 +103,7 @@ def _rules(c: TransformerConfig, arch: str) -> list[Rule]:
                   # Conv1D c_attn: weight [h, 3h] = [W_q W_k W_v]^T, bias [3h]
                   Rule(f"{t}self_attention.query_key_value.weight", (f"{h}attn.c_attn.weight",),
                        lambda w: heads_from_qkv(*w.t().chunk(3), heads=n),
-                       lambda w: (torch.cat(qkv_from_heads(w, n)).t().contiguous(),)),
+                       lambda w: (torch.cat(qkv_from_heads(w, n)).t().contiguous(),), transposed=True),
                   Rule(f"{t}self_attention.query_key_value.bias", (f"{h}attn.c_attn.bias",),
                        lambda b: heads_from_qkv(*b.chunk(3), heads=n),
                        lambda b: (torch.cat(qkv_from_heads(b, n)),))]

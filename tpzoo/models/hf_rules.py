@@ -85,7 +85,8 @@ def labels_to_hf(c: Any, arch: str) -> dict[str, Any]:
 class Rule:
     """tpzoo tensor ``tpzoo`` = ``to_tpzoo(*hf tensors)``; the hf tensors = ``to_hf(tpzoo tensor)``.
 
-    ``tied``: the hf names all hold the same tensor (only the first need be present).
+    ``tied``: the hf names all hold the same tensor (only the first need be present). ``transposed``: Hugging Face
+    holds the weight [in, out] (GPT-2's Conv1D), so ``to_hf`` of a [out, r] tensor gives [r, out] pieces.
     """
 
     tpzoo: str
@@ -93,12 +94,13 @@ class Rule:
     to_tpzoo: Callable[..., Tensor]
     to_hf: Callable[[Tensor], tuple[Tensor, ...]]
     tied: bool = False
+    transposed: bool = False
 
 
 def same(tpzoo: str, hf: str, transpose: bool = False) -> Rule:
     """One tensor under another name (``transpose``: [in, out] <-> [out, in])."""
     move = (lambda t: t.t().contiguous()) if transpose else (lambda t: t.clone())
-    return Rule(tpzoo, (hf,), move, lambda t: (move(t),))
+    return Rule(tpzoo, (hf,), move, lambda t: (move(t),), transposed=transpose)
 
 
 def linear(ours: str, theirs: str) -> list[Rule]:

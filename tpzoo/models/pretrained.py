@@ -41,9 +41,9 @@ def model_options(model: nn.Module) -> dict[str, Any]:
     return fam.spec.model_options(model) if fam is not None else {}
 
 
-def read_pretrained(path: str | Path, model: type | None = None) -> tuple[str, dict[str, Any], ModelConfig,
-                                                                         dict[str, Tensor]]:
-    """(class name, options, config, full state dict) of a tpzoo model folder; ``model``: as ``config_from_dict``."""
+def pretrained_config(path: str | Path, model: type | None = None) -> tuple[str, dict[str, Any], ModelConfig]:
+    """(class name, options, config) of a tpzoo model folder, its weights not read; ``model``: as
+    ``config_from_dict``."""
     path = Path(path)
     meta_file = path / CONFIG_FILE
     if not meta_file.is_file() or not (path / WEIGHTS_FILE).is_file():
@@ -53,8 +53,13 @@ def read_pretrained(path: str | Path, model: type | None = None) -> tuple[str, d
         hint = (f"it is a Hugging Face config (model_type {meta['model_type']!r}): convert it with "
                 f"python -m tpzoo.convert from-hf" if "model_type" in meta else f"expected format {FORMAT!r}")
         raise ValueError(f"{meta_file} is not a tpzoo model config; {hint}")
-    config = config_from_dict(meta["config"], meta.get("source"), model)
-    return meta["class"], meta.get("options", {}), config, load_file(str(path / WEIGHTS_FILE))
+    return meta["class"], meta.get("options", {}), config_from_dict(meta["config"], meta.get("source"), model)
+
+
+def read_pretrained(path: str | Path, model: type | None = None) -> tuple[str, dict[str, Any], ModelConfig,
+                                                                         dict[str, Tensor]]:
+    """(class name, options, config, full state dict) of a tpzoo model folder; ``model``: as ``config_from_dict``."""
+    return (*pretrained_config(path, model), load_file(str(Path(path) / WEIGHTS_FILE)))
 
 
 def write_pretrained(path: str | Path, class_name: str, options: dict[str, Any], config: ModelConfig,

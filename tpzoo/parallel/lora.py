@@ -120,9 +120,14 @@ def recorded_adapters(record: dict) -> tuple[LoRAConfig, int]:
 def merge_adapters(state: dict[str, Tensor], config: LoRAConfig) -> dict[str, Tensor]:
     """A full state dict (``tpzoo.models.full_state_dict``: whole tensors) with each adapter merged into its
     layer's weight, W + (alpha / r) B A, and the adapters' entries dropped: the plain model's state dict."""
-    out = {k: v for k, v in state.items() if f".{ADAPTER}.lora_" not in k}
+    out = without_adapters(state)
     for key in [k for k in state if k.endswith(f".{ADAPTER}.lora_A")]:
         layer = key.removesuffix(f".{ADAPTER}.lora_A")
         b = state[f"{layer}.{ADAPTER}.lora_B"]
         out[f"{layer}.weight"] = out[f"{layer}.weight"] + config.scale * (b.double() @ state[key].double()).to(b.dtype)
     return out
+
+
+def without_adapters(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` without the adapters' entries (the base model's weights, unmerged)."""
+    return {k: v for k, v in state.items() if f".{ADAPTER}.lora_" not in k}

@@ -3,7 +3,8 @@ flags (``CheckpointConfig``), and which checkpoint a run loads (docs/checkpoints
 
     --finetune                     load the model weights only: iteration 0, consumed samples 0, a fresh
                                    optimizer and lr schedule, the RNG as seeded; saves go to --save (or a
-                                   new runs/ folder), never into the loaded one
+                                   new runs/ folder), never into the loaded one; --load may be a model
+                                   folder (a converted Hugging Face model: continued pretraining)
     --no-load-optim / --no-load-rng  resume without the optimizer state (and loss scale) / the RNG states
     --no-save-optim / --no-save-rng  save without them (meta.json says so; loading such a checkpoint then
                                    needs --no-load-optim / --no-load-rng or --finetune, else one line naming it)
@@ -52,8 +53,8 @@ class RunIO:
 class CheckpointConfig:
     """Megatron-LM's checkpoint flags (docs/checkpoints.md): what a run loads and saves."""
 
-    finetune: bool = toggle("load only the model weights of --load: iteration 0, fresh optimizer, no RNG, "
-                            "consumed samples 0", "--finetune", launch=True)
+    finetune: bool = toggle("load only the model weights of --load (a checkpoint or a model folder): iteration 0, "
+                            "fresh optimizer, no RNG, consumed samples 0", "--finetune", launch=True)
     no_load_optim: bool = toggle("resume without the optimizer state", "--no-load-optim", launch=True)
     no_load_rng: bool = toggle("resume without the RNG states", "--no-load-rng", launch=True)
     no_save_optim: bool = toggle("save without the optimizer state", "--no-save-optim", launch=True)
@@ -64,10 +65,14 @@ class CheckpointConfig:
                                               "the --save DIR", "--exit-on-missing-checkpoint", launch=True)
 
     def check(self, io: RunIO) -> None:
-        """ValueError for --finetune or --use-checkpoint-args without --load (they say what to load from it)."""
+        """ValueError for --finetune or --use-checkpoint-args without --load (they say what to load from it), and for
+        --load of a model folder without --finetune (it holds weights, no run to resume)."""
         for flag in ("finetune", "use_checkpoint_args"):
             if getattr(self, flag) and io.load is None:
                 raise ValueError(f"--{flag.replace('_', '-')} reads the checkpoint of --load; add --load DIR")
+        if io.load is not None and model_folder_type(io.load) is not None and not self.finetune:
+            raise ValueError(f"--load {io.load} is a model folder (weights, no training run to resume); add --finetune "
+                             f"to train from its weights at iteration 0")
 
     def load_options(self) -> dict[str, bool]:
         """``load_checkpoint``'s options."""
@@ -77,6 +82,28 @@ class CheckpointConfig:
     def save_options(self) -> dict[str, bool]:
         """``save_checkpoint``'s options."""
         return dict(save_optimizer=not self.no_save_optim, save_rng=not self.no_save_rng)
+
+
+def model_folder_type(path: str | Path) -> str | None:
+    """The family (``model_type``) of the tpzoo model folder ``path`` (``tpzoo.models.pretrained``: config.json and
+    the full weights, as ``python -m tpzoo.convert from-hf`` writes), or None when ``path`` is not one. ValueError for
+    a Hugging Face folder (to convert first)."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        meta = json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None  # not a model folder's config: resolve_checkpoint names what the folder lacks
+    if not isinstance(meta, dict):
+        return None
+    if "model_type" in meta and meta.get("format") is None:
+        raise ValueError(f"--load {path} is a Hugging Face folder (model_type {meta['model_type']!r}); convert it "
+                         f"first: python -m tpzoo.convert from-hf {path} OUT_DIR, then --load OUT_DIR --finetune")
+    # "tpzoo-model": tpzoo.models.pretrained.FORMAT, not imported: this module loads without torch
+    return meta.get("config", {}).get("model_type") if meta.get("format") == "tpzoo-model" else None
 
 
 def holds_no_checkpoint(path: Path) -> bool:

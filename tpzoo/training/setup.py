@@ -24,14 +24,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tpzoo.checkpoint import load_checkpoint
+from tpzoo.checkpoint import load_checkpoint, load_model
 from tpzoo.checkpoint.load import check_saved_parts
 from tpzoo.checkpoint.model import recorded_config
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import run_data
 from tpzoo.data.loader import BatchReader
-from tpzoo.data.tokenizer import Tokenizer
+from tpzoo.data.tokenizer import Tokenizer, folder_holds_tokenizer, load_tokenizer
 from tpzoo.data.tokenizer_types import tokenizer_of
 from tpzoo.engine import Engine
 from tpzoo.engine.config import micro_batches
@@ -39,6 +39,7 @@ from tpzoo.engine.data_parallel import set_hyperparameters
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import family
 from tpzoo.models.build import build_model
+from tpzoo.models.pretrained import pretrained_config
 from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
 from tpzoo.training.fits import check_state_fits
@@ -106,18 +107,30 @@ def check_vocabulary(tokenizer: Tokenizer, stored: ModelConfig, load: str) -> No
                          f"(leave out --tokenizer-model and the data flags) or start a new run without --load")
 
 
-def resolve_model_config(job: RunConfig, tokenizer: Tokenizer, saved: dict[str, Any] | None) -> ModelConfig:
-    """The configuration's model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta) the
-    checkpoint's config is the base, and any shape the flags change is a ValueError."""
+def check_fits_vocabulary(tokenizer: Tokenizer, config: ModelConfig, load: str) -> None:
+    """A model folder's vocabulary must hold the tokenizer's ids (it may have more: Hugging Face pads theirs)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"--load {load} holds a model of {config.vocab_size} tokens but the tokenizer "
+                         f"{tokenizer.path} has {tokenizer.vocab_size}; pass the model's --tokenizer-model")
+
+
+def resolve_model_config(job: RunConfig, tokenizer: Tokenizer | None, saved: dict[str, Any] | None,
+                         weights: Path | None = None) -> ModelConfig:
+    """The configuration's model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta) or
+    ``weights`` (a model folder, whose vocabulary the tokenizer may not fill: Hugging Face pads theirs; no tokenizer
+    needed) the stored config is the base, and any shape the flags change is a ValueError."""
     choice, load = job.model, job.io.load
-    if saved is None:
+    if saved is None and weights is None:
         return model_config(choice, vocab_size=tokenizer.vocab_size)
-    if saved["model"] != choice.model:
-        raise ValueError(f"--load {load} holds a {saved['model']} model but --model is {choice.model}; "
-                         f"pass --model {saved['model']}")
-    stored = recorded_config(saved["checkpoint"]["model"])
-    config = model_config(choice, None if choice.preset else stored, vocab_size=tokenizer.vocab_size)
-    check_vocabulary(tokenizer, stored, load)
+    if weights is not None:
+        stored = pretrained_config(weights)[2]
+    else:
+        if saved["model"] != choice.model:
+            raise ValueError(f"--load {load} holds a {saved['model']} model but --model is {choice.model}; "
+                             f"pass --model {saved['model']}")
+        stored = recorded_config(saved["checkpoint"]["model"])
+        check_vocabulary(tokenizer, stored, load)
+    config = model_config(choice, None if choice.preset else stored, vocab_size=stored.vocab_size)
     differ = differing_fields(stored, config)
     if differ:
         raise ValueError(f"--load {load} holds another model than the flags ask for ({'; '.join(differ)}); "
@@ -134,9 +147,11 @@ def default_run_dir(model: str) -> Path:
 
 
 def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None, saved: dict[str, Any] | None = None,
-              run_changes: list[str] | None = None) -> Run:
+              run_changes: list[str] | None = None, weights: Path | None = None) -> Run:
     """Everything the run of ``job`` needs on ``mesh``, checked before any training; resumes from ``checkpoint``
-    (``saved``: its meta) if given. ``run_changes``: the resume's changes of what the run trains on."""
+    (``saved``: its meta) if given. ``run_changes``: the resume's changes of what the run trains on. ``weights``: a
+    model folder whose weights a new run starts from (--load FOLDER --finetune), read with its tokenizer unless the
+    flags name one."""
     io, model, data = job.io, job.model, job.data
     if saved is not None:
         check_saved_parts(checkpoint, saved["checkpoint"], **job.checkpoint.load_options())  # before data and model
@@ -151,12 +166,21 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
         micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
     given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
+    if weights is not None:  # the folder's model against the flags, before any data is read
+        config = resolve_model_config(job, None, None, weights)
+        if given_tokenizer is None and folder_holds_tokenizer(weights):
+            given_tokenizer = load_tokenizer(weights)
+        if given_tokenizer is not None:  # else the data's own, checked once read
+            check_fits_vocabulary(given_tokenizer, config, io.load)
     if saved is not None and given_tokenizer:  # before any data is tokenised with it
         check_vocabulary(given_tokenizer, recorded_config(saved["checkpoint"]["model"]), io.load)
     plan = job.plan(mesh)
     manual_seed(job.training.seed, mesh)
     tokenizer, prefix, sources = run_data(data, model.model, given_tokenizer)
-    config = resolve_model_config(job, tokenizer, saved)
+    if weights is None:
+        config = resolve_model_config(job, tokenizer, saved)
+    else:
+        check_fits_vocabulary(tokenizer, config, io.load)
     check_state_fits(config, engine_cfg, mesh, plan.fsdp)  # before any sample index or weight is allocated
     resumed = saved if saved is not None and not job.checkpoint.finetune else None  # --finetune: from iteration 0
     consumed = resumed["consumed_samples"] if resumed else 0
@@ -166,12 +190,20 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
               needed[1], 0)  # pretraining never reads the test split
     train, valid, _ = build_datasets(model.model, tokenizer, prefix, model.seq_length, job.training.seed, needed,
                                      data.split, sources)
-    engine = Engine(functools.partial(build_model, family(model.model).spec.pretrain_model, config), config,
-                    engine_cfg, plan)
+    model_class = family(model.model).spec.pretrain_model
+    if weights is not None:  # the folder's weights; the flags' run options (dropout ...) apply
+        stored = pretrained_config(weights)[2].to_dict()
+        overrides = {k: v for k, v in config.to_dict().items() if stored[k] != v}
+        build = functools.partial(load_model, weights, model_class=model_class, config_overrides=overrides)
+    else:
+        build = functools.partial(build_model, model_class, config)
+    engine = Engine(build, config, engine_cfg, plan)
     save_dir = Path(io.save) if io.save else default_run_dir(family(model.model).name)
     run = Run(job, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(io.log_dir) if io.log_dir else save_dir)
     run.reader = BatchReader(train, data.num_workers, batches.batch_at) if data.num_workers else None
+    if weights is not None:
+        run.loaded_from, run.health = weights, Health(pending=str(weights))  # its weights judged by the first step
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint, engine, **job.checkpoint.load_options())
         set_hyperparameters(engine.optimizer, engine_cfg)  # the flags' betas, eps, momentum, not the saved groups'
