@@ -166,6 +166,8 @@ TOOL_CASES: dict[str, tuple[str, str, str]] = {
                                    f"is a Hugging Face config (model_type '{CAUSAL_LM.hf_model_type}')"),
     "convert-to-hf-empty-folder": ("convert", "to-hf {empty_dir} out", "holds no tpzoo checkpoint"),
     "convert-to-hf-garbage-config": ("convert", "to-hf {garbage_tz} out", "needs config.json and model.safetensors"),
+    "convert-from-hf-of-a-tpzoo-folder": ("convert", "from-hf {tz} out",
+                                          "is a tpzoo model folder, not a Hugging Face one; convert it with to-hf"),
     "convert-peft-without-adapters": ("convert", "to-hf {causal_lm} out --peft adapter",
                                       "holds no LoRA adapters; --peft writes a LoRA fine-tuning's adapters: drop it"),
     "convert-peft-of-a-hugging-face-folder": ("convert", "to-hf {hf} out --peft adapter", "holds no LoRA adapters"),

@@ -31,26 +31,40 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def lora_checkpoints(tmp: str) -> dict:
-    from tpzoo.checkpoint import load_model, save_checkpoint
-    from tpzoo.convert import to_hf
-    from tpzoo.engine import Engine, EngineConfig
+def base_model(tmp: Path):
+    """(plan, config) of tp 2, with a seeded llama-tiny saved as the model folder ``tmp``/base."""
     from tpzoo.models.pretrained import save_pretrained
     from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
-    from tpzoo.parallel.lora import add_adapters
 
-    tmp, mesh = Path(tmp), init_mesh(tp=2)
-    plan = ParallelPlan(mesh, kernels="torch")
-    manual_seed(0, mesh)
+    plan = ParallelPlan(init_mesh(tp=2), kernels="torch")
+    manual_seed(0, plan.mesh)
     config = GQA_LM.config()
     save_pretrained(GQA_LM.build(config, plan), tmp / "base")
+    return plan, config
+
+
+def lora_engine(tmp: Path, plan, config, precision: str = "fp32"):
+    """An engine of ``tmp``/base with rank-8 adapters (its other weights frozen)."""
+    from tpzoo.checkpoint import load_model
+    from tpzoo.engine import Engine, EngineConfig
+    from tpzoo.parallel.lora import add_adapters
 
     def build(plan, **stage):
         model = load_model(tmp / "base", plan, **stage)
         add_adapters(model, LORA, seed=1)
         return model
+    return Engine(build, config, EngineConfig(micro_batch_size=B, global_batch_size=B, lr=1e-2, precision=precision),
+                  plan)
 
-    engine = Engine(build, config, EngineConfig(micro_batch_size=B, global_batch_size=B, lr=1e-2), plan)
+
+def lora_checkpoints(tmp: str) -> dict:
+    from tpzoo.checkpoint import load_model, save_checkpoint
+    from tpzoo.convert import to_hf
+    from tpzoo.engine import Engine, EngineConfig
+
+    tmp = Path(tmp)
+    plan, config = base_model(tmp)
+    engine = lora_engine(tmp, plan, config)
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
         engine.train_step(batch(GQA_LM, torch.randint(0, config.vocab_size, (B, S), generator=g), g))
@@ -104,27 +118,11 @@ def test_lora_checkpoints_load_merge_and_stay_small(tmp_path):
 
 
 def bf16_lora(tmp: str) -> dict:
-    from tpzoo.checkpoint import load_checkpoint, load_model, save_checkpoint
-    from tpzoo.engine import Engine, EngineConfig
-    from tpzoo.models.pretrained import save_pretrained
-    from tpzoo.parallel import ParallelPlan, init_mesh, manual_seed
-    from tpzoo.parallel.lora import add_adapters
+    from tpzoo.checkpoint import load_checkpoint, save_checkpoint
 
-    tmp, mesh = Path(tmp), init_mesh(tp=2)
-    plan = ParallelPlan(mesh, kernels="torch")
-    manual_seed(0, mesh)
-    config = GQA_LM.config()
-    save_pretrained(GQA_LM.build(config, plan), tmp / "base")
-
-    def engine() -> Engine:
-        def build(plan, **stage):
-            model = load_model(tmp / "base", plan, **stage)
-            add_adapters(model, LORA, seed=1)
-            return model
-        return Engine(build, config, EngineConfig(micro_batch_size=B, global_batch_size=B, lr=1e-2, precision="bf16"),
-                      plan)
-
-    trained = engine()
+    tmp = Path(tmp)
+    plan, config = base_model(tmp)
+    trained = lora_engine(tmp, plan, config, "bf16")
     frozen = {n: p.detach().clone() for n, p in trained.chunks[0].model.named_parameters() if not p.requires_grad}
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
@@ -133,7 +131,7 @@ def bf16_lora(tmp: str) -> dict:
     own_main = all(trained.main.main_of(p) is p for p in model.parameters() if not p.requires_grad)
     unchanged = all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
     save_checkpoint(tmp / "bf16", 3, trained, meta={})
-    fresh = engine()
+    fresh = lora_engine(tmp, plan, config, "bf16")
     with torch.no_grad():  # the fresh engine's frozen weights perturbed: the load must write them
         for p in fresh.chunks[0].model.parameters():
             if not p.requires_grad:

@@ -162,6 +162,9 @@ def test_llama_command_line_round_trip(tmp_path, capsys):
     chat = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat on the mat"}]
     assert after.apply_chat_template(chat, tokenize=False) == before.apply_chat_template(chat, tokenize=False)
     assert after.encode("a dog sat") == before.encode("a dog sat") and after.eos_token == "<|endoftext|>"
+    assert convert_main(["to-hf", str(tmp_path / "tz"), str(tmp_path / "hf2"), "--overwrite"]) == 0  # not empty
+    with pytest.raises(SystemExit, match="0"):
+        convert_main(["--help"])
     with pytest.raises(SystemExit, match="2"):  # the demo tokenizer's 512 tokens do not fit the model's 101
         convert_main(["to-hf", str(tmp_path / "tz"), str(tmp_path / "hf3"), "--tokenizer-model", str(DEMO_TOKENIZER)])
     assert "has 512 tokens but the model's vocabulary has 101; pass the --tokenizer-model" in capsys.readouterr().err

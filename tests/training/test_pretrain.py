@@ -3,8 +3,9 @@ a SIGKILL, and misuse that ends in one line and exit status 2.
 
 One single-process run and one 8-rank run at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 train the same
 tiny GPT for 12 iterations (float32, no dropout), saving at 6. The 8-rank checkpoint at 6 is then
-resumed at (1, 1, 1), (4, 2, 1) and (1, 4, 2) (3 more launches): the val loss right after loading
-and the training losses 7..12 must match the uninterrupted run.
+resumed at (1, 1, 1) and (4, 2, 1) (2 more launches; test_pretrain_resume.py resumes at (2, 1, 2), the
+checkpoint tests reshard over every mesh): the val loss right after loading and the training losses 7..12 must
+match the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def test_8_ranks_log_the_single_process_losses(runs):
     assert (runs / "3d" / "latest").read_text().strip() == f"iter_{ITERS:07d}"
 
 
-@pytest.mark.parametrize("mesh", [(1, 1, 1), (4, 2, 1), (1, 4, 2)], ids=lambda m: "tp%d-pp%d-dp%d" % m)
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (4, 2, 1)], ids=lambda m: "tp%d-pp%d-dp%d" % m)
 def test_resume_on_another_mesh_continues_the_run(runs, mesh, tmp_path):
     done = pretrain(FLAGS + ["--load", str(runs / "3d" / f"iter_{SAVED:07d}"), "--save", "resumed"], tmp_path, mesh)
     found = re.search(rf"resumed from \S+ at iteration {SAVED} \(consumed samples 48\): val loss (\S+)", done.stdout)
