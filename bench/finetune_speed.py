@@ -1,7 +1,7 @@
 """Fine-tuning's tokens/s against pretraining's, the same model and batch shapes, measured in one run.
 
     python bench/finetune_speed.py                 # gpt-tiny, 64-token sequences, batches of 32 (8 per micro-batch)
-    python bench/finetune_speed.py --iters 3 --steps 3   # seconds: the test's run
+    python bench/finetune_speed.py --iters 2 --steps 2 --seq-length 32 --global-batch-size 8   # the test's run
 
 Runs, one after another in one process each, as a user types them: ``pretrain.py`` (the demo corpus) for
 ``--iters`` steps, saving the model; then ``finetune.py --load`` of it, one epoch each route (or ``--steps``:

@@ -1,4 +1,4 @@
-"""bench/finetune_speed.py (docs/benchmarks.md's command) at 3 steps a run: a row per run, each ratio its
+"""bench/finetune_speed.py (docs/benchmarks.md's command) at 2 steps a run of 8 x 32 tokens: a row per run, each ratio its
 tokens/s over pretraining's. The ratios themselves are docs/benchmarks.md's measurement: timings are not asserted
 here, where the suite's background jobs share the two cores with the runs."""
 
@@ -21,7 +21,8 @@ ROUTES = ("pretraining", "causal LM (text)", "instruction tuning", "classifier (
 def test_finetune_speed_bench_reports_each_route_against_pretraining():
     shown = [c for c in commands("benchmarks.md") if "bench/finetune_speed.py" in c]
     assert shown == ["python bench/finetune_speed.py"], shown
-    done = subprocess.run([sys.executable, *shown[0].split()[1:], "--iters", "3", "--steps", "3"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, *shown[0].split()[1:], "--iters", "2", "--steps", "2", "--seq-length", "32",
+                           "--global-batch-size", "8"], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {m[1]: (float(m[2].replace(",", "")), float(m[3]))
