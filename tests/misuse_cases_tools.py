@@ -62,8 +62,6 @@ TOOL_CASES: dict[str, tuple[str, str, str]] = {
                                             "--save-adapters-only needs adapters: give --lora-rank"),
     "finetune-lora-unknown-target": ("finetune", FG + " " + FILES + " --lora-rank 4 --lora-target q_proj",
                                      "must name linear layers of a transformer layer"),
-    "finetune-lora-fsdp-pipeline": ("finetune", FG + " " + FILES + " --lora-rank 4 --use-torch-fsdp2 --pp 2",
-                                    "FSDP through a pipeline with adapters is not supported yet"),
     "finetune-lora-classifier": ("finetune", FT + " --task demo --lora-rank 4",
                                  "LoRA fine-tunes causal LMs here; this run trains"),
     "finetune-glue-empty-folder": ("finetune", FT + " --task sst-2 --data-dir {empty_dir}",

@@ -209,10 +209,6 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     fam = family(saved.model_type)
     check_data_args(tune)
     kind, target, said = route(tune, fam, class_name)
-    if lora.enabled and job.parallel.use_torch_fsdp2 and job.parallel.pp > 1:
-        raise ValueError(f"--lora-rank with --use-torch-fsdp2 and --pp {job.parallel.pp}: FSDP through a pipeline "
-                         f"with adapters is not supported yet (its stages fell out of step in testing); use "
-                         f"--use-distributed-optimizer, or FSDP with --pp 1")
     if lora.enabled and kind == "classification":
         raise ValueError(f"--lora-rank {lora.rank}: LoRA fine-tunes causal LMs here; this run trains {target} "
                          f"(labelled data), whose new head trains whole: drop the --lora flags")
