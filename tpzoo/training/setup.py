@@ -115,15 +115,15 @@ def check_fits_vocabulary(tokenizer: Tokenizer, config: ModelConfig, load: str) 
 
 
 def resolve_model_config(job: RunConfig, tokenizer: Tokenizer | None, saved: dict[str, Any] | None,
-                         weights: Path | None = None) -> ModelConfig:
+                         folder: ModelConfig | None = None) -> ModelConfig:
     """The configuration's model config (vocabulary from the tokenizer); with ``saved`` (a checkpoint's meta) or
-    ``weights`` (a model folder, whose vocabulary the tokenizer may not fill: Hugging Face pads theirs; no tokenizer
-    needed) the stored config is the base, and any shape the flags change is a ValueError."""
+    ``folder`` (a model folder's config, whose vocabulary the tokenizer may not fill: Hugging Face pads theirs; no
+    tokenizer needed) the stored config is the base, and any shape the flags change is a ValueError."""
     choice, load = job.model, job.io.load
-    if saved is None and weights is None:
+    if saved is None and folder is None:
         return model_config(choice, vocab_size=tokenizer.vocab_size)
-    if weights is not None:
-        stored = pretrained_config(weights)[2]
+    if folder is not None:
+        stored = folder
     else:
         if saved["model"] != choice.model:
             raise ValueError(f"--load {load} holds a {saved['model']} model but --model is {choice.model}; "
@@ -166,8 +166,9 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
         micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
     given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
-    if weights is not None:  # the folder's model against the flags, before any data is read
-        config = resolve_model_config(job, None, None, weights)
+    folder = pretrained_config(weights)[2] if weights is not None else None
+    if folder is not None:  # the folder's model against the flags, before any data is read
+        config = resolve_model_config(job, None, None, folder)
         if given_tokenizer is None and folder_holds_tokenizer(weights):
             given_tokenizer = load_tokenizer(weights)
         if given_tokenizer is not None:  # else the data's own, checked once read
@@ -177,9 +178,9 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     plan = job.plan(mesh)
     manual_seed(job.training.seed, mesh)
     tokenizer, prefix, sources = run_data(data, model.model, given_tokenizer)
-    if weights is None:
+    if folder is None:
         config = resolve_model_config(job, tokenizer, saved)
-    else:
+    elif given_tokenizer is None:  # the data's own tokenizer
         check_fits_vocabulary(tokenizer, config, io.load)
     check_state_fits(config, engine_cfg, mesh, plan.fsdp)  # before any sample index or weight is allocated
     resumed = saved if saved is not None and not job.checkpoint.finetune else None  # --finetune: from iteration 0
@@ -191,8 +192,8 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     train, valid, _ = build_datasets(model.model, tokenizer, prefix, model.seq_length, job.training.seed, needed,
                                      data.split, sources)
     model_class = family(model.model).spec.pretrain_model
-    if weights is not None:  # the folder's weights; the flags' run options (dropout ...) apply
-        stored = pretrained_config(weights)[2].to_dict()
+    if folder is not None:  # the folder's weights; the flags' run options (dropout ...) apply
+        stored = folder.to_dict()
         overrides = {k: v for k, v in config.to_dict().items() if stored[k] != v}
         build = functools.partial(load_model, weights, model_class=model_class, config_overrides=overrides)
     else:
