@@ -20,9 +20,24 @@ import background
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def blocks(path: str | Path, lang: str) -> list[str]:
-    """The ```lang fenced blocks of the Markdown file ``path`` (relative to docs/ unless absolute)."""
-    return re.findall(rf"```{lang}\n(.*?)```", (ROOT / "docs" / path).read_text(), re.S)
+def split_section(text: str, heading: str) -> tuple[str, str]:
+    """(the section of Markdown ``text`` that starts with the line ``heading``, up to the next heading of its
+    level or above; the text without it)."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(f"\n{heading}\n") + 1
+    end = re.search(rf"^#{{1,{level}}} ", text[start + len(heading):], re.M)
+    stop = start + len(heading) + end.start() if end else len(text)
+    return text[start:stop], text[:start] + text[stop:]
+
+
+def blocks(path: str | Path, lang: str, section: str | None = None, skip: str | None = None) -> list[str]:
+    """The ```lang fenced blocks of the Markdown file ``path`` (relative to docs/ unless absolute); with
+    ``section`` (a heading line) those of that section only, with ``skip`` those outside it."""
+    text = (ROOT / "docs" / path).read_text()
+    if section or skip:
+        inside, outside = split_section(text, section or skip)
+        text = inside if section else outside
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
 
 
 def commands(path: str | Path) -> list[str]:
@@ -44,10 +59,11 @@ def run(command: list[str], cwd: Path, timeout: float = 300, threads: int = 2) -
 
 
 def writes(command: str) -> set[str]:
-    """The folders a shell command of the docs writes: DIR of ``--save DIR`` and ``--export DIR``, and the
-    output folder (last argument) of ``python -m tpzoo.convert``."""
+    """The paths a shell command of the docs writes: DIR of ``--save DIR`` and ``--export DIR``, the output
+    folder (last argument) of ``python -m tpzoo.convert``, and PREFIX.model of ``--model-prefix PREFIX``."""
     words = shlex.split(command)
     made = {word for flag, word in zip(words, words[1:]) if flag in ("--save", "--export")}
+    made |= {f"{word}.model" for flag, word in zip(words, words[1:]) if flag == "--model-prefix"}
     return made | ({words[-1]} if "tpzoo.convert" in words else set())
 
 

@@ -8,6 +8,7 @@
     python -m tpzoo.data inspect --data-path gpt
     python -m tpzoo.data samples --model gpt --data-path gpt --seq-length 32 --indices 0 1
     python -m tpzoo.data demo
+    python -m tpzoo.data stdlib --export stdlib_files --per-class 50
 
 Misuse exits with status 2 and one line on stderr.
 """
@@ -82,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="also copy the tokenizer (tokenizer.model), the corpus (corpus.jsonl), the sentiment task, "
                    "text and instruction files (sentiment_*, text_*, instructions_*.jsonl) into DIR")
     add_cache_arg(p)
+
+    p = sub.add_parser("stdlib", help="write real text: the standard library's docstrings, labelled by family "
+                       "(tpzoo.data.stdlib_docs)")
+    p.add_argument("--export", metavar="DIR", required=True,
+                   help="writes corpus.jsonl (pretraining text), train.jsonl and valid.jsonl (text, label) into DIR")
+    p.add_argument("--per-class", type=positive_int, default=50,
+                   help="labelled training docstrings per family (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=0, help="which docstrings are labelled (default: %(default)s)")
     return parser
 
 
@@ -212,7 +221,7 @@ PREFIX_FLAGS = {
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """What a command writes can be made: ``--export`` a folder, a prefix a file name in a folder."""
-    if args.command == "demo":
+    if args.command in ("demo", "stdlib"):
         check_output_folder("--export", args.export)
     elif args.command in PREFIX_FLAGS:
         flag, dest = PREFIX_FLAGS[args.command]
@@ -241,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _inspect(args)
         elif args.command == "samples":
             _samples(args)
+        elif args.command == "stdlib":
+            from tpzoo.data.stdlib_docs import export
+
+            print(json.dumps({"export": args.export, **export(args.export, args.per_class, args.seed)}))
         else:
             _demo(args.export, args.data_cache_path)
     except (OSError, ValueError, ImportError) as e:
