@@ -9,11 +9,9 @@ building process says where on stderr).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -23,6 +21,7 @@ from tpzoo.data.cache import cache_dir, cached_build
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.preprocess import write_indexed
 from tpzoo.data.progress import say
+from tpzoo.data.sources import write_jsonl
 from tpzoo.data.tokenizer import load_tokenizer, sha256_of, train_tokenizer
 
 DEMO_TOKENIZER = Path(__file__).with_name("demo") / "tokenizer.model"
@@ -36,13 +35,6 @@ _VERSION = 4  # bump when the generator or the build changes
 # the demo corpus's indexed dataset per data kind (file names from before the families; kept so that
 # built caches stay valid)
 PREFIXES = {"causal-lm": "gpt", "masked-lm": "bert"}
-
-
-def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
-    """Write ``rows`` as one JSON object per line."""
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
 
 
 def _build(out: Path) -> None:

@@ -345,3 +345,10 @@ def _texts(data: Any, key: str, what: str) -> Iterator[str]:
                                  "with --json-key")
             if text.strip():
                 yield text
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    """Write ``rows`` as one JSON object per line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import os
 import random
 import sysconfig
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
+
+from tpzoo.data.sources import write_jsonl
 
 MIN_CHARS = 40
 VALID_SHARE = 5  # one docstring in VALID_SHARE validates
@@ -94,9 +95,6 @@ def export(out: str | os.PathLike, per_class: int = 50, seed: int = 0,
     rng.shuffle(train)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    counts = {}
     for name, rows in (("corpus", corpus), ("train", train), ("valid", valid)):
-        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        counts[name] = len(rows)
-    return counts
+        write_jsonl(out / f"{name}.jsonl", rows)
+    return {"corpus": len(corpus), "train": len(train), "valid": len(valid)}
