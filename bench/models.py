@@ -10,6 +10,8 @@ from the first contender's is a bug, named below the table, and the script exits
     tpzoo           tpzoo.engine.Engine at tp 1 with EngineConfig(precision="bf16") on CUDA (fp32 on
                     the CPU): forward, backward, clipping to norm 1 and AdamW, the step a user's run takes
     tpzoo-compile   the same with ParallelPlan(mesh, compile=True)
+    tpzoo-torch     tpzoo with ParallelPlan(kernels="torch"): torch's own norms and GELU in place of the Triton
+                    kernels (tpzoo-torch-compile: compiled, inductor then fuses them): the kernels' share of a step
     plain           the family's plain PyTorch model (bench/baselines.py), bf16 autocast, fused AdamW,
                     clipping to norm 1; plain-compile: under torch.compile, what a nanoGPT user runs
     hf, hf-compile  the family's Hugging Face model (baselines.REFERENCES) the same way, eager and compiled
@@ -63,7 +65,8 @@ from tpzoo.models.build import build_model
 from tpzoo.parallel import ParallelPlan, init_mesh
 
 CUDA = torch.cuda.is_available()
-CONTENDERS = ("tpzoo", "tpzoo-compile", "plain", "plain-compile", "hf", "hf-compile")
+CONTENDERS = ("tpzoo", "tpzoo-compile", "tpzoo-torch", "tpzoo-torch-compile", "plain", "plain-compile", "hf",
+              "hf-compile")
 DEFAULT_CONTENDERS = ("tpzoo", "tpzoo-compile", "plain-compile", "hf", "hf-compile")
 RATIO_TO = ("plain-compile", "hf-compile")
 COLUMNS = ("model", "shape", "contender", "ms/step", "median ms", "tokens/s", "MFU", "peak GiB", "loss@0", "d loss@0",
@@ -137,13 +140,14 @@ def load_weights(setup: Setup) -> None:
     setup.state = {k: v.detach().float().cpu() for k, v in full_state_dict(source).items()}
 
 
-def tpzoo_step(setup: Setup, compile: bool) -> Callable[[], float]:
-    """One Engine.train_step over the batch (m = 1 micro-batch); returns the loss before the update."""
+def tpzoo_step(setup: Setup, compile: bool, kernels: str | None = None) -> Callable[[], float]:
+    """One Engine.train_step over the batch (m = 1 micro-batch) under the setup's plan with ``compile`` and
+    ``kernels`` (None: the plan's); returns the loss before the update."""
     cls, options = setup.model
     b = setup.batch["input_ids"].shape[0]
     engine = Engine(functools.partial(build_model, cls, setup.config, **options), setup.config,
                     EngineConfig(micro_batch_size=b, global_batch_size=b, lr=LR, precision=setup.precision),
-                    dataclasses.replace(setup.plan, compile=compile))
+                    dataclasses.replace(setup.plan, compile=compile, kernels=kernels or setup.plan.kernels))
     return lambda: engine.train_step(setup.batch).loss
 
 
@@ -193,7 +197,10 @@ def build(setup: Setup, name: str) -> tuple[Callable[[], float], Entry]:
     """The contender's step function, and its Entry holding the bytes its building allocated."""
     before = allocated()
     compiled, kind = name.endswith("-compile"), name.removesuffix("-compile")
-    step = tpzoo_step(setup, compiled) if kind == "tpzoo" else torch_step(setup, kind, compiled)
+    if kind.startswith("tpzoo"):
+        step = tpzoo_step(setup, compiled, "torch" if kind == "tpzoo-torch" else None)
+    else:
+        step = torch_step(setup, kind, compiled)
     return step, Entry(allocated() - before)
 
 

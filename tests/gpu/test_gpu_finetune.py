@@ -36,8 +36,8 @@ def test_finetune_bert_classifier_validates_on_the_device(pretrained, work):
 
 def test_finetune_gpt_causal_lm_on_the_demo_text(pretrained, demo_files, work):
     run([FINETUNE, "--load", str(pretrained(CAUSAL_LM.family, "bf16")),
-         "--train-data", str(demo_files / "sentiment_train.jsonl"), "--valid-data",
-         str(demo_files / "sentiment_valid.jsonl"), "--epochs", "1", "--seq-length", "32", "--lr", "1e-3", "--fp16",
+         "--train-data", str(demo_files / "text_train.jsonl"), "--valid-data",
+         str(demo_files / "text_valid.jsonl"), "--epochs", "1", "--seq-length", "32", "--lr", "1e-3", "--fp16",
          "--save", "gpt-causal-lm"], work)
     log = jsonl(work / "gpt-causal-lm" / "metrics.jsonl")
     scores = [r for r in log if "epoch" in r]

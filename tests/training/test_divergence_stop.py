@@ -132,8 +132,10 @@ def test_an_exploded_checkpoint_is_not_the_one_named(runs):
                          rf"(a non-finite loss|loss [0-9.e+]+, over 2x the run's first [0-9.]+) at iteration (\d+)\); "
                          r"resume from it", found.group(3))
     assert named, found.group(3)
-    good, bad = int(named.group(1)), int(named.group(2))
-    assert good < exploded <= bad and (root / EXPLODE / f"iter_{bad:07d}").is_dir()  # a later one exists, not named
+    # checkpoint k holds the weights after update k, so step k + 1 judges it: the refuted one is judged no later
+    # than the loss exploded, and a later one than the named one exists
+    good, bad, judged = int(named.group(1)), int(named.group(2)), int(named.group(4))
+    assert good < bad and judged == bad + 1 <= exploded and (root / EXPLODE / f"iter_{bad:07d}").is_dir()
     resumed = run_as_needed([shlex.join(command(TINY + f"--lr 1e-3 --train-iters {good + 3} --load "
                                                        f"{EXPLODE}/iter_{good:07d} --save resumed".split()))], root)[0]
     losses = [r["loss"] for r in strict((root / "resumed" / "metrics.jsonl").read_text())]

@@ -168,7 +168,8 @@ def check_finite(entries: list[Entry], folder: Path, mesh: ParallelMesh) -> None
     """ValueError when a loaded floating-point tensor holds NaN or inf: weights a run diverged into train and
     generate nothing. Collective over the world group (one all-reduce of the count): every rank raises."""
     floats = [e for e in entries if e.local.is_floating_point()]
-    counts = torch.stack([(~torch.isfinite(e.local)).sum() for e in floats]).to(mesh.device, torch.float64) \
+    # each count onto the mesh's device before the stack: AdamW's ``step`` loads as a host scalar beside CUDA tensors
+    counts = torch.stack([(~torch.isfinite(e.local)).sum().to(mesh.device, torch.float64) for e in floats]) \
         if floats else torch.zeros(1, device=mesh.device, dtype=torch.float64)
     per_entry, total = counts.tolist(), counts.sum().reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
