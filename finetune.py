@@ -25,7 +25,8 @@ def parser() -> CommandParser:
     add_section(p, FinetuneConfig, "fine-tuning")
     add_section(p, LoRAConfig, "LoRA adapters (docs/finetuning.md)")
     add_parallel_args(p)
-    add_optimizer_args(p, train_iters=None, global_batch_size=32, micro_batch_size=8, lr=3e-4, lr_warmup_iters=10,
+    # the defaults are what the recipe on real text found (docs/finetuning.md): many small steps
+    add_optimizer_args(p, train_iters=None, global_batch_size=16, micro_batch_size=8, lr=1e-3, lr_warmup_iters=10,
                        lr_decay_style="linear")
     add_precision_args(p)
     add_stopping_args(p)

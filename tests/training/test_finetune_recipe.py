@@ -29,9 +29,11 @@ def recipe() -> list[str]:
 
 
 def small(command: str) -> str:
-    """``command`` with the values of the flags in ``SMALL`` replaced (flags it does not have are not added)."""
+    """``command`` with the values of the flags in ``SMALL`` replaced; a fine-tuning that takes finetune.py's
+    default epochs (the recipe's) runs one."""
     words = shlex.split(command)
-    return shlex.join(SMALL.get(before, word) for before, word in zip([""] + words, words))
+    scaled = [SMALL.get(before, word) for before, word in zip([""] + words, words)]
+    return shlex.join(scaled + ["--epochs", SMALL["--epochs"]] * ("finetune.py" in words and "--epochs" not in words))
 
 
 def saved(command: str) -> str:

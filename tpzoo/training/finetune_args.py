@@ -54,7 +54,7 @@ class FinetuneConfig:
                                    "messages: instruction tuning; text alone: a causal LM", "--train-data", "FILE")
     valid_data: str | None = _path("the validation file, same columns", "--valid-data", "FILE")
     tokenizer_model: str | None = _path("default: the checkpoint's tokenizer", "--tokenizer-model", "FILE")
-    epochs: int = option(5, at_least(1), "", "--epochs")
+    epochs: int = option(20, at_least(1), "", "--epochs")
     seq_length: int | str = option(64, _seq_length, "tokens per sample (longer ones are cut), or auto: the 95th "
                                    "percentile of the training samples' lengths", "--seq-length")
     hidden_dropout: float | None = option(None, optional(fraction), "default: the checkpoint's",
