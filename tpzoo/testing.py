@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -53,7 +54,9 @@ def _worker(fn: Callable, rank: int, world_size: int, port: int, env: dict, args
         import torch
 
         torch.set_num_threads(1)
-        results.put((rank, "ok", fn(*args, **kwargs)))
+        # pickled here, by value: the queue's pickler would pass a tensor's storage as a file descriptor that
+        # this process shares only while it lives, and it may exit before the parent reads the result
+        results.put((rank, "ok", pickle.dumps(fn(*args, **kwargs))))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -103,7 +106,7 @@ def spawn(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0, may
                 continue
             if status == "error":
                 raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
-            out[rank] = value
+            out[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5 if len(out) == world_size else 0.1)
