@@ -276,7 +276,8 @@ def check_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLo
 
 @background.fixture
 def one_rank(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
-    return background.spawn(check_meshes, 1, refs(), [(1, 1, 1)])
+    # niced, it may wait long for a core on a busy machine (twice here beside two training runs: over 300 s)
+    return background.spawn(check_meshes, 1, refs(), [(1, 1, 1)], timeout=1200)
 
 
 @background.fixture
