@@ -26,6 +26,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -151,6 +152,7 @@ class Runner:
 
     def __init__(self, keys: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory) -> None:
         self.futures = {key: Future() for key in keys}
+        self.seconds: dict[tuple[str, str], float] = {}  # each finished job's wall time
         self.tmp_path_factory = tmp_path_factory
         SESSION_ENV.update(os.environ)
         queues = {"background fixtures": [k for k in keys if k not in WAITING],
@@ -165,10 +167,15 @@ class Runner:
             future = self.futures[key]
             if not future.set_running_or_notify_cancel():
                 continue
+            start = time.perf_counter()
             try:
-                future.set_result(JOBS[key](self.tmp_path_factory))
+                value = JOBS[key](self.tmp_path_factory)
             except BaseException as e:  # noqa: BLE001 - re-raised in every test that uses the fixture
+                self.seconds[key] = time.perf_counter() - start
                 future.set_exception(e)
+            else:
+                self.seconds[key] = time.perf_counter() - start
+                future.set_result(value)
 
     def result(self, key: tuple[str, str]) -> Any:
         if key not in self.futures:  # a test the session did not select at its start
@@ -178,6 +185,13 @@ class Runner:
             hurry()
             wait([future], timeout=1.0)
         return future.result()
+
+    def report(self) -> list[str]:
+        """One line a finished job, slowest first: its wall time and name (for ``--durations``' reader: the
+        setup times there count only a test's wait for a job, not the job)."""
+        jobs = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        return [f"{s:8.1f}s  {module}::{name}" + (" (waits)" if (module, name) in WAITING else "")
+                for (module, name), s in jobs]
 
     def stop(self) -> None:
         """Cancel the jobs not started (a session cut short); wait for the running one."""

@@ -29,5 +29,17 @@ from tiers import (pytest_collection_modifyitems, pytest_configure, pytest_runte
 def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Starts the ``background.fixture``s of the selected tests with the session (see tests/background.py)."""
     runner = background.Runner(background.selected(request.session.items), tmp_path_factory)
+    RUNNERS.append(runner)
     yield runner
     runner.stop()
+
+
+RUNNERS: list[background.Runner] = []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """With ``--durations``: each background job's own wall time (on the second core, beside the tests)."""
+    if config.getoption("durations", None) is not None and RUNNERS and RUNNERS[0].seconds:
+        terminalreporter.write_sep("=", "background jobs (wall time each)")
+        for line in RUNNERS[0].report():
+            terminalreporter.write_line(line)
