@@ -1,4 +1,4 @@
-"""The 3D engine: on every mesh and schedule, 10 steps of every model family equal the single-rank run
+"""The 3D engine: on every mesh and schedule, 5 steps of every model family equal the single-rank run
 (one 8-rank spawn; each run is its own test case, named by family, mesh, schedule and options).
 
 The references are plain single-process training (whole global batch, one backward, torch's
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.tier("distributed")
 
 
 
-G, S, VOCAB, STEPS, CLASSES = 16, 8, 101, 10, 3
+G, S, VOCAB, STEPS, CLASSES = 16, 8, 101, 5, 3
 TOL = 1e-5
 # The final weights are compared per tensor: max |w - w_ref| / max |w_ref| <= TOL. AdamW's update
 # lr m / (sqrt(v) + eps) normalises each gradient element, so where |g| is small it turns float32

@@ -1,7 +1,7 @@
 """ZeRO-2 in the engine (``EngineConfig.zero_stage=2``, what ``use_distributed_optimizer`` now means):
 gradients reduce-scattered over dp to the rank owning each parameter, which alone keeps them.
 
-One 8-rank spawn, each check a named case (``pytest -k zero2``): at dp 8, 10 steps equal the single-rank
+One 8-rank spawn, each check a named case (``pytest -k zero2``): at dp 8, 5 steps equal the single-rank
 run within 1e-5 (``test_engine``'s machinery and references; its matrix runs ZeRO-2 on every mesh, with
 the tied embedding summed over first+last stage, sequence parallelism's sums over tp and the zero-bubble
 schedule's weight gradients, in the same 5 buckets); ZeRO-1
