@@ -171,10 +171,13 @@ class Runner:
             try:
                 value = JOBS[key](self.tmp_path_factory)
             except BaseException as e:  # noqa: BLE001 - re-raised in every test that uses the fixture
-                self.seconds[key] = time.perf_counter() - start
-                future.set_exception(e)
+                value, error = None, e
             else:
-                self.seconds[key] = time.perf_counter() - start
+                error = None
+            self.seconds[key] = time.perf_counter() - start  # before the result wakes a waiting test
+            if error is not None:
+                future.set_exception(error)
+            else:
                 future.set_result(value)
 
     def result(self, key: tuple[str, str]) -> Any:
