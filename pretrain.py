@@ -17,15 +17,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # light imports only until the flags are checked: a misuse is reported in a fraction of a second
 from tpzoo.data.data_args import DataConfig, add_data_args, check_data_flags  # noqa: E402
-from tpzoo.models.families import FAMILIES  # noqa: E402
+from tpzoo.models.families import FAMILIES, family  # noqa: E402
 from tpzoo.training.architecture_args import add_architecture_args, add_speed_args, resolve_speed  # noqa: E402
 from tpzoo.training.args import (CommandParser, add_parallel_args, add_precision_args, add_run_args,  # noqa: E402
                                  check_output_folder, check_save_folder, command_parser, exit_on_misuse,
                                  exit_on_run_error)
-from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, model_folder_type  # noqa: E402
+from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO, model_folder_record  # noqa: E402
 from tpzoo.training.config_file import add_config_args, print_config, to_toml, write_config  # noqa: E402
 from tpzoo.training.logging_args import LoggingConfig  # noqa: E402
-from tpzoo.training.model_args import add_model_args, check_preset  # noqa: E402
+from tpzoo.training.model_args import ModelChoice, add_model_args, check_preset, pretrain_options  # noqa: E402
 from tpzoo.training.monitor import check_logging  # noqa: E402
 from tpzoo.training.megatron_refused import add_refused_args  # noqa: E402
 from tpzoo.training.optimizer_args import TrainDefaults, add_optimizer_args, set_model_defaults  # noqa: E402
@@ -67,13 +67,14 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunC
     section_of(ParallelConfig, vars(args)).check_launch()
     check_preset(args.preset)
     section_of(CheckpointConfig, vars(args)).check(section_of(RunIO, vars(args)))
-    check_data_flags(DataConfig.of(vars(args)))
+    check_data_flags(DataConfig.of(vars(args)), args.model)  # --mask-prob against a --model given
     check_logging(section_of(LoggingConfig, vars(args)))
     for flag in ("save", "log_dir", "data_cache_path", "tensorboard_dir", "wandb_save_dir"):
         check_output_folder(f"--{flag.replace('_', '-')}", getattr(args, flag))
     resumed_into = args.load if args.save is None and args.load is not None and not args.finetune else None
     check_save_folder(args.save or resumed_into)  # a resume saves where its checkpoint is
-    folder_family = model_folder_type(args.load) if args.load is not None else None
+    folder = model_folder_record(args.load) if args.load is not None else None
+    folder_family = folder["config"].get("model_type") if folder is not None else None
     if args.load is not None and folder_family is None:
         resolve_speed(args)  # the launch's own; the others once merged with the checkpoint's (start_run)
         return None
@@ -83,6 +84,10 @@ def check_flags(args: argparse.Namespace, given: set[str] | None = None) -> RunC
                              f"--model {folder_family} or leave it out")
         args.model, given = folder_family, None if given is None else {*given, "model"}
     resolve_flags(args, given, None, MODEL_DEFAULTS)  # --model, when not given: the one the architecture flags describe
+    saved_as = (folder.get("class", "model"), folder.get("options") or {}) if folder_family is not None else None
+    options = pretrain_options(ModelChoice.of(vars(args)), saved_as, args.load)  # --bert-no-binary-head, or refused
+    if saved_as is not None:  # the folder's model is built as saved: a head-less one recorded so (a resume builds it)
+        args.bert_no_binary_head = family(args.model).without_binary_head(options)
     job = RunConfig.of(vars(args))  # every section's fields
     job.training.lr_schedule(job.training.batches(job.model.seq_length))  # and the batch ramp-up
     job.engine()  # batch sizes ...

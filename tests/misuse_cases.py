@@ -97,6 +97,21 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-split-not-numbers": ("pretrain", T + " --split 1,x", "--split '1,x' must be"),
     "pretrain-split-negative": ("pretrain", T + " --split=-1,1,1", "must be up to three non-negative"),
     "pretrain-split-all-zero": ("pretrain", T + " --split 0,0,0", "must be up to three non-negative"),
+    # pretrain.py: masked-LM samples (--mask-prob) and BERT's binary head, for the families that have them
+    **{f"pretrain-mask-prob-{name}": ("pretrain", T + f" --model {MASKED_LM.family} --mask-prob {value}",
+                                      f"argument --mask-prob: expected a number in (0, 1), got {value}")
+       for name, value in (("zero", "0"), ("one", "1"), ("above-one", "1.5"))},
+    "pretrain-mask-prob-causal-lm": ("pretrain", T + f" --model {CAUSAL_LM.family} --mask-prob 0.4",
+                                     f"--mask-prob 0.4: --model {CAUSAL_LM.family} reads causal-lm data, which masks "
+                                     f"no tokens"),
+    "pretrain-bert-no-binary-head-causal-lm": ("pretrain", T + f" --model {CAUSAL_LM.family} --bert-no-binary-head",
+                                               f"--bert-no-binary-head: --model {CAUSAL_LM.family} has no binary "
+                                               f"(sentence-order) head to leave out"),
+    # refused before torch loads: --print-config too
+    "pretrain-bert-no-binary-head-causal-lm-print-config": ("pretrain", T + f" --model {CAUSAL_LM.family} "
+                                                            "--bert-no-binary-head --print-config",
+                                                            f"--bert-no-binary-head: --model {CAUSAL_LM.family} has "
+                                                            f"no binary (sentence-order) head to leave out"),
     # pretrain.py: flags
     "pretrain-megatron-refused-flag": ("pretrain", T + " --num-experts 8",
                                        "--num-experts is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
@@ -201,6 +216,12 @@ CASES: dict[str, tuple[str, str, str]] = {
                                                 f"holds a {CAUSAL_LM.family} model but --model is {MASKED_LM.family}"),
     "pretrain-load-model-folder-other-shape": ("pretrain", T + " --load {tz} --finetune --hidden-size 64",
                                                "hidden_size: checkpoint 32"),
+    # a model folder's or checkpoint's model is built as saved: its binary head stays
+    **{f"pretrain-load-{name}-bert-no-binary-head": (
+        "pretrain", T + f" --load {{{load}}}{finetune} --bert-no-binary-head",
+        f"'s {MASKED_LM.model} has a binary head (it records options {MASKED_LM.options}), which loading it cannot "
+        f"drop; drop the flag")
+       for name, load, finetune in (("model-folder", "tz_masked_lm", " --finetune"), ("checkpoint", "masked_lm", ""))},
     "pretrain-load-bad-latest": ("pretrain", T + " --load {bad_latest}", "iter_0000009"),
     # pretrain.py: Megatron-LM's architecture, speed and checkpoint flags (tpzoo.training.architecture_args,
     # checkpoint_args)

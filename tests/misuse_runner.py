@@ -50,7 +50,8 @@ def _folder(path: Path, files: dict[str, str | bytes]) -> str:
 
 def prepare(root: Path) -> dict[str, str]:
     """Every input the cases name, under ``root``: two tiny checkpoints (``causal_lm``, ``masked_lm``:
-    pretrain.py's TINY flags, 2 steps), the demo tokenizer, data and task, and bad files of every kind."""
+    pretrain.py's TINY flags, 2 steps), ``causal_lm`` as a Hugging Face folder (``hf``), both as tpzoo model folders
+    (``tz``, ``tz_masked_lm``), the demo tokenizer, data and task, and bad files of every kind."""
     import datasets
 
     from tpzoo.data.demo import demo_data, demo_dir, demo_task
@@ -105,6 +106,9 @@ def prepare(root: Path) -> dict[str, str]:
     assert _call("convert", ["to-hf", inputs["causal_lm"], inputs["hf"]]) == 0
     inputs["tz"] = str(root / "tz")  # a tpzoo model folder (with the demo tokenizer), as from-hf writes one
     assert _call("convert", ["from-hf", inputs["hf"], inputs["tz"]]) == 0
+    masked_hf, inputs["tz_masked_lm"] = root / "masked_lm_hf", str(root / "tz_masked_lm")  # with its binary head
+    assert _call("convert", ["to-hf", inputs["masked_lm"], str(masked_hf)]) == 0
+    assert _call("convert", ["from-hf", str(masked_hf), inputs["tz_masked_lm"]]) == 0
     return {**inputs, **_bad_model_folders(f, Path(inputs["hf"]))}
 
 

@@ -70,6 +70,10 @@ def probability(text: str) -> float:
     return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
+def open_probability(text: str) -> float:
+    return _float(text, lambda v: 0 < v < 1, "in (0, 1)")
+
+
 def megatron_window(text: str) -> int:
     """Megatron-LM's ``--window-size L,R`` (its left and right reach, Transformer Engine's) as tpzoo's window, the
     keys a causal query sees, itself included: L + 1; R must be 0 (a causal model looks at no later token)."""

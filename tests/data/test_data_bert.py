@@ -8,11 +8,12 @@ import pytest
 import torch
 from data_helpers import corpus_files, small_corpus
 
-from tpzoo.data.bert_dataset import IGNORE_INDEX, BertDataset
+from tpzoo.data.bert_dataset import BertDataset
 from tpzoo.data.demo import demo_data
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.preprocess import preprocess
 from tpzoo.data.tokenizer import load_tokenizer
+from tpzoo.models.config import IGNORE_INDEX
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -61,6 +62,16 @@ def test_masking_rates_over_100k_tokens(demo_bert):
     assert rates["mask"] == pytest.approx(0.80, abs=0.005)
     assert rates["random"] == pytest.approx(0.10, abs=0.005)
     assert rates["kept"] == pytest.approx(0.10, abs=0.005)
+
+
+def test_masking_rate_follows_masked_lm_prob(demo_bert):
+    """pretrain.py's --mask-prob: the share of candidate tokens picked, the 80/10/10 split of them unchanged."""
+    tok, data = demo_bert
+    ds = BertDataset(data, np.arange(data.num_documents), tok, SEQ, 2000, seed=5, masked_lm_prob=0.4)
+    rates = masking_rates(ds, 20_000)
+    print(f"masking rates at masked_lm_prob 0.4: {rates}")
+    assert rates["masked"] == pytest.approx(0.4, abs=0.01)
+    assert rates["mask"] == pytest.approx(0.80, abs=0.01)
 
 
 def test_whole_word_masking(demo_bert):
@@ -125,8 +136,8 @@ def test_deterministic_by_seed(demo_bert):
         assert all(torch.equal(a[i][k], b[i][k]) and torch.equal(a[i][k], copy[i][k]) for k in a[i])
     assert sum(torch.equal(a[i]["input_ids"], c[i]["input_ids"]) for i in range(50)) < 3
     no_head = BertDataset(data, docs, tok, SEQ, 5, seed=1, binary_head=None)
-    x = no_head[0]
-    assert int(x["next_sentence_label"]) == IGNORE_INDEX and (x["token_type_ids"] == 0).all()
+    x = no_head[0]  # one segment, no sentence task: nothing for a model without the binary head to refuse
+    assert "next_sentence_label" not in x and (x["token_type_ids"] == 0).all()
 
 
 def test_misuse(tmp_path, demo_bert):

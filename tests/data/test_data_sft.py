@@ -14,7 +14,7 @@ from families import CAUSAL_LM, GQA_LM
 from tpzoo.data.demo import ANSWERS, demo_data, demo_files
 from tpzoo.data.sft import SFTDataset, read_conversations
 from tpzoo.data.tokenizer import load_tokenizer
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 
 pytestmark = pytest.mark.tier("unit")
 

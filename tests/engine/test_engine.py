@@ -7,7 +7,7 @@ loop over the meshes and run the engine on each; the (1, 1, 1) mesh runs the eng
 spawn. Cases: every family's pretraining model (``families.MAIN``: GPT, BERT with its binary head,
 Llama, Qwen2, Qwen3, Mistral), a GPT on packed examples (``document_ids``) and, on four meshes, the
 classifiers (``families.ENGINE_CLASSIFIERS``: BERT's, and a decoder's read at its last real token).
-Coverage by default (``variants``): ``PER_MESH`` runs a mesh, the families, the schedules and the option
+Coverage by default (``variants``): ``PER_MESH`` runs a mesh (``PIPELINED`` with a pipeline), the families, the schedules and the option
 setting (ZeRO-2, recompute and sequence parallelism all on or all off) rotating, so that every family
 runs on several meshes, with and without a pipeline, and every mesh and schedule meets both settings.
 With ``TPZOO_ENGINE_MATRIX=full``: every combination.
@@ -62,7 +62,8 @@ PRETRAINING = [name for name in MAIN if CASES[name].inputs != "classification"] 
 CLASSIFIER_RUNS = {(1, 2, 4): (ENGINE_CLASSIFIERS[0], "gpipe", True),
                    (2, 4, 1): (ENGINE_CLASSIFIERS[1], "interleaved-zero-bubble", True),
                    (2, 2, 2): (ENGINE_CLASSIFIERS[1], "1f1b", True), (1, 1, 1): (ENGINE_CLASSIFIERS[0], "1f1b", False)}
-PER_MESH = 4  # runs a mesh besides the classifier's (``variants``)
+PER_MESH = 4  # runs a mesh without a pipeline besides the classifier's (``variants``)
+PIPELINED = 3  # runs a mesh with one
 FULL = os.environ.get("TPZOO_ENGINE_MATRIX") == "full"
 
 
@@ -184,15 +185,16 @@ def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
 
 def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: bool = False,
              schedules: tuple[str, ...] = SCHEDULES, classifier_runs: dict = CLASSIFIER_RUNS,
-             per_mesh: int | None = PER_MESH, families: list[str] = PRETRAINING) -> list[tuple[str, str, dict]]:
+             per_mesh: int | None = PER_MESH, pipelined: int = PIPELINED, families: list[str] = PRETRAINING
+             ) -> list[tuple[str, str, dict]]:
     """(case, schedule, options) for mesh number ``index``.
 
     Default: max(F, schedules) runs when pp > 1, else F runs of 1f1b; run j takes family j mod F, schedule
     (j + index) mod S and every option on when j // 2 + index is odd: every mesh meets every family and
     both settings, every schedule meets every family and both settings over the meshes, and every family
-    both settings. ``per_mesh`` R: R runs a mesh instead, run j taking family (index R + j) mod F, schedule j mod S
-    and every option on when j + index is odd: the families spread over the meshes, every mesh and schedule
-    meets both settings. ``full``: every combination of
+    both settings. ``per_mesh`` R: R runs a mesh instead (``pipelined`` of them when pp > 1), run j taking family
+    (index R + j) mod F, schedule (index + j) mod S and every option on for j = 1, 2: the families spread over
+    the meshes, each with and without a pipeline, every mesh and schedule meets both settings. ``full``: every combination of
     family, schedule, ZeRO-2 (when dp > 1), recompute and sequence parallelism (when tp > 1). Both
     add the classifier's run on the meshes of ``classifier_runs``. ``fsdp``: every run with FSDP (and
     no ZeRO-2), over ``schedules``.
@@ -205,8 +207,9 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
                    families, schedules if pp > 1 else ("1f1b",), values[dp > 1 and not fsdp], (False, True),
                    values[tp > 1])]
     elif per_mesh:
-        out = [(families[(index * per_mesh + j) % len(families)], schedules[j % len(schedules)] if pp > 1 else "1f1b",
-                options_of((j + index) % 2 == 1, tp, fsdp)) for j in range(per_mesh)]
+        out = [(families[(index * per_mesh + j) % len(families)],
+                schedules[(index + j) % len(schedules)] if pp > 1 else "1f1b",
+                options_of(j in (1, 2), tp, fsdp)) for j in range(pipelined if pp > 1 else per_mesh)]
     else:
         count = max(len(families), len(schedules)) if pp > 1 else len(families)
         out = [(families[j % len(families)], schedules[(j + index) % len(schedules)] if pp > 1 else "1f1b",
@@ -340,7 +343,7 @@ def test_engine_variants_cover_every_family_and_option_on_every_mesh_and_schedul
         own = [r for r in runs if r[1] == name]
         assert len({r[0] for r in own}) >= 3 and {r[0][1] > 1 for r in own} == {False, True}, name
         assert {r[3]["recompute_activations"] for r in own} == {False, True}, name
-    assert all(len({r[2] for r in runs if r[0] == mesh}) == min(PER_MESH, len(SCHEDULES)) for mesh in MESHES if mesh[1] > 1)
+    assert all(len({r[2] for r in runs if r[0] == mesh}) == min(PIPELINED, len(SCHEDULES)) for mesh in MESHES if mesh[1] > 1)
     assert any(mesh[1] > 1 for mesh in CLASSIFIER_RUNS), "the classifier must run through a pipeline too"
     names = run_names(MESHES) + run_names([(1, 1, 1)])
     assert len(set(names)) == len(names), "two runs share a case name"

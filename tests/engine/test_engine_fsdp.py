@@ -60,7 +60,7 @@ def fsdp_variants(index: int, tp: int, pp: int, dp: int) -> list[tuple[str, str,
     """``test_engine.variants`` with FSDP over FSDP_SCHEDULES; on ACCUMULATING, 2 micro-batches a step, so that
     the engine's own accumulation at pp = 1 without a reduce (``sync_gradients_this_backward``) runs."""
     runs = variants(index, tp, pp, dp, fsdp=True, schedules=FSDP_SCHEDULES, classifier_runs=CLASSIFIER_RUNS,
-                    per_mesh=len(FSDP_SCHEDULES), families=FAMILIES)
+                    per_mesh=len(FSDP_SCHEDULES), pipelined=len(FSDP_SCHEDULES), families=FAMILIES)
     m2 = (tp, pp, dp) == ACCUMULATING
     return [(name, schedule, {**options, "micro_batches": 2} if m2 else options) for name, schedule, options in runs]
 

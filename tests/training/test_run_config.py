@@ -83,7 +83,7 @@ def test_the_resume_rules_derive_from_the_sections_roles():
         "rampup_batch_size": {"step_batch_size_schedule"}, "step_batch_size_schedule": {"rampup_batch_size"},
         "weight_decay_incr_style": {"start_weight_decay", "end_weight_decay"}}
     assert MEANING_FLAGS[0] == "seq_length" and set(MEANING_FLAGS) == {
-        "seq_length", *sources, *parts, *tokenizer, "split", "seed"}
+        "seq_length", "bert_no_binary_head", *sources, *parts, *tokenizer, "split", "mask_prob", "seed"}
     assert set(PATH_FLAGS) == {"data_path", *splits, "tokenizer_model", "vocab_file", "merge_file", "data_cache_path",
                                "log_dir", "tensorboard_dir", "wandb_save_dir"}
 

@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=positive_int, help="a progress line every this many documents")
 
     p = sub.add_parser("inspect", help="print an indexed dataset's sizes and its first documents")
-    add_data_args(p, loader=False)
+    add_data_args(p, loader=False, masking=False)
     p.add_argument("--seed", type=seed, default=1234, help="--mock-data's (default: %(default)s)")
     p.add_argument("--documents", type=non_negative_int, default=1, help="how many documents to decode")
 
@@ -121,7 +121,8 @@ def _samples(args: argparse.Namespace) -> None:
     from tpzoo.data.build import build_datasets
     from tpzoo.data.data_args import DataConfig, run_data
 
-    tok, prefix, sources = run_data(DataConfig.of(vars(args)), args.model)
+    data = DataConfig.of(vars(args))
+    tok, prefix, sources = run_data(data, args.model)
     causal = data_kind(args.model) == "causal-lm"
     options = (
         {}
@@ -129,6 +130,7 @@ def _samples(args: argparse.Namespace) -> None:
         else {
             "whole_word_masking": args.whole_word_masking,
             "binary_head": None if args.binary_head == "none" else args.binary_head,
+            **data.masked_lm_options(),
         }
     )
     train, *_ = build_datasets(
@@ -153,7 +155,8 @@ def _samples(args: argparse.Namespace) -> None:
                         "index": i,
                         "tokens": " ".join(pieces[t] for t in sample["input_ids"][:n].tolist()),
                         "masked": masked,
-                        "next_sentence_label": int(sample["next_sentence_label"]),
+                        **({"next_sentence_label": int(sample["next_sentence_label"])}
+                           if "next_sentence_label" in sample else {}),
                     }
                 )
             )

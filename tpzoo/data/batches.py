@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> Tensor:

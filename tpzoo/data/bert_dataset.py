@@ -1,5 +1,7 @@
 """BERT samples: two segments of consecutive sentences, a next-sentence / sentence-order label,
-and masked-language-model targets (15% of tokens; of those 80% [MASK], 10% random, 10% kept).
+and masked-language-model targets (``masked_lm_prob`` of the tokens, Megatron-LM's 15% by default; of those
+80% [MASK], 10% random, 10% kept). Without a sentence task (``binary_head=None``) a sample is one segment
+and carries no label for it.
 
 Each document of the split is cut once (seeded) into chunks of whole sentences of up to
 ``seq_length - 3`` tokens (10% of chunks aim shorter). Epoch ``e`` visits the chunks in the order
@@ -17,8 +19,7 @@ import torch
 from tpzoo.data.gpt_dataset import check_documents, permutation, rng
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import Progress, is_main_process
-
-IGNORE_INDEX = -100
+from tpzoo.models.config import IGNORE_INDEX
 
 
 def split_chunks(
@@ -54,7 +55,8 @@ class BertDataset(torch.utils.data.Dataset):
     """Map-style dataset of ``num_samples`` BERT samples, each a dict of int64 tensors:
     ``input_ids``/``token_type_ids``/``attention_mask`` (1 real, 0 pad)/``labels`` (-100 where not
     masked) of shape [s], and the scalar ``next_sentence_label`` (0: B follows A; 1: B is random
-    (``"nsp"``) or the segments are swapped (``"sop"``); -100 with ``binary_head=None``).
+    (``"nsp"``) or the segments are swapped (``"sop"``); absent with ``binary_head=None``, which a model
+    without a binary head is never handed).
     """
 
     def __init__(
@@ -148,7 +150,7 @@ class BertDataset(torch.utils.data.Dataset):
     def mask(
         self, gen: np.random.Generator, tokens: np.ndarray, candidates: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Mask ``round(15%)`` of ``candidates`` (positions; whole words if asked); return
+        """Mask ``round(masked_lm_prob x len)`` of ``candidates`` (positions; whole words if asked); return
         (input_ids, labels) with labels -100 off the masked positions. Rounding is stochastic so
         that rates are exact in expectation."""
         budget = max(1, int(self.masked_lm_prob * len(candidates) + gen.random()))
@@ -193,10 +195,12 @@ class BertDataset(torch.utils.data.Dataset):
         full_labels = np.full(s, IGNORE_INDEX, dtype=np.int64)
         full_labels[:n] = labels
         attention = (np.arange(s) < n).astype(np.int64)
-        return {
+        sample = {
             "input_ids": torch.from_numpy(input_ids),
             "token_type_ids": torch.from_numpy(types),
             "attention_mask": torch.from_numpy(attention),
             "labels": torch.from_numpy(full_labels),
-            "next_sentence_label": torch.tensor(label, dtype=torch.long),
         }
+        if self.binary_head:
+            sample["next_sentence_label"] = torch.tensor(label, dtype=torch.long)
+        return sample

@@ -19,7 +19,7 @@ import torch
 
 from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.sources import one_file, rows, text_field
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 
 
 def read_texts(path: str, key: str = "text") -> list[str]:

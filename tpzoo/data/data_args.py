@@ -10,6 +10,7 @@ and what a run reads from them:
     --mock-data                   random tokens of the tokenizer's vocabulary (``tpzoo.data.mock``)
     --num-workers N               the next training batches read ahead by N processes (``tpzoo.data.loader``)
     --dataset FILES               raw files tokenized once into --data-cache-path
+    --mask-prob P                 masked-LM samples: the share of tokens picked for prediction (default 0.15)
     tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
 
     tokenizer, prefix, sources = run_data(DataConfig.of(vars(args)), "gpt")   # the flags' values, typed
@@ -27,7 +28,9 @@ from tpzoo.data.build import DEFAULT_CACHE, DataSources, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, DatasetSource
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, tokenizer_of, tokenizer_type
-from tpzoo.fields import add_section, at_least, boolean, check_fields, option, optional, string
+from tpzoo.fields import add_section, at_least, boolean, check_fields, option, optional, parses, string
+from tpzoo.flag_types import open_probability
+from tpzoo.models.families import FAMILIES
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
 # flags naming where the data is: at most one source
@@ -73,6 +76,12 @@ def _is_number(text: str) -> bool:
 def _prefixes(v: Any) -> str | None:
     ok = isinstance(v, str) or isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
     return None if ok else f"must be a prefix or a blend's [W1, P1, W2, P2, ...], got {v!r}"
+
+
+@parses(open_probability)
+def _open_fraction(v: Any) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
+    return None if ok else f"must lie in (0, 1), got {v!r}"
 
 
 def _files(v: Any) -> str | None:
@@ -124,6 +133,9 @@ class DataConfig:
                               "(tpzoo's 0: read in the training process; Megatron-LM's 2)", "--num-workers", "N",
                               launch=True)
     split: str = option("98,1,1", string, "train,valid,test weights over documents", "--split", meaning=True)
+    mask_prob: float | None = option(None, optional(_open_fraction), "the share of a masked-LM sample's tokens picked "
+                                     "for prediction, in (0, 1) (default: 0.15, Megatron-LM's; masked-LM families "
+                                     "only)", "--mask-prob", "P", meaning=True)
     data_cache_path: str | None = option(None, optional(string), f"where --dataset files are tokenized and the demo "
                                          f"corpus is built, once (default: {DEFAULT_CACHE})", "--data-cache-path",
                                          "DIR", path=True)
@@ -147,11 +159,17 @@ class DataConfig:
             return None
         return DatasetSource(tuple(map(str, self.dataset)), self.dataset_config, self.dataset_split, self.json_key)
 
+    def masked_lm_options(self) -> dict[str, Any]:
+        """The ``BertDataset`` options (``build_datasets``' bert_options) of the flags given: ``--mask-prob``."""
+        return {} if self.mask_prob is None else {"masked_lm_prob": self.mask_prob}
 
-def add_data_args(parser: argparse.ArgumentParser, loader: bool = True) -> argparse.ArgumentParser:
+
+def add_data_args(parser: argparse.ArgumentParser, loader: bool = True, masking: bool = True
+                  ) -> argparse.ArgumentParser:
     """The data and tokenizer flags (``DataConfig``) on ``parser``; ``loader``: also ``--num-workers`` (a training
-    script's)."""
-    add_section(parser, DataConfig, "data", () if loader else ("num_workers",))
+    script's); ``masking``: also ``--mask-prob`` (a command that makes masked-LM samples)."""
+    skip = () if loader else ("num_workers",)
+    add_section(parser, DataConfig, "data", skip if masking else (*skip, "mask_prob"))
     return parser
 
 
@@ -161,9 +179,10 @@ def add_cache_arg(parser: argparse.ArgumentParser) -> None:
     add_section(parser, DataConfig, "data", others, group=parser)
 
 
-def check_data_flags(data: DataConfig) -> None:
+def check_data_flags(data: DataConfig, model: str | None = None) -> None:
     """What the data flags alone can be checked for (no file is read): one data source, the
-    tokenizer flags complete (``tokenizer_type``). ValueError naming the flags."""
+    tokenizer flags complete (``tokenizer_type``), and with ``model`` (a family or data kind) ``--mask-prob`` for
+    masked-LM data only. ValueError naming the flags."""
     given = [s for s in SOURCES if getattr(data, s)]
     if len(given) > 1:
         names = " and ".join("--" + s.replace("_", "-") for s in given)
@@ -174,6 +193,10 @@ def check_data_flags(data: DataConfig) -> None:
     if tokenizer_type(data.tokenizer) is None and data.mock_data and not data.tokenizer.tokenizer_model:
         raise ValueError("--mock-data draws tokens from a tokenizer's vocabulary: pass its flags, e.g. "
                          "--tokenizer-type NullTokenizer --vocab-size 1024, or --vocab-file + --merge-file")
+    if model is not None and data.mask_prob is not None and data_kind(model) != "masked-lm":
+        masked = ", ".join(name for name, f in FAMILIES.items() if f.data == "masked-lm")
+        raise ValueError(f"--mask-prob {data.mask_prob}: --model {model} reads {data_kind(model)} data, which masks "
+                         f"no tokens; drop it (it sets the masked-LM families' masking: {masked})")
 
 
 def run_data(data: DataConfig, model: str, tokenizer: Tokenizer | None = None
@@ -182,7 +205,7 @@ def run_data(data: DataConfig, model: str, tokenizer: Tokenizer | None = None
     records; a blend's first prefix); ``sources`` (for ``build_datasets``) the blend of ``--data-path
     W1 P1 ...`` or the prefixes of ``--train-data-path`` ..., else None (``prefix`` split by
     ``--split``). ``tokenizer``: the flags' (``tokenizer_of``), read here when not given."""
-    check_data_flags(data)
+    check_data_flags(data, model)
     tokenizer = tokenizer or tokenizer_of(data.tokenizer)
     cache = data.data_cache_path
     if data.mock_data:

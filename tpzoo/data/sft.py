@@ -29,7 +29,7 @@ import torch
 
 from tpzoo.data.batches import ResizableSamples
 from tpzoo.data.sources import one_file, row_place, rows, text_field
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant")
 Segments = list[tuple[str, bool]]  # (text, whether its tokens carry a loss)

@@ -69,13 +69,12 @@ from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
 from tpzoo.engine.replicas import RTOL, check_replicas
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
-from tpzoo.models.config import ModelConfig
+from tpzoo.models.config import IGNORE_INDEX, ModelConfig
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
 
 logger = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 
 
 def label_counts(batch: dict[str, Tensor], keys: list[str]) -> list[Tensor]:

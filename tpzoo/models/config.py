@@ -29,6 +29,7 @@ LAYERNORM_POSITIONS = ("pre", "post")
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope")  # Megatron-LM's --position-embedding-type
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")                # Megatron-LM's --normalization
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu")   # MLP activations; --swiglu: swiglu
+IGNORE_INDEX = -100  # a label no loss counts (a padded token, an unmasked MLM position, a sample without a label)
 # run options that checkpoints written before ParallelPlan kept in the model config (read and dropped)
 OLD_RUN_OPTIONS = frozenset(PLAN_OPTIONS) - {"compile", "fsdp"}
 # fields that change how a model computes or was initialised, not which weights it holds: a checkpoint

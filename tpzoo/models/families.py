@@ -67,7 +67,10 @@ class FamilySpec:
 @dataclass(frozen=True)
 class Family:
     """One model family: its name (a config's ``model_type``), module (defines ``SPEC``), config class (its
-    fields, traits and Megatron-LM flags), data kind, presets and training defaults."""
+    fields, traits and Megatron-LM flags), data kind, presets and training defaults; ``no_binary_head``: the
+    constructor options (a non-empty dict) of its pretraining model without its binary (sentence-order or
+    next-sentence) head, which then trains on samples without that task (pretrain.py's ``--bert-no-binary-head``,
+    checked before torch loads; None: the family has no such head)."""
 
     name: str
     module: str
@@ -77,6 +80,7 @@ class Family:
     presets: dict[str, dict[str, Any]]           # name -> config fields
     default_preset: str                          # the preset of pretrain.py --model NAME
     train_defaults: dict[str, Any]               # pretrain.py's schedule defaults for this family
+    no_binary_head: dict[str, Any] | None = None  # the pretraining model's options without its binary head
 
     def __post_init__(self) -> None:
         if self.data not in DATA_KINDS or self.finetune not in FINETUNE_KINDS:
@@ -84,6 +88,15 @@ class Family:
                              f"{FINETUNE_KINDS}, got {self.data!r}, {self.finetune!r}")
         if self.default_preset not in self.presets:
             raise ValueError(f"family {self.name}: default preset {self.default_preset!r} is not among its presets")
+        if self.no_binary_head is not None and not self.no_binary_head:
+            raise ValueError(f"family {self.name}: no_binary_head must name the options that leave the head out, "
+                             f"or be None")
+
+    def without_binary_head(self, options: dict[str, Any]) -> bool:
+        """Whether the pretraining model built with constructor ``options`` (the flags', or a model folder's) lacks
+        its binary head, and so reads samples without the sentence task (``no_binary_head``)."""
+        return self.no_binary_head is not None and all(k in options and options[k] == v
+                                                       for k, v in self.no_binary_head.items())
 
     @property
     def spec(self) -> FamilySpec:
@@ -118,6 +131,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                 hidden_dropout=0.1, attention_dropout=0.1)}),
     Family("bert", "tpzoo.models.bert", TransformerConfig, data="masked-lm", finetune="classification",
            default_preset="bert-tiny", train_defaults=dict(train_iters=1000, lr=1e-3, min_lr=1e-4, lr_warmup_iters=50),
+           no_binary_head={"add_binary_head": False},
            presets={
                "bert-base": dict(_BERT, num_layers=12, hidden_size=768, num_attention_heads=12),
                "bert-large": dict(_BERT, num_layers=24, hidden_size=1024, num_attention_heads=16),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tpzoo.fields import at_least, check_fields, option, optional, string, toggle
 
@@ -84,10 +85,11 @@ class CheckpointConfig:
         return dict(save_optimizer=not self.no_save_optim, save_rng=not self.no_save_rng)
 
 
-def model_folder_type(path: str | Path) -> str | None:
-    """The family (``model_type``) of the tpzoo model folder ``path`` (``tpzoo.models.pretrained``: config.json and
-    the full weights, as ``python -m tpzoo.convert from-hf`` writes), or None when ``path`` is not one. ValueError for
-    a Hugging Face folder (to convert first)."""
+def model_folder_record(path: str | Path) -> dict[str, Any] | None:
+    """What the tpzoo model folder ``path`` records (``tpzoo.models.pretrained``: config.json and the full weights, as
+    ``python -m tpzoo.convert from-hf`` writes): its config.json's "class", "options" (constructor options) and "config"
+    (``model_type``: the family), or None when ``path`` is not one. ValueError for a Hugging Face folder (to convert
+    first)."""
     import json
 
     config = Path(path) / "config.json"
@@ -103,7 +105,16 @@ def model_folder_type(path: str | Path) -> str | None:
         raise ValueError(f"--load {path} is a Hugging Face folder (model_type {meta['model_type']!r}); convert it "
                          f"first: python -m tpzoo.convert from-hf {path} OUT_DIR, then --load OUT_DIR --finetune")
     # "tpzoo-model": tpzoo.models.pretrained.FORMAT, not imported: this module loads without torch
-    return meta.get("config", {}).get("model_type") if meta.get("format") == "tpzoo-model" else None
+    if meta.get("format") != "tpzoo-model" or not isinstance(meta.get("config"), dict):
+        return None
+    return meta
+
+
+def model_folder_type(path: str | Path) -> str | None:
+    """The family (``model_type``) of the tpzoo model folder ``path`` (``model_folder_record``), or None when ``path``
+    is not one. ValueError for a Hugging Face folder (to convert first)."""
+    record = model_folder_record(path)
+    return None if record is None else record["config"].get("model_type")
 
 
 def holds_no_checkpoint(path: Path) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 
 
 def f1_score(predictions: Tensor, labels: Tensor, positive: int = 1) -> float:

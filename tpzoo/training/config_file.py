@@ -209,13 +209,15 @@ def to_toml(parser: argparse.ArgumentParser, flags: Mapping[str, Any], described
 def print_config(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  resolve: Callable[[dict[str, Any] | None], Any], described: bool = False) -> None:
     """Print ``args`` resolved as a --config file. ``resolve(saved_args)`` resolves them in place: the flags
-    recorded by --load's checkpoint (None without --load, or when --load is the --save folder holding none yet).
-    ``described``: --model was not given (``to_toml``; a resume's family is its checkpoint's)."""
+    recorded by --load's checkpoint (None without --load, when --load is the --save folder holding none yet, or a model
+    folder, whose weights start a new run). ``described``: --model was not given (``to_toml``; a resume's family is its
+    checkpoint's)."""
     from tpzoo.checkpoint import read_meta
     from tpzoo.fields import section_of
-    from tpzoo.training.checkpoint_args import RunIO, first_run
+    from tpzoo.training.checkpoint_args import RunIO, first_run, model_folder_record
 
-    resumed = args.load is not None and not first_run(section_of(RunIO, vars(args)))
+    resumed = (args.load is not None and not first_run(section_of(RunIO, vars(args)))
+               and model_folder_record(args.load) is None)
     saved = read_meta(args.load).get("args", {}) if resumed else None
     resolve(saved)
     if os.environ.get("RANK", "0") == "0":

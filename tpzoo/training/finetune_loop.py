@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from tpzoo.data.batches import epoch_order, global_batches, num_batches
 from tpzoo.engine.evaluate import eval_logits, eval_loss
-from tpzoo.engine.train_step import IGNORE_INDEX
+from tpzoo.models.config import IGNORE_INDEX
 from tpzoo.training.best_checkpoint import BEST, BestCheckpoint
 from tpzoo.training.classification import classification_metrics
 from tpzoo.training.finetune_setup import FinetuneRun

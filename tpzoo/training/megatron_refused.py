@@ -159,7 +159,6 @@ _BY_REASON: dict[str, str] = {
     "deprecated in Megatron-LM: use --position-embedding-type none": "--no-position-embedding",
     "tpzoo's activations are its families' GELU and SwiGLU (--swiglu)": "--openai-gelu --squared-relu --quick-geglu",
     "tpzoo exports no ONNX": "--onnx-safe",
-    "tpzoo's BERT pretraining always trains its sentence-order head": "--bert-no-binary-head",
     "tpzoo has no Muon or Lion optimizer":
         "--muon-momentum --muon-no-split-qkv --muon-nesterov --muon-scale-mode --muon-fp32-matmul-prec "
         "--muon-coefficient-type --muon-num-ns-steps --muon-tp-mode --muon-use-syrk --muon-extra-scale-factor "
@@ -282,7 +281,6 @@ _BY_REASON: dict[str, str] = {
         "--phase-transition-iterations --data-args-path --per-split-data-args-path --per-dataset-sequences-path "
         "--dataloader-fast-cache-load --dataloader-defer-npy-index-mmap --no-mmap-bin-files --sample-rate "
         "--num-dataset-builder-threads --mid-level-dataset-surplus",
-    "tpzoo's BERT masks 15% of tokens (Megatron-LM's default)": "--mask-prob",
     "tpzoo's BERT short-sequence rate is fixed": "--short-seq-prob",
     "tpzoo trains on whole sequences across document boundaries (positions, attention, loss)":
         "--reset-position-ids --reset-attention-mask --dataloader-inter-document-masking --eod-mask-loss",

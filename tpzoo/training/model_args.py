@@ -4,6 +4,7 @@ config they make: ``ModelChoice`` is the run configuration's model section, ``mo
     add_model_args(parser)                               # --model, --preset, --num-layers ... (None until given)
     choice = ModelChoice.of(vars(args))                  # once resolve_architecture set the family
     config = model_config(choice, vocab_size=32000)      # the preset, overridden by the model flags given
+    options = pretrain_options(choice)                   # the pretraining model's options (--bert-no-binary-head)
 
 ``--model`` names a family of ``tpzoo.models.families`` and ``--preset`` any family's preset; the shape flags are
 the config fields that declare a flag of their own name (``ModelConfig.flag_fields``), generated from them.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tpzoo.fields import add_section, at_least, option, optional, string
+from tpzoo.fields import add_section, at_least, option, optional, string, toggle
 from tpzoo.models.config import ModelConfig, field_names
 from tpzoo.models.families import FAMILIES, PRESETS, family
 from tpzoo.models.family_flag import family_name
@@ -29,20 +30,23 @@ from tpzoo.models.presets import get_preset
 class ModelChoice:
     """What model a run trains: the family, the preset (None: the family's default), the sequence length, the
     config fields the shape flags give (``given``) and those Megatron-LM's architecture flags set
-    (``architecture``, ``tpzoo.training.architecture_args.resolve_architecture``)."""
+    (``architecture``, ``tpzoo.training.architecture_args.resolve_architecture``); ``no_binary_head``: without the
+    family's binary head (``--bert-no-binary-head``, ``Family.no_binary_head``; ``pretrain_options``)."""
 
     model: str | None
     preset: str | None = None
     seq_length: int = 64
     given: Mapping[str, Any] = field(default_factory=dict)
     architecture: Mapping[str, Any] = field(default_factory=dict)
+    no_binary_head: bool = False
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> ModelChoice:
         """The model section of ``flags`` (a command's flags by destination)."""
         given = {name: flags[name] for name in model_flag_fields() if flags.get(name) is not None}
         return cls(flags.get("model"), flags.get("preset"), flags.get("seq_length", 64), MappingProxyType(given),
-                   MappingProxyType(dict(flags.get("architecture_changes") or {})))
+                   MappingProxyType(dict(flags.get("architecture_changes") or {})),
+                   bool(flags.get("bert_no_binary_head")))
 
 
 def check_preset(preset: str | None) -> None:
@@ -71,7 +75,7 @@ def config_field(name: str, help: str = "default: the preset's") -> Any:
 class ModelFlags:
     """The model group: the family (None until given: ``resolve_architecture`` sets the one Megatron-LM's
     architecture flags describe), the preset and the shape fields that override it (None: the preset's), the sequence
-    length."""
+    length, a pretraining model without its binary head."""
 
     model: str | None = option(None, optional(family_name), "the model family", "--model", "FAMILY")
     preset: str | None = option(None, optional(string), "model shape, a preset of the --model family", "--preset",
@@ -85,6 +89,8 @@ class ModelFlags:
     hidden_dropout: float | None = config_field("hidden_dropout")
     attention_dropout: float | None = config_field("attention_dropout")
     seq_length: int = option(64, at_least(1), "tokens per training sequence", "--seq-length", meaning=True)
+    bert_no_binary_head: bool = toggle("pretrain without the binary (sentence-order) head, on samples without that "
+                                       "task: the masked-LM loss alone (bert)", "--bert-no-binary-head", meaning=True)
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "gpt") -> None:
@@ -122,3 +128,26 @@ def model_config(choice: ModelChoice, base: ModelConfig | None = None, **changes
         raise ValueError(f"--seq-length {choice.seq_length} exceeds --max-position-embeddings "
                          f"{config.max_position_embeddings}; lower the first or raise the second")
     return config
+
+
+def pretrain_options(choice: ModelChoice, saved: tuple[str, Mapping[str, Any]] | None = None,
+                     load: str | None = None) -> dict[str, Any]:
+    """The constructor options of the pretraining model a run of ``choice`` builds, as far as its binary head goes:
+    the one place that decides whether it has one (pretrain.py's ``check_flags`` before torch loads, then
+    ``tpzoo.training.setup.build_run``, whose samples follow it: ``Family.without_binary_head``).
+    ``--bert-no-binary-head``: the family's ``Family.no_binary_head``. ``saved``: the class name and constructor
+    options that ``load``, a model folder (--load FOLDER --finetune) or a checkpoint of the pretraining model, records:
+    its model is built as it was saved, with its options, which the flag must agree with. ValueError naming the flag
+    and the fix where it cannot be honoured."""
+    fam = family(choice.model)
+    if choice.no_binary_head and fam.no_binary_head is None:
+        raise ValueError(f"--bert-no-binary-head: --model {choice.model} has no binary (sentence-order) head to "
+                         f"leave out; drop it")
+    if saved is None:
+        return dict(fam.no_binary_head) if choice.no_binary_head else {}
+    class_name, options = saved
+    if choice.no_binary_head and not fam.without_binary_head(options):
+        raise ValueError(f"--bert-no-binary-head: {load}'s {class_name} has a binary head (it records options "
+                         f"{dict(options)}), which loading it cannot drop; drop the flag, or pretrain from scratch "
+                         f"without --load")
+    return dict(options)

@@ -11,12 +11,14 @@ and on what data (fine-tuning: the first three, then its own data line).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from tpzoo.models.presets import num_parameters
+from tpzoo.models.sharding import TIED_COPY, full_shape, tp_partitions
 
 if TYPE_CHECKING:
     from tpzoo.engine import Engine
@@ -49,8 +51,26 @@ def state_bytes(engine: Engine) -> dict[str, int]:
                 optimizer_state=moments * 4 * sum(p.numel() for p in owned))
 
 
+def parameter_count(engine: Engine) -> int:
+    """The parameters of the model ``engine`` built, as Hugging Face counts them: full (unsharded) tensors of the real
+    vocabulary (no padding rows), a tied weight once (a last stage's copy of the word embedding left out), summed
+    over the pipeline stages (collective over pp: every rank calls it). The model itself, not its family's count of
+    a default one: a BERT without its binary head, a classifier, LoRA adapters are counted as built."""
+    mesh, n = engine.mesh, 0
+    for chunk in engine.chunks:
+        partitions = tp_partitions(chunk.model, mesh.tp_size)
+        n += sum(math.prod(full_shape(p.shape, partitions.get(name)))  # a DTensor's (FSDP) shape is its global one
+                 for name, p in chunk.model.named_parameters() if name != TIED_COPY)
+    if mesh.pp_size > 1:
+        total = torch.tensor(n, dtype=torch.int64, device=mesh.device)
+        dist.all_reduce(total, group=mesh.pp_group)
+        n = int(total)
+    return n
+
+
 def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
-    """The model, mesh and memory lines (module docstring) of a model ``config`` built into ``engine``."""
+    """The model, mesh and memory lines (module docstring) of a model ``config`` built into ``engine`` (collective
+    over pp: ``parameter_count``)."""
     mesh, cfg, plan = engine.mesh, engine.config, engine.plan
     world = mesh.tp_size * mesh.pp_size * mesh.dp_size
     options = [o for o, on in (("sequence parallel", plan.sequence_parallel),
@@ -58,7 +78,7 @@ def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
     memory = state_bytes(engine)
     parts = ", ".join(f"{name.replace('_', ' ')} {_size(size)}" for name, size in memory.items())
     return [
-        f"model     {config.model_type}, {num_parameters(config) / 1e6:.2f}M parameters ({config.num_layers} layers, "
+        f"model     {config.model_type}, {parameter_count(engine) / 1e6:.2f}M parameters ({config.num_layers} layers, "
         f"hidden {config.hidden_size}, {config.num_attention_heads} heads), {cfg.precision}",
         f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size} = {world} ranks, "
         + ", ".join([*options, f"{cfg.schedule} schedule"]),

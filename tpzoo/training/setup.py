@@ -1,7 +1,9 @@
 """What a pretraining run is built from its run configuration (``RunConfig``, resolved by
 ``tpzoo.training.resolve``), before its first step: the checkpoint to resume (checked against the configuration),
 the mesh and plan, the data, the model config and the engine. The ``--model`` family (``tpzoo.models.families``)
-gives the data kind, the model class and the presets.
+gives the data kind, the model class, the presets and the options of a model without its binary head
+(``--bert-no-binary-head``, or a model folder or checkpoint saved so: ``pretrain_options``), whose samples then carry
+no sentence task.
 
     run = build_run(job, mesh, checkpoint, saved)   # ValueError/FileNotFoundError on misuse, before any training
     run.engine, run.train, run.valid, run.schedule, run.iteration, run.consumed_samples
@@ -46,7 +48,7 @@ from tpzoo.training.fits import check_state_fits
 from tpzoo.training.health import Health
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
 from tpzoo.training.metrics import metrics_records
-from tpzoo.training.model_args import model_config
+from tpzoo.training.model_args import model_config, pretrain_options
 from tpzoo.training.resolve import absolute_paths
 from tpzoo.training.run_config import RunConfig
 
@@ -78,7 +80,7 @@ class Run:
 
     def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
         """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
-        (BERT's sentence-order label included)."""
+        (BERT's sentence-order label included, unless its samples have no sentence task)."""
         g = self.engine.config.global_batch_size if size is None else size
         if dataset is self.train and self.reader is not None:
             return self.reader.read(start, g)
@@ -153,6 +155,14 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     model folder whose weights a new run starts from (--load FOLDER --finetune), read with its tokenizer unless the
     flags name one."""
     io, model, data = job.io, job.model, job.data
+    model_class = family(model.model).spec.pretrain_model
+    saved_as = pretrained_config(weights) if weights is not None else None  # the folder's class, options, config
+    record = saved["checkpoint"]["model"] if saved is not None else None
+    built_as = (saved_as[:2] if saved_as is not None  # the model a folder or checkpoint holds is built as saved
+                else (record["class"], record.get("options", {})) if record and record["class"] == model_class else None)
+    # before anything else is read: its options, whether it has a binary head (--bert-no-binary-head), which the
+    # samples follow
+    options = pretrain_options(model, built_as, io.load)
     if saved is not None:
         check_saved_parts(checkpoint, saved["checkpoint"], **job.checkpoint.load_options())  # before data and model
     if io.log_dir or io.save:  # the log a resume appends to: readable, before data and model
@@ -166,7 +176,7 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
         micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
     given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
-    folder = pretrained_config(weights)[2] if weights is not None else None
+    folder = saved_as[2] if saved_as is not None else None
     if folder is not None:  # the folder's model against the flags, before any data is read
         config = resolve_model_config(job, None, None, folder)
         if given_tokenizer is None and folder_holds_tokenizer(weights):
@@ -189,15 +199,15 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     needed = samples_needed(train_iters, engine_cfg.global_batch_size, io.eval_interval, io.eval_iters)
     needed = (max(batches.consumed_after(train_iters), batches.consumed_after(train_iters_left, consumed)),
               needed[1], 0)  # pretraining never reads the test split
+    sentence_task = {"binary_head": None} if family(model.model).without_binary_head(options) else {}
     train, valid, _ = build_datasets(model.model, tokenizer, prefix, model.seq_length, job.training.seed, needed,
-                                     data.split, sources)
-    model_class = family(model.model).spec.pretrain_model
+                                     data.split, sources, **data.masked_lm_options(), **sentence_task)
     if folder is not None:  # the folder's weights; the flags' run options (dropout ...) apply
         stored = folder.to_dict()
         overrides = {k: v for k, v in config.to_dict().items() if stored[k] != v}
         build = functools.partial(load_model, weights, model_class=model_class, config_overrides=overrides)
     else:
-        build = functools.partial(build_model, model_class, config)
+        build = functools.partial(build_model, model_class, config, **options)
     engine = Engine(build, config, engine_cfg, plan)
     save_dir = Path(io.save) if io.save else default_run_dir(family(model.model).name)
     run = Run(job, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
