@@ -21,17 +21,22 @@ if TESTS not in sys.path:
 
 import background  # noqa: E402 - after the environment and sys.path above
 import pytest  # noqa: E402
+import warm  # noqa: E402
 from tiers import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_call,  # noqa: E402, F401
                    pytest_runtest_setup)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Starts the ``background.fixture``s of the selected tests with the session (see tests/background.py)."""
+    """Starts the warm-start server of the commands (tests/warm.py), then the ``background.fixture``s of the
+    selected tests with the session (see tests/background.py)."""
+    server = warm.start(os.environ)
     runner = background.Runner(background.selected(request.session.items), tmp_path_factory)
     RUNNERS.append(runner)
     yield runner
     runner.stop()
+    if server is not None:
+        server.kill()
 
 
 RUNNERS: list[background.Runner] = []
