@@ -1,18 +1,22 @@
 """Warm starts for the commands the tests run: a server that imported torch and tpzoo once forks each command.
 
 Most of the suite's CPU time went into starting Python processes: a tiny pretrain.py run imports torch,
-torch.distributed's tensor, checkpoint and pipelining code and tpzoo for 6-8 s of CPU, then trains for one, and
-an 8-rank torchrun journey does that nine times (measured over the whole suite, 2026-11-27). With
-``TPZOO_WARM_SOCKET`` set (``start``, called by tests/conftest.py), a Python process that starts one of the
-``COMMANDS`` (``python pretrain.py ...``, ``python -m tpzoo.convert ...``, a torchrun worker) hands itself to the
-server in its first milliseconds (tests/warm_site/sitecustomize.py): the server forks a child that takes the
-process's argv, environment, working directory, priority and standard streams and runs the command as
-``python`` would (``runpy``); the process waits, passes on the signals it gets, and exits as the child did (its
-code, or the signal that ended it). The child dies with it (a process killed by a test takes its command down).
+torch.distributed's tensor, checkpoint and pipelining code and tpzoo for 6-7 s of CPU (2 cores, 2026-11-27: 6.6 s
+on average over the first 56 commands of the suite, most of it imports), then trains for about one, and an
+8-rank torchrun journey does that eight times over. With ``TPZOO_WARM_SOCKET`` set (``start``, called by
+tests/conftest.py), a Python process that starts one of the ``COMMANDS`` (``python pretrain.py ...``, ``python
+-m tpzoo.convert ...``, torchrun and its workers) hands itself to the server in its first milliseconds
+(tests/warm_site/sitecustomize.py): the server forks a child that takes the process's argv, environment, working
+directory, priority and standard streams and runs the command as ``python`` would (``runpy``); the process waits,
+passes on the signals it gets, and exits as the child did (its code, or the signal that ended it). The server
+stops and continues the child with the process (a stop cannot be passed on) and ends it when the process is gone
+(a process killed by a test takes its command down).
 
 What a fresh interpreter would do differently is kept out: only the server's own python, with the same
 ``import_env`` (the variables read as modules load: torch's, triton's, LOGLEVEL, PYTHON*), and only plain ``-u``
-options, are handed over; anything else starts as usual. Set ``TPZOO_WARM=0`` to start every command fresh (the check that nothing depends on it).
+options, are handed over; anything else starts as usual. One difference stays: every warm command has the server's
+string hash seed, where fresh processes draw one each (code whose ranks disagreed on a set's order would pass
+here). ``TPZOO_WARM=0`` starts every command fresh.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ import importlib
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from pathlib import Path
 
@@ -39,10 +43,10 @@ PRELOAD = ("torch", "tpzoo.training.setup", "tpzoo.training.loop", "tpzoo.traini
            "tpzoo.training.finetune_loop", "tpzoo.checkpoint", "tpzoo.convert")
 
 
-def start(env: dict[str, str]) -> subprocess.Popen | None:
-    """The server, started for ``env`` (the session's environment, which gets ``TPZOO_WARM_SOCKET`` and this
-    folder's sitecustomize on PYTHONPATH so that the commands started from it find the server); None when
-    ``TPZOO_WARM=0``."""
+def start(env: dict[str, str], preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen | None:
+    """The server, importing ``preload``, started for ``env`` (the session's environment, which gets
+    ``TPZOO_WARM_SOCKET`` and this folder's sitecustomize on PYTHONPATH so that the commands started from it find
+    the server); None when ``TPZOO_WARM=0``."""
     if env.get("TPZOO_WARM") == "0":
         return None
     path = os.path.join(tempfile.mkdtemp(prefix="tpzoo-warm-"), "socket")
@@ -50,14 +54,8 @@ def start(env: dict[str, str]) -> subprocess.Popen | None:
     env["TPZOO_WARM_PYTHON"] = sys.executable
     env["TPZOO_WARM_ENV"] = json.dumps(import_env(env))
     server_env = {**env, "OMP_WAIT_POLICY": "PASSIVE"}  # pretrain.py's, set before OpenMP loads
-    server = subprocess.Popen([sys.executable, __file__, path], env=server_env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise RuntimeError(f"the warm-start server did not start (exit status {server.poll()})")
-        time.sleep(0.05)
-    env["TPZOO_WARM_SOCKET"] = path
+    server = subprocess.Popen([sys.executable, __file__, path, *preload], env=server_env, stdin=subprocess.DEVNULL)
+    env["TPZOO_WARM_SOCKET"] = path  # listening once its imports are done: a command started before starts fresh
     return server
 
 
@@ -73,7 +71,7 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[8:8 + size]), fds
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _child(request: dict, fds: list[int]) -> None:
     """In the forked child: become the client's process, run its command, exit as Python would."""
     os.setsid()  # a session of its own, like the client's: its autogroup priority below
     for target, fd in enumerate(fds):
@@ -96,14 +94,6 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=stream.isatty(), write_through=unbuffered or stream is sys.stderr)
 
-    def watch() -> None:  # the client gone (killed, or done): so is this command
-        try:
-            conn.recv(1)
-        except OSError:
-            pass
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, daemon=True).start()
     code: object = 0
     try:
         if request["module"]:
@@ -133,23 +123,52 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code & 0xFF)
 
 
-def serve(path: str) -> None:
-    for name in PRELOAD:
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, T for stopped ...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class Command:
+    """A forked command: its connection to the client (None once the client left) and the client's pid."""
+
+    def __init__(self, conn: socket.socket, client: int) -> None:
+        self.conn: socket.socket | None = conn
+        self.client = client
+        self.stopped = False
+
+    def follow(self, pid: int) -> None:
+        """Stopped (SIGSTOP, SIGTSTP) while its client is, continued with it (a stop cannot be passed on)."""
+        stopped = _state(self.client) in ("T", "t")
+        if stopped != self.stopped:
+            self.stopped = stopped
+            os.kill(pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+
+def serve(path: str, preload: list[str]) -> None:
+    """Import ``preload``, then listen at ``path``: fork each request's command, end a command whose client left,
+    stop and continue it with its client, and send each client its command's exit status."""
+    for name in preload:
         importlib.import_module(name)
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
     os.rename(path + ".tmp", path)  # ready
-    listener.settimeout(0.1)
-    children: dict[int, socket.socket] = {}
+    commands: dict[int, Command] = {}
     while os.getppid() == parent:  # pytest gone: so is the server
-        try:
+        conns = {c.conn: pid for pid, c in commands.items() if c.conn is not None}
+        readable, _, _ = select.select([listener, *conns], [], [], 0.1)
+        for ready in readable:
+            if ready is not listener:  # a client sends nothing after its request: it left
+                if not ready.recv(1):
+                    commands[conns[ready]].conn = None
+                    ready.close()
+                    os.kill(conns[ready], signal.SIGKILL)
+                continue
             conn, _ = listener.accept()
-        except TimeoutError:
-            conn = None
-        if conn is not None:
-            conn.settimeout(None)
             try:
                 request, fds = _receive(conn)
             except (OSError, ValueError):
@@ -158,26 +177,28 @@ def serve(path: str) -> None:
             pid = os.fork()
             if pid == 0:
                 listener.close()
-                _child(conn, request, fds)
+                _child(request, fds)
             for fd in fds:
                 os.close(fd)
-            children[pid] = conn
+            commands[pid] = Command(conn, request["pid"])
             conn.sendall(f"{pid}\n".encode())
-        while children:
+        for pid, command in commands.items():
+            command.follow(pid)
+        while commands:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            done = children.pop(pid, None)
-            if done is not None:
+            command = commands.pop(pid, None)
+            if command is not None and command.conn is not None:
                 try:
-                    done.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                    command.conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 except OSError:
                     pass
-                done.close()
+                command.conn.close()
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2:])

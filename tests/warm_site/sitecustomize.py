@@ -9,6 +9,7 @@ import os
 import sys
 
 COMMANDS = ("pretrain.py", "finetune.py", "pretrain_gpt.py", "pretrain_bert.py", "torchrun")  # scripts, by name
+BENCH = "bench"  # and the benchmarks: the scripts in a folder of this name
 MODULES = ("tpzoo.", "torch.distributed.run")  # python -m ...
 # read as modules load (torch's and triton's settings, logging levels, the interpreter's): a command whose values
 # differ from the server's starts fresh; torchrun's own settings for its workers are read later
@@ -35,7 +36,8 @@ def _request():
         if i + 1 >= len(argv) or not argv[i + 1].startswith(MODULES):
             return None
         return True, argv[i + 1], argv[i + 2:], bool(options)
-    if os.path.basename(argv[i]) not in COMMANDS:
+    script = os.path.abspath(argv[i])
+    if os.path.basename(script) not in COMMANDS and os.path.basename(os.path.dirname(script)) != BENCH:
         return None
     return False, argv[i], argv[i + 1:], bool(options)
 
@@ -58,6 +60,7 @@ def _handover(path):
     except (OSError, ValueError, IndexError):
         autogroup = None
     request = json.dumps(dict(module=module, target=target, args=args, unbuffered=unbuffered, cwd=os.getcwd(),
+                              pid=os.getpid(),
                               env=dict(os.environ), nice=os.getpriority(os.PRIO_PROCESS, 0),
                               autogroup=autogroup)).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
