@@ -144,7 +144,7 @@ def test_data_cache_path_flag_and_help(corpus, tmp_path):
                     [sys.executable, "pretrain.py", "--help"]):
         help_text = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120).stdout
         data = " ".join(help_text.split("\ndata:\n", 1)[1].split("\n\n", 1)[0].split())
-        assert data.count("98,1,1") == 1 and data.count("default") == 6, data  # --dataset-split, --json-key,
-        # --tokenizer-model, --null-tokenizer-pad-id, --split, --data-cache-path: once each
+        assert data.count("98,1,1") == 1 and data.count("default") == 7, data  # --dataset-split, --json-key,
+        # --tokenizer-model, --null-tokenizer-pad-id, --split, --mask-prob, --data-cache-path: once each
         assert "--data-cache-path DIR where --dataset files are tokenized and the demo corpus is built, once " \
                "(default: $TPZOO_CACHE, else ~/.cache/tpzoo)" in data, data
