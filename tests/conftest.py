@@ -28,18 +28,28 @@ from tiers import (pytest_collection_modifyitems, pytest_configure, pytest_runte
 
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Starts the warm-start server of the commands (tests/warm.py), then the ``background.fixture``s of the
-    selected tests with the session (see tests/background.py)."""
-    server = warm.start(os.environ)
+    """Starts the ``background.fixture``s of the selected tests with the session (see tests/background.py)."""
     runner = background.Runner(background.selected(request.session.items), tmp_path_factory)
     RUNNERS.append(runner)
     yield runner
     runner.stop()
-    if server is not None:
-        server.kill()
 
 
 RUNNERS: list[background.Runner] = []
+SERVER = pytest.StashKey["subprocess.Popen | None"]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The warm-start server of the commands (tests/warm.py), when a selected test may start one: before any
+    test's setup (a unit test may start no process) and before the background jobs copy the environment."""
+    if any(item.get_closest_marker("unit") is None for item in session.items):
+        session.config.stash[SERVER] = warm.start(os.environ)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    server = session.config.stash.get(SERVER, None)
+    if server is not None:
+        warm.stop(server)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -1,7 +1,8 @@
 """Warm starts (tests/warm.py) on commands of their own: a server that preloads nothing heavy, and scripts named
 like the commands it takes. The command runs in the server's child as in a fresh process (its argv, folder,
-environment and exit code; ``sys.orig_argv`` tells the child from a fresh interpreter), a signal reaches it, a
-stopped client stops it, a killed client takes it down, and what the server cannot run as a fresh interpreter would starts fresh."""
+environment, exit code, errors and output; ``sys.orig_argv`` tells the child from a fresh interpreter), a signal
+reaches it, a stopped client stops it, a killed client takes it down, and what the server cannot run as a fresh
+interpreter would starts fresh."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ pytestmark = pytest.mark.tier("journey")
 
 SCRIPT = """
 import os, signal, sys, time
-print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PROBE"), "warm", "warm.py" in " ".join(sys.orig_argv),
-      flush=True)
+warm = "warm.py" in " ".join(sys.orig_argv)
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PROBE"), "warm", warm, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(0)))
 if "--sleep" in sys.argv:
     print("pid", os.getpid(), flush=True)
     time.sleep(60)
+if "--raise" in sys.argv:
+    raise ValueError("boom")
+if "--killed" in sys.argv:
+    print("said before the end", file=sys.stderr)  # stderr is line-buffered: a fresh process has written it
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0)
 """
 
@@ -41,7 +47,7 @@ def server(tmp_path_factory) -> tuple[dict[str, str], Path]:
     while not os.path.exists(env["TPZOO_WARM_SOCKET"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     yield env, folder
-    proc.kill()
+    warm.stop(proc)
 
 
 def run(env: dict[str, str], folder: Path, *argv: str) -> subprocess.CompletedProcess:
@@ -55,8 +61,23 @@ def test_a_command_runs_warm_as_it_would_fresh(server):
     assert done.stdout.startswith(f"argv ['--flag', '3'] cwd {folder} env seen warm True"), done.stdout
     cold = run(env, folder, "other.py", "--flag", "3")  # not a command the server takes
     assert cold.returncode == 3 and cold.stdout.startswith(f"argv ['--flag', '3'] cwd {folder} env seen warm False")
-    other_python = run({**env, "TORCH_LOGS": "+dynamo"}, folder, "pretrain.py")  # read as torch loads: fresh
-    assert other_python.returncode == 0 and "warm False" in other_python.stdout, other_python.stdout
+    for changed in ({"TORCH_LOGS": "+dynamo"}, {"TPZOO_WARM": "0"}):  # read as torch loads; asked: fresh
+        fresh = run({**env, **changed}, folder, "pretrain.py")
+        assert fresh.returncode == 0 and "warm False" in fresh.stdout, (changed, fresh.stdout)
+
+
+def test_errors_and_deaths_end_the_command_as_they_end_python(server):
+    env, folder = server
+    raised = run(env, folder, "pretrain.py", "--raise")
+    assert "warm True" in raised.stdout and raised.returncode == 1, raised
+    assert raised.stderr.rstrip().endswith("ValueError: boom") and "pretrain.py" in raised.stderr, raised.stderr
+    killed = run(env, folder, "-u", "pretrain.py", "--killed")
+    assert "warm True" in killed.stdout and killed.returncode == -signal.SIGKILL, killed
+    assert killed.stderr == "said before the end\n", killed.stderr
+    missing = run(env, folder, "finetune.py")  # a command's script that is not there
+    assert missing.returncode == 2 and "can't open file" in missing.stderr, missing
+    module = run(env, folder, "-m", "tpzoo.data", "--help")
+    assert module.returncode == 0 and module.stdout.startswith("usage:"), module
 
 
 def wait_for(condition, what: str, seconds: float = 10) -> None:

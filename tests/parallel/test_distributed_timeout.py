@@ -63,8 +63,9 @@ def stopped_run(tmp_path_factory) -> tuple[dict[int, float], dict[int, int], int
     flags = [*TINY, "--global-batch-size", "6", "--train-iters", "100000", "--eval-interval", "0",
              "--distributed-timeout-minutes", str(TIMEOUT_S / 60), "--save", str(save)]
     err = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(command(flags, (1, 1, RANKS)), cwd=save.parent, env=env(), stdout=subprocess.DEVNULL,
-                            stderr=err, text=True, start_new_session=True)
+    proc = subprocess.Popen(command(flags, (1, 1, RANKS)), cwd=save.parent, stdout=subprocess.DEVNULL, stderr=err,
+                            env={**env(), "TPZOO_WARM": "0"},  # fresh (tests/warm.py): its ranks are found below it
+                            text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while logged(save) < 3:

@@ -63,7 +63,8 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, float]]:
                                                           program=str(PRETRAIN)))
         err = tempfile.TemporaryFile("w+")
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                                 "wrapper.py", *FLAGS], cwd=folder, env=env(), stdout=subprocess.DEVNULL, stderr=err,
+                                 "wrapper.py", *FLAGS], cwd=folder, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**env(), "TPZOO_WARM": "0"},  # fresh (tests/warm.py): ranks found below it
                                 text=True, start_new_session=True)
         started[name] = (proc, err, folder)
     try:
