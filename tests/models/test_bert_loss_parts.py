@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch.distributed as dist
 from doc_helpers import ROOT
 from families import CAUSAL_LM, MASKED_LM, MASKED_LM_ONLY
 from pretrain_helpers import TINY, metrics, pretrain, run
@@ -97,8 +98,13 @@ def test_a_model_folder_without_the_binary_head_pretrains_on_samples_without_the
 
     case = MASKED_LM_ONLY
     config = case.config(num_layers=2, hidden_size=32, num_attention_heads=4)
-    write_pretrained(tmp_path / "folder", case.model, case.options, config,
-                     full_state_dict(case.build(config, init_mesh())))
+    started = not dist.is_initialized()
+    try:
+        write_pretrained(tmp_path / "folder", case.model, case.options, config,
+                         full_state_dict(case.build(config, init_mesh())))
+    finally:  # the one-rank group init_mesh starts here, in pytest's process: the next tests must find none
+        if started:
+            dist.destroy_process_group()
     pretrain(TINY + ["--load", "folder", "--finetune", "--train-iters", "2", "--save", "run"], tmp_path)
     meta = json.loads((tmp_path / "run" / "iter_0000002" / "meta.json").read_text())
     assert meta["checkpoint"]["model"]["options"] == case.options and meta["args"]["bert_no_binary_head"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch.distributed as dist
 from families import CASES
 
 from tpzoo.engine import Engine, EngineConfig
@@ -20,6 +21,16 @@ pytestmark = pytest.mark.tier("unit")
 # a vocabulary the default multiple of 128 pads (101 -> 128): padding rows are not parameters
 SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=101,
              max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lone_group():
+    """The one-rank group init_mesh starts, ended with the module: the next tests of this process find none."""
+    started = not dist.is_initialized()
+    init_mesh()
+    yield
+    if started:
+        dist.destroy_process_group()
 
 
 def engine_of(name: str) -> tuple[Engine, object]:
