@@ -71,7 +71,7 @@ class CheckpointConfig:
         for flag in ("finetune", "use_checkpoint_args"):
             if getattr(self, flag) and io.load is None:
                 raise ValueError(f"--{flag.replace('_', '-')} reads the checkpoint of --load; add --load DIR")
-        if io.load is not None and model_folder_type(io.load) is not None and not self.finetune:
+        if io.load is not None and model_folder_record(io.load) is not None and not self.finetune:
             raise ValueError(f"--load {io.load} is a model folder (weights, no training run to resume); add --finetune "
                              f"to train from its weights at iteration 0")
 
@@ -109,12 +109,6 @@ def model_folder_record(path: str | Path) -> dict[str, Any] | None:
         return None
     return meta
 
-
-def model_folder_type(path: str | Path) -> str | None:
-    """The family (``model_type``) of the tpzoo model folder ``path`` (``model_folder_record``), or None when ``path``
-    is not one. ValueError for a Hugging Face folder (to convert first)."""
-    record = model_folder_record(path)
-    return None if record is None else record["config"].get("model_type")
 
 
 def holds_no_checkpoint(path: Path) -> bool:
