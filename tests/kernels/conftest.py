@@ -16,17 +16,33 @@ def poisoned_empty(shape, dtype, device):
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
-@pytest.fixture(params=["triton", "torch"])
+# (backend, block cap) of a test taking both fixtures: the cap is Triton's (launch.MAX_BLOCK), which the torch
+# backend never reads, so torch runs once; Triton with the default cap, then with 16 elements so that rows loop
+PATHS = {"triton-one-block": ("triton", None), "triton-looped": ("triton", 16), "torch-one-block": ("torch", None)}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test runs on both backends (``backend``); one that takes ``max_block`` too, on ``PATHS`` (unless the
+    test parametrizes them itself)."""
+    given = {name.strip() for mark in metafunc.definition.iter_markers("parametrize")
+             for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
+    if "max_block" in metafunc.fixturenames and not given & {"backend", "max_block"}:
+        metafunc.parametrize(("backend", "max_block"), list(PATHS.values()), ids=list(PATHS), indirect=True)
+    elif "backend" in metafunc.fixturenames and "backend" not in given:
+        metafunc.parametrize("backend", ["triton", "torch"], indirect=True)
+
+
+@pytest.fixture
 def backend(request, monkeypatch):
-    """Each test runs on both backends; Triton (the interpreter here) writes into poisoned buffers."""
+    """The backend under test; Triton (the interpreter here) writes into poisoned buffers."""
     monkeypatch.setenv("TPZOO_KERNELS", request.param)
     monkeypatch.setattr(launch, "new_empty", poisoned_empty)
     return request.param
 
 
-@pytest.fixture(params=[None, 16], ids=["one-block", "looped"])
+@pytest.fixture
 def max_block(request, monkeypatch):
-    """The default block cap, then a cap of 16 elements so that rows take the looped paths."""
+    """The block cap: the default, or a smaller one (``PATHS``) under which rows take the looped paths."""
     if request.param is not None:
         monkeypatch.setattr(launch, "MAX_BLOCK", request.param)
     return request.param or launch.MAX_BLOCK
