@@ -8,6 +8,7 @@ At most one pattern may match a path. The styles (what each does: ``tpzoo.parall
     column        nn.Linear, Y = X A: rows of A split over tp; output [..., out/tp]
     grouped_qkv   column, rows in whole query groups (attention's fused QKV; tp divides the groups)
     row           nn.Linear, Y = sum_r X_r A_r: columns of A split; input [..., in/tp], output summed
+    experts       a mixture of experts' expert MLPs, each split as column and row; their weighted sum all-reduced
     vocab         nn.Embedding / nn.Linear / a module of [V] vectors: rows of the padded vocabulary split
     vocab_output  the logits-and-loss module of an LM head: vocab-parallel logits and cross entropy
     norm          a norm on the residual stream: replicated (a partial gradient under sequence parallelism)
@@ -34,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-STYLES = ("column", "grouped_qkv", "row", "vocab", "vocab_output", "norm", "heads", "partial", "replicated",
-          "scatter", "gather")
+STYLES = ("column", "grouped_qkv", "row", "experts", "vocab", "vocab_output", "norm", "heads", "partial",
+          "replicated", "scatter", "gather")
 PARAMETER_STYLES = ("partial", "replicated")  # the styles a pattern may give a parameter
 
 

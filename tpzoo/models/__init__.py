@@ -28,6 +28,7 @@ _EXPORTS = {
     "heads": ("ClassificationHead", "LM_HEAD_PLAN", "LMHead", "LMOutput", "MLMHead", "MLM_HEAD_PLAN", "Pooler"),
     "kv_cache": ("KVCache",),
     "mlp": ("MLP", "MLP_PLAN"),
+    "moe": ("MOE_PLAN", "MoE"),
     "norms": ("norm",),
     "presets": ("PRESETS", "format_presets", "get_preset", "list_presets", "num_parameters"),
     "rope": ("RotaryEmbedding",),

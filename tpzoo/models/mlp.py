@@ -12,6 +12,8 @@ full weight is the same at every tp (Hugging Face's gate_proj and up_proj: ``tpz
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -27,6 +29,22 @@ def gelu_approximation(activation: str) -> str:
     return "tanh" if activation == "gelu_tanh" else "none"
 
 
+def activation_of(activation: str) -> tuple[Callable[[Tensor], Tensor] | None, nn.Module | None]:
+    """(gate, None) for a gated ``activation`` (one of ``ACTIVATIONS``), else (None, its GELU module)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    gate = GATES.get(activation)
+    return gate, None if gate else nn.GELU(approximate=gelu_approximation(activation))
+
+
+def activate(y: Tensor, gate: Callable[[Tensor], Tensor] | None, activation: nn.Module | None) -> Tensor:
+    """act(X A) of the first linear's output ``y`` [..., f] (gated: [..., 2f], gate and up rows interleaved)."""
+    if gate is None:
+        return activation(y)
+    g, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+    return gate(g) * up
+
+
 class MLP(nn.Module):
     """[b, s, h] -> [b, s, h]. ``activation``: one of ``ACTIVATIONS``; ``bias``: biases on both linears;
     weights ~ N(0, ``init_std``^2), the second linear's ``out_init_std``."""
@@ -34,18 +52,11 @@ class MLP(nn.Module):
     def __init__(self, hidden_size: int, ffn_hidden_size: int, *, activation: str = "gelu", bias: bool = True,
                  init_std: float = 0.02, out_init_std: float = 0.02) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-        self.ffn_hidden_size, self.gate = ffn_hidden_size, GATES.get(activation)
+        self.gate, activation_module = activation_of(activation)
+        self.ffn_hidden_size = ffn_hidden_size
         self.dense_h_to_4h = linear(hidden_size, ffn_hidden_size * (2 if self.gate else 1), bias, init_std)
-        self.activation = None if self.gate else nn.GELU(approximate=gelu_approximation(activation))
+        self.activation = activation_module
         self.dense_4h_to_h = linear(ffn_hidden_size, hidden_size, bias, out_init_std)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.dense_h_to_4h(x)                                                  # [b, s, f] (gated: 2f)
-        if self.gate is not None:
-            gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
-            y = self.gate(gate) * up
-        else:
-            y = self.activation(y)
-        return self.dense_4h_to_h(y)
+        return self.dense_4h_to_h(activate(self.dense_h_to_4h(x), self.gate, self.activation))  # [b, s, f | 2f]

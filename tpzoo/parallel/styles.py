@@ -9,6 +9,7 @@ at every tp. Linear layers follow Megatron-LM (Shoeybi et al. 2019, sec. 3):
     column        Y = X A + b,  A = [A_1 ... A_p]: rank r keeps rows r out/tp ... of A [out, in] and b;
                   X arrives whole (or, in the sequence region, as [b, s/tp, in]: all-gathered)
     grouped_qkv   column, after checking that tp divides the attention's heads and query groups
+    experts       every expert MLP of a mixture of experts split as column and row, one all-reduce for all
     row           Y = sum_r X_r A_r + b, A = [A_1; ...; A_p]: rank r keeps columns r in/tp ...; the sum is
                   all-reduced (in the sequence region reduce-scattered to [b, s/tp, out]), b added once
     vocab         rows of the vocabulary padded to V' (a multiple of vocab_multiple x tp): rank r keeps
@@ -31,7 +32,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from tpzoo.parallel.collectives import gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
+from tpzoo.parallel.collectives import (copy_to_tp_region, gather_from_sequence_parallel_region, reduce_from_tp_region,
+                                        scatter_to_sequence_parallel_region)
 from tpzoo.parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelOutput,
                                    padded_vocab_size)
 from tpzoo.parallel.param_facts import mark
@@ -108,6 +110,34 @@ def grouped_qkv(module: nn.Module, site: Site) -> nn.Module:
             raise ValueError(f"{size}={n} is not divisible by the tensor-parallel size tp={site.tp}: each tp rank "
                              f"holds whole query groups and their key/value heads; choose tp dividing {n}")
     return column(module, site)
+
+
+def experts(module: nn.Module, site: Site) -> nn.Module:
+    """The stacked expert MLPs of a ``tpzoo.models.moe.Experts`` split as ``column`` and ``row`` split an MLP, each
+    expert's rows of ``dense_h_to_4h`` [N, f, h] (dim 1) and columns of ``dense_4h_to_h`` [N, h, f] (dim 2), without
+    collectives of their own: the input and the routing weights enter through f (identity; backward all-reduce) and
+    the weighted sum of all experts leaves through g (all-reduce; backward identity), one of each for the layer. f on
+    the weights makes their gradient whole on every rank (each rank's is a partial sum), as the router needs."""
+    if site.sequence:
+        raise ValueError(f"{site.path}: sequence parallelism is not built for mixture-of-experts layers yet; run "
+                         f"without --sequence-parallel")
+    mesh = site.plan.mesh
+    for name, dim in (("dense_h_to_4h", 1), ("dense_4h_to_h", 2)):
+        weight = getattr(module, name, None)
+        if not isinstance(weight, nn.Parameter) or weight.dim() != 3:
+            raise TypeError(f"{site.path}: 'experts' takes stacked expert weights {name} [N, out, in] "
+                            f"(tpzoo.models.moe.Experts), got {type(module).__name__}")
+        if weight.shape[dim] % site.tp:
+            raise ValueError(f"{site.path}.{name}: {weight.shape[dim]} features per expert is not divisible by the "
+                             f"tensor-parallel size tp={site.tp}; choose a size that tp divides, or another tp")
+        shard = weight.detach().chunk(site.tp, dim)[mesh.tp_rank].clone()
+        setattr(module, name, mark(nn.Parameter(shard), tp_split_dim=dim))
+    if site.tp > 1:
+        group = mesh.tp_group
+        module.register_forward_pre_hook(lambda m, args: (copy_to_tp_region(args[0], group),
+                                                          copy_to_tp_region(args[1], group), *args[2:]))
+        module.register_forward_hook(lambda m, args, out: reduce_from_tp_region(out, group))
+    return module
 
 
 def vocab(module: nn.Module, site: Site) -> nn.Module:
@@ -192,6 +222,7 @@ def gather(module: nn.Module, site: Site) -> nn.Module:
 
 
 STYLE_FUNCTIONS: dict[str, Callable[[nn.Module, Site], nn.Module]] = {
-    "column": column, "grouped_qkv": grouped_qkv, "row": row, "vocab": vocab, "vocab_output": vocab_output,
+    "column": column, "grouped_qkv": grouped_qkv, "row": row, "experts": experts, "vocab": vocab,
+    "vocab_output": vocab_output,
     "norm": norm, "heads": heads, "partial": partial, "replicated": replicated, "scatter": scatter, "gather": gather,
 }

@@ -1,0 +1,119 @@
+"""The mixture-of-experts MLP (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024): each
+token goes through k of N expert MLPs, chosen by a router, whose outputs are summed with the router's weights.
+Plain PyTorch, dropless (every token reaches its k experts); split by tensor parallelism with ``MOE_PLAN``.
+
+    logits = X W_r^T                            [T, N]   the router: a linear layer without bias
+    p = softmax(logits) | sigmoid(logits)       [T, N]   ``score``, in float32
+    w, e = top-k of p                           [T, k]   w / sum_j w_j when ``normalize`` (Mixtral; Qwen2-MoE: off)
+    Y = sum_j w_j MLP_{e_j}(X)  [+ sigmoid(X g) MLP_s(X)]   the shared expert: always on, gated when ``shared_gate``
+
+The experts are the block library's MLP (gated SwiGLU or GELU, gate and up rows interleaved) held stacked
+(``Experts``), so expert e converts and splits as a dense MLP does. They run one after another on the tokens routed
+to them; the token counts per expert are read on the host once a forward (the loop needs their sizes).
+
+Tensor parallelism (``MOE_PLAN``; Megatron-LM's default expert tensor parallel size, tp) splits every expert as
+the MLP is split, A = [A_1 ... A_p] by rows and B = [B_1; ...; B_p] by columns: rank r computes
+sum_j w_j act(X A_{e_j,r}) B_{e_j,r}, a partial sum, and one all-reduce adds them for all experts at once
+(``tpzoo.parallel.styles.experts``). The router sees the whole X on every rank and routes alike everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from tpzoo.models.mlp import MLP, MLP_PLAN, activate, activation_of
+from tpzoo.models.weights import linear
+from tpzoo.sharding_plan import prefixed
+
+SCORES = ("softmax", "sigmoid")
+MOE_PLAN = {"router": "replicated", "experts": "experts", **prefixed("shared_expert", MLP_PLAN),
+            "shared_expert_gate": "replicated"}
+
+
+class Experts(nn.Module):
+    """N MLPs held stacked, ``dense_h_to_4h`` [N, f, h] (gated: [N, 2f, h], each expert's gate and up rows interleaved
+    as in ``MLP``) and ``dense_4h_to_h`` [N, h, f], without biases: Hugging Face's and a grouped matrix multiply's
+    layout, each expert a slice of dim 0.
+
+    forward(x [T, h], weights [T, k], indices [T, k]) -> [T, h], row t the sum over j of weights[t, j] times expert
+    indices[t, j] on x[t]; summed in float32 when ``weights`` are (the router's), cast to x's dtype."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *, activation: str = "swiglu",
+                 init_std: float = 0.02, out_init_std: float = 0.02) -> None:
+        super().__init__()
+        self.gate, self.activation = activation_of(activation)
+        rows = ffn_hidden_size * (2 if self.gate else 1)
+        self.dense_h_to_4h = nn.Parameter(
+            torch.empty(num_experts, rows, hidden_size, device="cpu").normal_(0.0, init_std))
+        self.dense_4h_to_h = nn.Parameter(
+            torch.empty(num_experts, hidden_size, ffn_hidden_size, device="cpu").normal_(0.0, out_init_std))
+
+    def expert(self, e: int, x: Tensor) -> Tensor:
+        """Expert ``e`` on x [n, h] -> [n, h]: act(x A_e^T) B_e^T."""
+        return activate(x @ self.dense_h_to_4h[e].t(), self.gate, self.activation) @ self.dense_4h_to_h[e].t()
+
+    def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        k, n = indices.shape[-1], self.dense_h_to_4h.shape[0]
+        slots = indices.flatten()                                        # [T k]: (token, j) -> its expert
+        order = slots.argsort(stable=True)                               # the slots, expert by expert
+        counts = torch.bincount(slots, minlength=n).tolist()             # host sync: the loop's sizes
+        flat_weights = weights.flatten()
+        out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+        for e, chunk in enumerate(order.split(counts)):
+            tokens = chunk // k
+            out = out.index_add(0, tokens, self.expert(e, x[tokens]) * flat_weights[chunk, None])
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        n, rows, h = self.dense_h_to_4h.shape
+        return f"num_experts={n}, hidden={h}, ffn={self.dense_4h_to_h.shape[-1]}, gated={self.gate is not None}"
+
+
+class MoE(nn.Module):
+    """[b, s, h] -> [b, s, h]: ``num_experts`` experts of ``ffn_hidden_size`` features, ``top_k`` a token (module
+    docstring); ``shared_ffn_hidden_size``: a shared expert of that width (None: none), its output gated by
+    sigmoid(X g) when ``shared_gate``. Weights ~ N(0, ``init_std``^2), the second linears' ``out_init_std``."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, ffn_hidden_size: int, *,
+                 activation: str = "swiglu", score: str = "softmax", normalize: bool = True,
+                 shared_ffn_hidden_size: int | None = None, shared_gate: bool = False, init_std: float = 0.02,
+                 out_init_std: float = 0.02) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        if shared_gate and shared_ffn_hidden_size is None:
+            raise ValueError("shared_gate=True gates the shared expert; give shared_ffn_hidden_size too")
+        self.top_k, self.score, self.normalize = top_k, score, normalize
+        self.router = linear(hidden_size, num_experts, False, init_std)
+        self.experts = Experts(num_experts, hidden_size, ffn_hidden_size, activation=activation, init_std=init_std,
+                               out_init_std=out_init_std)
+        self.shared_expert = None if shared_ffn_hidden_size is None else MLP(
+            hidden_size, shared_ffn_hidden_size, activation=activation, bias=False, init_std=init_std,
+            out_init_std=out_init_std)
+        self.shared_expert_gate = linear(hidden_size, 1, False, init_std) if shared_gate else None
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, h] -> (weights [T, k] float32, expert indices [T, k], router logits [T, N])."""
+        logits = self.router(x)
+        scores = logits.float().softmax(-1) if self.score == "softmax" else logits.float().sigmoid()
+        weights, indices = scores.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, indices, logits
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])                                  # [T, h]
+        weights, indices, _ = self.route(flat)
+        out = self.experts(flat, weights, indices)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(flat)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(flat)) * shared
+            out = out + shared
+        return out.view_as(x)
+
+    def extra_repr(self) -> str:
+        return f"top_k={self.top_k}, score={self.score!r}, normalize={self.normalize}"
