@@ -2,7 +2,9 @@
 (Mixtral: softmax, top-2 renormalised; Qwen2-MoE: top-k not renormalised, a gated shared expert), in float32,
 outputs and input gradients; an expert no token reached gets a zero gradient; misuse;
 and at tp 2 with ``MOE_PLAN`` (one all-reduce for all experts) the outputs and every gathered gradient of the plain
-module, sequence parallelism refused in one line."""
+module, sequence parallelism refused in one line; with expert parallelism over 2 ranks (each holding 3 of the 6
+experts, tokens sent to them and back by all-to-all) each rank's outputs and input gradients of the plain module's on
+its own tokens, each held expert's gradient the plain one summed over both ranks' tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import transformers
 from tpzoo.models.moe import MOE_PLAN, MoE
 from tpzoo.models.sharding import full_grads
 from tpzoo.parallel import ParallelPlan, init_mesh, parallelize
+from tpzoo.parallel.experts import expert_parallel
 from tpzoo.sharding_plan import ShardingPlan
 from tpzoo.testing import spawn
 
@@ -135,3 +138,48 @@ def test_moe_at_tp2_equals_the_plain_module_and_refuses_sequence_parallelism():
         assert found["names"] == 1.0 and max(found["out"], found["dx"], found["grads"]) < 1e-5, found
         assert found["sp"] == ("experts: sequence parallelism is not built for mixture-of-experts layers yet; run "
                                "without --sequence-parallel"), found
+
+
+def _moe_at_ep2() -> dict[str, float]:
+    """Top-2 of 6 experts at ep 2: this rank's tokens through the experts of both ranks."""
+    import torch.distributed as dist
+
+    mesh = init_mesh(dp=2)
+    rank = dist.get_rank()
+    x = torch.randn(B, S, H, generator=torch.Generator().manual_seed(10 + rank), requires_grad=True)
+    torch.manual_seed(0)
+    plain = MoE(H, E, 2, F)
+    split = MoE(H, E, 2, F)
+    split.load_state_dict(plain.state_dict())
+    expert_parallel(split.experts, mesh.dp_group)
+    y_plain = plain(x)
+    (dx_plain,) = torch.autograd.grad(y_plain.square().sum(), x, retain_graph=True)
+    y_plain.square().sum().backward()
+    x_split = x.detach().clone().requires_grad_()
+    y = split(x_split)
+    y.square().sum().backward()
+    held = slice(rank * E // 2, (rank + 1) * E // 2)
+    found = {"out": ((y - y_plain).abs().max() / y_plain.abs().max()).item(),
+             "dx": ((x_split.grad - dx_plain).abs().max() / dx_plain.abs().max()).item(),
+             "held": float(split.experts.dense_h_to_4h.shape[0])}
+    for name in ("dense_h_to_4h", "dense_4h_to_h"):
+        both = getattr(plain.experts, name).grad.clone()
+        dist.all_reduce(both)  # the plain module's gradient over both ranks' tokens
+        got = getattr(split.experts, name).grad
+        found[name] = ((got - both[held]).abs().max() / both[held].abs().max()).item()
+    found["router"] = ((split.router.weight.grad - plain.router.weight.grad).abs().max()
+                       / plain.router.weight.grad.abs().max()).item()
+    try:
+        expert_parallel(MoE(H, 5, 2, F).experts, mesh.dp_group)
+    except ValueError as e:
+        found["misuse"] = str(e)
+    return found
+
+
+@pytest.mark.tier("distributed")
+def test_moe_at_ep2_equals_the_plain_module_and_each_expert_sums_every_ranks_tokens():
+    for found in spawn(_moe_at_ep2, 2):
+        assert found["held"] == E // 2, found
+        errors = [found[k] for k in ("out", "dx", "dense_h_to_4h", "dense_4h_to_h", "router")]
+        assert max(errors) < 1e-5, found
+        assert found["misuse"] == "expert parallelism: ep=2 does not divide the 5 experts; choose an ep dividing 5"

@@ -9,7 +9,8 @@ Plain PyTorch, dropless (every token reaches its k experts); split by tensor par
 
 The experts are the block library's MLP (gated SwiGLU or GELU, gate and up rows interleaved) held stacked
 (``Experts``), so expert e converts and splits as a dense MLP does. They run one after another on the tokens routed
-to them; the token counts per expert are read on the host once a forward (the loop needs their sizes).
+to them; the token counts per expert are read on the host once a forward (the loop needs their sizes). Expert
+parallelism (``tpzoo.parallel.experts``) keeps N/ep experts a rank and sends each token to its experts' rank.
 
 Tensor parallelism (``MOE_PLAN``; Megatron-LM's default expert tensor parallel size, tp) splits every expert as
 the MLP is split, A = [A_1 ... A_p] by rows and B = [B_1; ...; B_p] by columns: rank r computes
@@ -18,6 +19,8 @@ sum_j w_j act(X A_{e_j,r}) B_{e_j,r}, a partial sum, and one all-reduce adds the
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -31,17 +34,31 @@ MOE_PLAN = {"router": "replicated", "experts": "experts", **prefixed("shared_exp
             "shared_expert_gate": "replicated"}
 
 
+# dispatch(rows [R, h], counts [N], run) -> the rows' expert outputs [R, h] (``local_dispatch``)
+Dispatch = Callable[[Tensor, Tensor, Callable[[Tensor, list[int]], Tensor]], Tensor]
+
+
+def local_dispatch(rows: Tensor, counts: Tensor, run: Callable[[Tensor, list[int]], Tensor]) -> Tensor:
+    """Every expert on this rank: ``run`` the routed ``rows`` [R, h], expert by expert (``counts`` [N] each), as they
+    are (the counts read on the host: the loop needs their sizes). Expert parallelism puts another in its place
+    (``tpzoo.parallel.experts``)."""
+    return run(rows, counts.tolist())
+
+
 class Experts(nn.Module):
     """N MLPs held stacked, ``dense_h_to_4h`` [N, f, h] (gated: [N, 2f, h], each expert's gate and up rows interleaved
     as in ``MLP``) and ``dense_4h_to_h`` [N, h, f], without biases: Hugging Face's and a grouped matrix multiply's
     layout, each expert a slice of dim 0.
 
     forward(x [T, h], weights [T, k], indices [T, k]) -> [T, h], row t the sum over j of weights[t, j] times expert
-    indices[t, j] on x[t]; summed in float32 when ``weights`` are (the router's), cast to x's dtype."""
+    indices[t, j] on x[t]; summed in float32 when ``weights`` are (the router's), cast to x's dtype. The routed rows,
+    sorted expert by expert, go through ``dispatch`` (``local_dispatch``: all experts here)."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *, activation: str = "swiglu",
                  init_std: float = 0.02, out_init_std: float = 0.02) -> None:
         super().__init__()
+        self.num_experts = num_experts
+        self.dispatch: Dispatch = local_dispatch
         self.gate, self.activation = activation_of(activation)
         rows = ffn_hidden_size * (2 if self.gate else 1)
         self.dense_h_to_4h = nn.Parameter(
@@ -50,24 +67,26 @@ class Experts(nn.Module):
             torch.empty(num_experts, hidden_size, ffn_hidden_size, device="cpu").normal_(0.0, out_init_std))
 
     def expert(self, e: int, x: Tensor) -> Tensor:
-        """Expert ``e`` on x [n, h] -> [n, h]: act(x A_e^T) B_e^T."""
+        """Expert ``e`` of those this module holds, on x [n, h] -> [n, h]: act(x A_e^T) B_e^T."""
         return activate(x @ self.dense_h_to_4h[e].t(), self.gate, self.activation) @ self.dense_4h_to_h[e].t()
 
+    def run(self, rows: Tensor, counts: list[int]) -> Tensor:
+        """The held experts on ``rows`` [R, h], expert by expert (``counts`` rows each) -> their outputs [R, h]."""
+        return torch.cat([self.expert(e, chunk) for e, chunk in enumerate(rows.split(counts))])
+
     def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
-        k, n = indices.shape[-1], self.dense_h_to_4h.shape[0]
+        k = indices.shape[-1]
         slots = indices.flatten()                                        # [T k]: (token, j) -> its expert
         order = slots.argsort(stable=True)                               # the slots, expert by expert
-        counts = torch.bincount(slots, minlength=n).tolist()             # host sync: the loop's sizes
-        flat_weights = weights.flatten()
-        out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
-        for e, chunk in enumerate(order.split(counts)):
-            tokens = chunk // k
-            out = out.index_add(0, tokens, self.expert(e, x[tokens]) * flat_weights[chunk, None])
-        return out.to(x.dtype)
+        tokens = order // k
+        counts = torch.bincount(slots, minlength=self.num_experts)       # [N], on x's device
+        out = self.dispatch(x[tokens], counts, self.run) * weights.flatten()[order, None]
+        return torch.zeros(x.shape, dtype=out.dtype, device=x.device).index_add(0, tokens, out).to(x.dtype)
 
     def extra_repr(self) -> str:
-        n, rows, h = self.dense_h_to_4h.shape
-        return f"num_experts={n}, hidden={h}, ffn={self.dense_4h_to_h.shape[-1]}, gated={self.gate is not None}"
+        held, _, h = self.dense_h_to_4h.shape
+        return (f"experts={held} of {self.num_experts}, hidden={h}, ffn={self.dense_4h_to_h.shape[-1]}, "
+                f"gated={self.gate is not None}")
 
 
 class MoE(nn.Module):
