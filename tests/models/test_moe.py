@@ -2,7 +2,7 @@
 (Mixtral: softmax, top-2 renormalised; Qwen2-MoE: top-k not renormalised, a gated shared expert), in float32,
 outputs and input gradients; an expert no token reached gets a zero gradient; misuse;
 and at tp 2 with ``MOE_PLAN`` (one all-reduce for all experts) the outputs and every gathered gradient of the plain
-module, sequence parallelism refused in one line; with expert parallelism over 2 ranks (each holding 3 of the 6
+module, with and without sequence parallelism; with expert parallelism over 2 ranks (each holding 3 of the 6
 experts, tokens sent to them and back by all-to-all) each rank's outputs and input gradients of the plain module's on
 its own tokens, each held expert's gradient the plain one summed over both ranks' tokens."""
 
@@ -14,7 +14,7 @@ import transformers
 
 from tpzoo.models.moe import MOE_PLAN, MoE
 from tpzoo.models.sharding import full_grads
-from tpzoo.parallel import ParallelPlan, init_mesh, parallelize
+from tpzoo.parallel import ParallelPlan, init_mesh, parallelize, sync_sequence_parallel_grads
 from tpzoo.parallel.experts import expert_parallel
 from tpzoo.sharding_plan import ShardingPlan
 from tpzoo.testing import spawn
@@ -106,38 +106,40 @@ def test_misuse_names_the_sizes(kwargs, message):
 
 
 def _moe_at_tp2() -> dict[str, float]:
-    """The Qwen2-MoE-like module (sigmoid scores here, to cover them) at tp 2 against the plain one."""
+    """The Qwen2-MoE-like module (sigmoid scores here, to cover them) at tp 2 against the plain one, without and with
+    sequence parallelism (each rank its half of the sequence; the replicated weights' partial gradients summed)."""
     mesh = init_mesh(tp=2)
-    x = torch.randn(B, S, H, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(B, 2 * S, H, generator=torch.Generator().manual_seed(3))
     torch.manual_seed(0)
     plain = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True)
-    split = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True)
-    split.load_state_dict(plain.state_dict())
-    split = parallelize(split, ParallelPlan(mesh), ShardingPlan(MOE_PLAN))
-    out = {}
-    for name, model in (("plain", plain), ("split", split)):
-        x_in = x.clone().requires_grad_()
-        y = model(x_in)
+    x_plain = x.clone().requires_grad_()
+    y_plain = plain(x_plain)
+    y_plain.square().sum().backward()
+    want = {n: p.grad for n, p in plain.named_parameters()}
+    found = {}
+    for sp in (False, True):
+        split = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True)
+        split.load_state_dict(plain.state_dict())
+        split = parallelize(split, ParallelPlan(mesh, sequence_parallel=sp), ShardingPlan(MOE_PLAN))
+        mine = (lambda t: t.chunk(2, 1)[mesh.tp_rank]) if sp else (lambda t: t)
+        x_in = mine(x).clone().requires_grad_()
+        y = split(x_in)
         y.square().sum().backward()
-        out[name] = (y.detach(), x_in.grad)
-    out_error = (out["split"][0] - out["plain"][0]).abs().max() / out["plain"][0].abs().max()
-    dx_error = (out["split"][1] - out["plain"][1]).abs().max() / out["plain"][1].abs().max()
-    grads, want = full_grads(split, mesh), {n: p.grad for n, p in plain.named_parameters()}
-    found = {"out": out_error.item(), "dx": dx_error.item(), "names": float(grads.keys() == want.keys())}
-    found["grads"] = max(((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in want.items())
-    try:
-        parallelize(MoE(H, E, 2, F), ParallelPlan(mesh, sequence_parallel=True), ShardingPlan(MOE_PLAN))
-    except ValueError as e:
-        found["sp"] = str(e)
+        sync_sequence_parallel_grads(split, mesh.tp_group)
+        grads = full_grads(split, mesh)
+        found[f"sp={sp}"] = {
+            "out": ((y - mine(y_plain)).abs().max() / y_plain.abs().max()).item(),
+            "dx": ((x_in.grad - mine(x_plain.grad)).abs().max() / x_plain.grad.abs().max()).item(),
+            "names": float(grads.keys() == want.keys()),
+            "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want.items())}
     return found
 
 
 @pytest.mark.tier("distributed")
-def test_moe_at_tp2_equals_the_plain_module_and_refuses_sequence_parallelism():
+def test_moe_at_tp2_equals_the_plain_module_with_and_without_sequence_parallelism():
     for found in spawn(_moe_at_tp2, 2):
-        assert found["names"] == 1.0 and max(found["out"], found["dx"], found["grads"]) < 1e-5, found
-        assert found["sp"] == ("experts: sequence parallelism is not built for mixture-of-experts layers yet; run "
-                               "without --sequence-parallel"), found
+        for sp in ("sp=False", "sp=True"):
+            assert found[sp]["names"] == 1.0 and max(found[sp][k] for k in ("out", "dx", "grads")) < 1e-5, found
 
 
 def _moe_at_ep2() -> dict[str, float]:

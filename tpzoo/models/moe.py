@@ -15,7 +15,9 @@ parallelism (``tpzoo.parallel.experts``) keeps N/ep experts a rank and sends eac
 Tensor parallelism (``MOE_PLAN``; Megatron-LM's default expert tensor parallel size, tp) splits every expert as
 the MLP is split, A = [A_1 ... A_p] by rows and B = [B_1; ...; B_p] by columns: rank r computes
 sum_j w_j act(X A_{e_j,r}) B_{e_j,r}, a partial sum, and one all-reduce adds them for all experts at once
-(``tpzoo.parallel.styles.experts``). The router sees the whole X on every rank and routes alike everywhere.
+(``tpzoo.parallel.styles.experts``). The router sees the whole X on every rank and routes alike everywhere; under
+sequence parallelism it routes this rank's tokens, which the experts all-gather with their routing and
+reduce-scatter back.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from tpzoo.models.weights import linear
 from tpzoo.sharding_plan import prefixed
 
 SCORES = ("softmax", "sigmoid")
-MOE_PLAN = {"router": "replicated", "experts": "experts", **prefixed("shared_expert", MLP_PLAN),
-            "shared_expert_gate": "replicated"}
+# the router and the shared expert's gate are left to the plan's default: replicated, their gradients partial sums
+# in the sequence-parallel region (where they see this rank's tokens)
+MOE_PLAN = {"experts": "experts", **prefixed("shared_expert", MLP_PLAN)}
 
 
 # dispatch(rows [R, h], counts [N], run) -> the rows' expert outputs [R, h] (``local_dispatch``)
@@ -126,13 +129,13 @@ class MoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])                                  # [T, h]
         weights, indices, _ = self.route(flat)
-        out = self.experts(flat, weights, indices)
+        out = self.experts(flat, weights, indices).view_as(x)
         if self.shared_expert is not None:
-            shared = self.shared_expert(flat)
+            shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(flat)) * shared
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
-        return out.view_as(x)
+        return out
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, score={self.score!r}, normalize={self.normalize}"

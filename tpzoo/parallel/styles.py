@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from tpzoo.parallel.collectives import (copy_to_tp_region, gather_from_sequence_parallel_region, reduce_from_tp_region,
-                                        scatter_to_sequence_parallel_region)
+                                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 from tpzoo.parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelOutput,
                                    padded_vocab_size)
 from tpzoo.parallel.param_facts import mark
@@ -115,12 +115,11 @@ def grouped_qkv(module: nn.Module, site: Site) -> nn.Module:
 def experts(module: nn.Module, site: Site) -> nn.Module:
     """The stacked expert MLPs of a ``tpzoo.models.moe.Experts`` split as ``column`` and ``row`` split an MLP, each
     expert's rows of ``dense_h_to_4h`` [N, f, h] (dim 1) and columns of ``dense_4h_to_h`` [N, h, f] (dim 2), without
-    collectives of their own: the input and the routing weights enter through f (identity; backward all-reduce) and
-    the weighted sum of all experts leaves through g (all-reduce; backward identity), one of each for the layer. f on
-    the weights makes their gradient whole on every rank (each rank's is a partial sum), as the router needs."""
-    if site.sequence:
-        raise ValueError(f"{site.path}: sequence parallelism is not built for mixture-of-experts layers yet; run "
-                         f"without --sequence-parallel")
+    collectives of their own, one of each for the layer: the routed tokens [T, h] and their routing weights and
+    experts [T, k] enter through f (identity; backward all-reduce), the weighted sum of all experts leaves through g
+    (all-reduce; backward identity). f on the weights makes their gradient whole on every rank (each rank's is a
+    partial sum), as the router needs. In the sequence region the tokens are this rank's [T/tp]: they enter
+    all-gathered (backward reduce-scatter) and the sum leaves reduce-scattered to them."""
     mesh = site.plan.mesh
     for name, dim in (("dense_h_to_4h", 1), ("dense_4h_to_h", 2)):
         weight = getattr(module, name, None)
@@ -132,8 +131,18 @@ def experts(module: nn.Module, site: Site) -> nn.Module:
                              f"tensor-parallel size tp={site.tp}; choose a size that tp divides, or another tp")
         shard = weight.detach().chunk(site.tp, dim)[mesh.tp_rank].clone()
         setattr(module, name, mark(nn.Parameter(shard), tp_split_dim=dim))
-    if site.tp > 1:
-        group = mesh.tp_group
+    if site.tp == 1:
+        return module
+    group = mesh.tp_group
+    if site.sequence:
+        def enter(m: nn.Module, args: tuple) -> tuple:
+            x, weights, indices = (gather_from_sequence_parallel_region(t, group, 0, t.is_floating_point())
+                                   for t in args[:3])
+            return (x, weights, indices, *args[3:])
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(lambda m, args, out: reduce_scatter_to_sequence_parallel_region(out, group, 0))
+    else:
         module.register_forward_pre_hook(lambda m, args: (copy_to_tp_region(args[0], group),
                                                           copy_to_tp_region(args[1], group), *args[2:]))
         module.register_forward_hook(lambda m, args, out: reduce_from_tp_region(out, group))
