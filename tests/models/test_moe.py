@@ -1,6 +1,8 @@
 """The mixture-of-experts MLP (``tpzoo.models.moe``) against Hugging Face's sparse MoE blocks with the same weights
 (Mixtral: softmax, top-2 renormalised; Qwen2-MoE: top-k not renormalised, a gated shared expert), in float32,
-outputs and input gradients; an expert no token reached gets a zero gradient; misuse;
+outputs and input gradients; an expert no token reached gets a zero gradient; the router's losses per sequence
+(against a written-out reference and Hugging Face's on one sequence), joining the gradient alike however the batch is
+split; misuse;
 and at tp 2 with ``MOE_PLAN`` (one all-reduce for all experts) the outputs and every gathered gradient of the plain
 module, with and without sequence parallelism; with expert parallelism over 2 ranks (each holding 3 of the 6
 experts, tokens sent to them and back by all-to-all) each rank's outputs and input gradients of the plain module's on
@@ -22,6 +24,7 @@ from tpzoo.testing import spawn
 pytestmark = pytest.mark.tier("unit")
 
 H, F, E, B, S = 16, 12, 6, 2, 7
+COEFFS = dict(aux_loss_coeff=0.1, z_loss_coeff=0.01)
 
 
 def interleaved(gate_up: torch.Tensor) -> torch.Tensor:
@@ -99,28 +102,86 @@ def test_an_expert_no_token_reached_gets_a_zero_gradient():
     (dict(top_k=7), "top_k=7 must be between 1 and num_experts=6"),
     (dict(score="relu"), "score must be one of softmax, sigmoid, got 'relu'"),
     (dict(shared_gate=True), "shared_gate=True gates the shared expert; give shared_ffn_hidden_size too"),
+    (dict(z_loss_coeff=-1.0), "the router's loss coefficients must be >= 0, got aux_loss_coeff=0.0, z_loss_coeff=-1.0"),
 ])
 def test_misuse_names_the_sizes(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MoE(H, E, kwargs.pop("top_k", 2), F, **kwargs)
 
 
+def reference_losses(logits: torch.Tensor, k: int, score: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's losses of [b, s, N] logits written out sequence by sequence: (sum of N sum_e f_e P_e, sum of the
+    mean logsumexp^2)."""
+    balance, z = 0.0, 0.0
+    for seq in logits.float():
+        s, n = seq.shape
+        p = seq.softmax(-1) if score == "softmax" else seq.sigmoid() / seq.sigmoid().sum(-1, keepdim=True)
+        chosen = torch.zeros(n)
+        for row in (seq.softmax(-1) if score == "softmax" else seq.sigmoid()).topk(k, -1).indices:
+            chosen[row] += 1
+        balance = balance + n * (chosen / (s * k) * p.mean(0)).sum()
+        z = z + seq.logsumexp(-1).square().mean()
+    return balance, z
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_router_losses_are_per_sequence_and_hugging_faces_on_one(score):
+    moe = MoE(H, E, 2, F, score=score, **COEFFS)
+    x = torch.randn(B, S, H, generator=torch.Generator().manual_seed(4))
+    weights, indices, logits = moe.route(x.reshape(-1, H))
+    balance, z = moe.router_losses(logits, indices, B)
+    want = reference_losses(logits.view(B, S, E), 2, score)
+    assert torch.allclose(balance, want[0], rtol=1e-6) and torch.allclose(z, want[1], rtol=1e-6), (balance, z, want)
+    if score == "softmax":  # Hugging Face's counts the k slots of a token as k tokens: k times ours on one sequence
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        one = moe.router_losses(logits[:S], indices[:S], 1)[0]
+        assert torch.allclose(load_balancing_loss_func((logits[:S],), E, 2), 2 * one, rtol=1e-6)
+
+
+def test_router_losses_join_the_gradient_per_sequence_however_the_batch_is_split():
+    """Training: the gradient of out^2 summed is that of out^2 plus the coefficients times the mean of each
+    sequence's losses; two forwards of one sequence each, weighted 1/2 a sequence, give the same gradients."""
+    torch.manual_seed(0)
+    moe = MoE(H, E, 2, F, **COEFFS)
+    plain = MoE(H, E, 2, F)
+    plain.load_state_dict(moe.state_dict())
+    x = torch.randn(B, S, H, generator=torch.Generator().manual_seed(5))
+    plain(x).square().sum().backward()
+    _, indices, logits = plain.route(x.reshape(-1, H))
+    balance, z = reference_losses(logits.view(B, S, E), 2)
+    ((COEFFS["aux_loss_coeff"] * balance + COEFFS["z_loss_coeff"] * z) / B).backward()
+    want = {n: p.grad.clone() for n, p in plain.named_parameters()}
+    moe(x).square().sum().backward()
+    assert set(moe.losses) == {"load_balancing_loss", "z_loss"} and torch.allclose(moe.losses["z_loss"], z)
+    for name, p in moe.named_parameters():
+        assert torch.allclose(p.grad, want[name], rtol=1e-5, atol=1e-7), name
+    moe.zero_grad()
+    moe.sequence_weight = 1 / B
+    for half in x.split(1):
+        moe(half).square().sum().backward()
+    for name, p in moe.named_parameters():
+        assert torch.allclose(p.grad, want[name], rtol=1e-5, atol=1e-7), name
+
+
 def _moe_at_tp2() -> dict[str, float]:
-    """The Qwen2-MoE-like module (sigmoid scores here, to cover them) at tp 2 against the plain one, without and with
-    sequence parallelism (each rank its half of the sequence; the replicated weights' partial gradients summed)."""
+    """The Qwen2-MoE-like module (sigmoid scores here, to cover them) with its router losses on, at tp 2 against the
+    plain one, without and with sequence parallelism (each rank its half of every sequence; the replicated weights'
+    partial gradients summed)."""
     mesh = init_mesh(tp=2)
     x = torch.randn(B, 2 * S, H, generator=torch.Generator().manual_seed(3))
     torch.manual_seed(0)
-    plain = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True)
+    plain = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True, **COEFFS)
     x_plain = x.clone().requires_grad_()
     y_plain = plain(x_plain)
     y_plain.square().sum().backward()
     want = {n: p.grad for n, p in plain.named_parameters()}
     found = {}
     for sp in (False, True):
-        split = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True)
+        split = MoE(H, E, 2, F, score="sigmoid", shared_ffn_hidden_size=2 * F, shared_gate=True, **COEFFS)
         split.load_state_dict(plain.state_dict())
         split = parallelize(split, ParallelPlan(mesh, sequence_parallel=sp), ShardingPlan(MOE_PLAN))
+        split.sequence_weight = 1 / B  # each rank holds every sequence (a part of each under sequence parallelism)
         mine = (lambda t: t.chunk(2, 1)[mesh.tp_rank]) if sp else (lambda t: t)
         x_in = mine(x).clone().requires_grad_()
         y = split(x_in)
@@ -131,7 +192,8 @@ def _moe_at_tp2() -> dict[str, float]:
             "out": ((y - mine(y_plain)).abs().max() / y_plain.abs().max()).item(),
             "dx": ((x_in.grad - mine(x_plain.grad)).abs().max() / x_plain.grad.abs().max()).item(),
             "names": float(grads.keys() == want.keys()),
-            "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want.items())}
+            "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want.items()),
+            "losses": max(abs(split.losses[k] - v).item() / v.item() for k, v in plain.losses.items())}
     return found
 
 
@@ -139,7 +201,8 @@ def _moe_at_tp2() -> dict[str, float]:
 def test_moe_at_tp2_equals_the_plain_module_with_and_without_sequence_parallelism():
     for found in spawn(_moe_at_tp2, 2):
         for sp in ("sp=False", "sp=True"):
-            assert found[sp]["names"] == 1.0 and max(found[sp][k] for k in ("out", "dx", "grads")) < 1e-5, found
+            assert found[sp]["names"] == 1.0 and max(found[sp][k] for k in ("out", "dx", "grads", "losses")) < 1e-5, \
+                found
 
 
 def _moe_at_ep2() -> dict[str, float]:

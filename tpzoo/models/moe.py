@@ -92,15 +92,41 @@ class Experts(nn.Module):
                 f"gated={self.gate is not None}")
 
 
+def _whole(t: Tensor) -> Tensor:
+    """The sums over each sequence's tokens, when this rank holds them all (``MoE.sequence_sum``)."""
+    return t
+
+
+class _JoinLoss(torch.autograd.Function):
+    """forward(out, loss) = out; backward: out's gradient, and a gradient of 1 for the scalar ``loss``, which so
+    adds its gradient to the training loss's wherever that is computed (on the last pipeline stage, say), as
+    Megatron-LM's MoEAuxLossAutoScaler does."""
+
+    @staticmethod
+    def forward(ctx, out: Tensor, loss: Tensor) -> Tensor:
+        ctx.save_for_backward(loss)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        (loss,) = ctx.saved_tensors
+        return grad, torch.ones_like(loss)
+
+
 class MoE(nn.Module):
     """[b, s, h] -> [b, s, h]: ``num_experts`` experts of ``ffn_hidden_size`` features, ``top_k`` a token (module
     docstring); ``shared_ffn_hidden_size``: a shared expert of that width (None: none), its output gated by
-    sigmoid(X g) when ``shared_gate``. Weights ~ N(0, ``init_std``^2), the second linears' ``out_init_std``."""
+    sigmoid(X g) when ``shared_gate``. Weights ~ N(0, ``init_std``^2), the second linears' ``out_init_std``.
+
+    In training, ``aux_loss_coeff`` and ``z_loss_coeff`` add the router's losses of each sequence (``router_losses``)
+    to the training loss's gradient with weight ``sequence_weight`` (the weight the training loss gives a sequence:
+    set by the engine, None = 1 / b, the mean over the forward's sequences); ``losses`` holds their sums over the
+    forward's sequences, to log."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, ffn_hidden_size: int, *,
                  activation: str = "swiglu", score: str = "softmax", normalize: bool = True,
-                 shared_ffn_hidden_size: int | None = None, shared_gate: bool = False, init_std: float = 0.02,
-                 out_init_std: float = 0.02) -> None:
+                 shared_ffn_hidden_size: int | None = None, shared_gate: bool = False, aux_loss_coeff: float = 0.0,
+                 z_loss_coeff: float = 0.0, init_std: float = 0.02, out_init_std: float = 0.02) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
@@ -108,7 +134,14 @@ class MoE(nn.Module):
             raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
         if shared_gate and shared_ffn_hidden_size is None:
             raise ValueError("shared_gate=True gates the shared expert; give shared_ffn_hidden_size too")
+        if aux_loss_coeff < 0 or z_loss_coeff < 0:
+            raise ValueError(f"the router's loss coefficients must be >= 0, got aux_loss_coeff={aux_loss_coeff}, "
+                             f"z_loss_coeff={z_loss_coeff}")
         self.top_k, self.score, self.normalize = top_k, score, normalize
+        self.aux_loss_coeff, self.z_loss_coeff = aux_loss_coeff, z_loss_coeff
+        self.sequence_weight: float | None = None
+        self.sequence_sum: Callable[[Tensor], Tensor] = _whole  # sequence parallelism: an all-reduce over tp
+        self.losses: dict[str, Tensor] = {}
         self.router = linear(hidden_size, num_experts, False, init_std)
         self.experts = Experts(num_experts, hidden_size, ffn_hidden_size, activation=activation, init_std=init_std,
                                out_init_std=out_init_std)
@@ -126,10 +159,38 @@ class MoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights, indices, logits
 
+    def router_losses(self, logits: Tensor, indices: Tensor, batch: int) -> tuple[Tensor, Tensor]:
+        """(load balance, z-loss), each summed over the ``batch`` sequences of router ``logits`` [T, N] and chosen
+        ``indices`` [T, k] (T = batch x s tokens), per sequence over its s tokens:
+
+            load balance   N sum_e f_e P_e   f_e: the share of the sequence's s k routed slots that chose e (no
+                           gradient), P_e: the mean of p_e, p the scores (sigmoid ones divided by their sum); 1 when
+                           balanced. Hugging Face's Mixtral computes the batch's, k times this on one sequence.
+            z-loss         the mean of logsumexp(logits)^2 (ST-MoE, Zoph et al. 2022)
+
+        Per sequence, so that the sum over a global batch is the same however it is split into micro-batches and
+        data-parallel ranks; ``sequence_sum`` adds the parts of each sequence other ranks hold."""
+        n = logits.shape[-1]
+        logits = logits.float().view(batch, -1, n)                                    # [b, s, N]
+        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
+        scores = scores / scores.sum(-1, keepdim=True)
+        chosen = torch.zeros_like(scores).scatter_(-1, indices.view(batch, -1, self.top_k), 1.0)
+        z = logits.logsumexp(-1).square()
+        sums = self.sequence_sum(torch.cat([chosen.sum(1), scores.sum(1), z.sum(1, keepdim=True)], -1))
+        count, prob, z_sum = sums.split([n, n, 1], -1)                                 # [b, N], [b, N], [b, 1]
+        tokens = count.sum(-1, keepdim=True) / self.top_k                              # s, whole sequences
+        balance = n * (count / (tokens * self.top_k) * prob / tokens).sum(-1)
+        return balance.sum(), (z_sum / tokens).sum()
+
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])                                  # [T, h]
-        weights, indices, _ = self.route(flat)
+        weights, indices, logits = self.route(flat)
         out = self.experts(flat, weights, indices).view_as(x)
+        if self.training and (self.aux_loss_coeff or self.z_loss_coeff):
+            balance, z = self.router_losses(logits, indices, x.shape[0])
+            self.losses = {"load_balancing_loss": balance.detach(), "z_loss": z.detach()}
+            weight = self.sequence_weight if self.sequence_weight is not None else 1.0 / x.shape[0]
+            out = _JoinLoss.apply(out, (self.aux_loss_coeff * balance + self.z_loss_coeff * z) * weight)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
@@ -138,4 +199,5 @@ class MoE(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"top_k={self.top_k}, score={self.score!r}, normalize={self.normalize}"
+        return (f"top_k={self.top_k}, score={self.score!r}, normalize={self.normalize}, "
+                f"aux_loss_coeff={self.aux_loss_coeff}, z_loss_coeff={self.z_loss_coeff}")

@@ -119,7 +119,8 @@ def experts(module: nn.Module, site: Site) -> nn.Module:
     experts [T, k] enter through f (identity; backward all-reduce), the weighted sum of all experts leaves through g
     (all-reduce; backward identity). f on the weights makes their gradient whole on every rank (each rank's is a
     partial sum), as the router needs. In the sequence region the tokens are this rank's [T/tp]: they enter
-    all-gathered (backward reduce-scatter) and the sum leaves reduce-scattered to them."""
+    all-gathered (backward reduce-scatter) and the sum leaves reduce-scattered to them; the parent mixture of
+    experts' ``sequence_sum`` then all-reduces over tp (its router's losses are per whole sequence)."""
     mesh = site.plan.mesh
     for name, dim in (("dense_h_to_4h", 1), ("dense_4h_to_h", 2)):
         weight = getattr(module, name, None)
@@ -135,6 +136,9 @@ def experts(module: nn.Module, site: Site) -> nn.Module:
         return module
     group = mesh.tp_group
     if site.sequence:
+        if hasattr(site.parent, "sequence_sum"):  # the router's per-sequence losses add the other ranks' tokens
+            site.parent.sequence_sum = lambda t: reduce_from_tp_region(t, group)
+
         def enter(m: nn.Module, args: tuple) -> tuple:
             x, weights, indices = (gather_from_sequence_parallel_region(t, group, 0, t.is_floating_point())
                                    for t in args[:3])
