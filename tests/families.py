@@ -109,6 +109,13 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("mistral", "mistral-tiny", "MistralModel", "causal-lm", "lm",
          changes={"num_query_groups": 2, "window_size": WINDOW},
          hf=dict(_HF_LLAMA, num_key_value_heads=2, sliding_window=WINDOW, tie_word_embeddings=False)),
+    # a mixture of experts in every layer: 4 experts, top 2 (the tiny Hugging Face model's expert width, 96)
+    Case("mixtral", "mixtral-tiny", "MixtralModel", "causal-lm", "lm", changes={"num_query_groups": 2},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, num_local_experts=4,
+                 num_experts_per_tok=2)),
+    # with the router's per-sequence losses in the training loss (load balance and z-loss)
+    Case("mixtral-aux", "mixtral-tiny", "MixtralModel", "causal-lm", "lm",
+         changes={"num_query_groups": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01}),
     # packed examples (``document_ids``): each kept to itself, learned positions counted from its start
     Case("gpt-packed", "gpt-tiny", "GPTModel", "packed-lm", "lm"),
     # decoders as classifiers, read at the last real token (padding on the right, never a real token's id)
@@ -125,6 +132,8 @@ QKV_BIAS_LM = CASES["qwen2"]                # biases on q, k and v only, a tied 
 QK_NORM_LM = CASES["qwen3"]                 # RMSNorm on each head's queries and keys, a head size not h / n
 WINDOW_LM = CASES["mistral"]                # sliding-window attention (``WINDOW`` tokens)
 SCALED_ROPE_LM = CASES["llama3"]            # Llama 3.x's scaled rotary frequencies
+MOE_LM = CASES["mixtral"]                   # mixtures of experts in place of the MLPs
+MOE_AUX_LM = CASES["mixtral-aux"]           # and their router's losses in the training loss
 
 # the roles: what a test needs, whichever family plays it
 CAUSAL_LM = CASES["gpt"]                    # a causal LM: learned positions, tied output layer
@@ -150,7 +159,7 @@ MASKED_LM_BASE = "bert-base"                # BERT-base
 MASKED_LM_LARGE = "bert-large"              # BERT-large: 335,174,458 with its MLM head
 # the published parameter counts of today's decoders (their model cards and Hugging Face's safetensors index)
 PUBLISHED = {"qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920, "mistral-7b": 7_241_732_096,
-             "llama3.2-1b": 1_235_814_400, CAUSAL_LM_SMALL: 124_439_808}
+             "llama3.2-1b": 1_235_814_400, "mixtral-8x7b": 46_702_792_704, CAUSAL_LM_SMALL: 124_439_808}
 HUB_NAME = "gpt2"                           # a model name of the Hugging Face hub (tpzoo never downloads one)
 OTHER_HEAD = "BertForQuestionAnswering"     # a Hugging Face class of MASKED_LM's model type that tpzoo lacks
 

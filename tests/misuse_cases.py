@@ -8,7 +8,7 @@ model classes named come from ``families``; ``{causal_lm}`` and ``{masked_lm}`` 
 
 from __future__ import annotations
 
-from families import CAUSAL_LM, CAUSAL_LM_SMALL, MASKED_LM, MASKED_LM_BASE, PRETRAIN_DEFAULT
+from families import CAUSAL_LM, CAUSAL_LM_SMALL, MASKED_LM, MASKED_LM_BASE, MOE_LM, PRETRAIN_DEFAULT
 from misuse_cases_tools import FT, GEN, TOOL_CASES
 
 PROGS = {"pretrain": "pretrain.py", "finetune": "finetune.py", "data": "python -m tpzoo.data",
@@ -113,8 +113,12 @@ CASES: dict[str, tuple[str, str, str]] = {
                                                             f"--bert-no-binary-head: --model {CAUSAL_LM.family} has "
                                                             f"no binary (sentence-order) head to leave out"),
     # pretrain.py: flags
-    "pretrain-megatron-refused-flag": ("pretrain", T + " --num-experts 8",
-                                       "--num-experts is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
+    "pretrain-megatron-refused-flag": ("pretrain", T + " --mamba-num-heads 8",
+                                       "--mamba-num-heads is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
+    "pretrain-moe-flag-on-a-dense-family": ("pretrain", T + f" --model {CAUSAL_LM.family} --num-experts 8",
+                                            f"--num-experts does not apply to --model {CAUSAL_LM.family}"),
+    "pretrain-moe-top-k-above-the-experts": ("pretrain", T + f" --model {MOE_LM.family} --num-experts 4 "
+                                             "--moe-router-topk 5", "moe_router_topk=5 is more than num_experts=4"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",
                                             "but W&B is off; add --wandb-project"),
     # test_misuse runs these with no W&B key anywhere and WANDB_MODE unset

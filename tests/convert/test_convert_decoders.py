@@ -1,6 +1,7 @@
 """The Llama-like adapters: Hugging Face <-> tpzoo for Llama (``families.GQA_LM``: 2 kv heads, untied
 output; ``GQA_LM_TIED_MHA``: multi-head, tied; ``SCALED_ROPE_LM``: Llama 3.x's rotary scaling), Qwen2
-(``QKV_BIAS_LM``), Qwen3 (``QK_NORM_LM``) and Mistral (``WINDOW_LM``, a window shorter than the prompt):
+(``QKV_BIAS_LM``), Qwen3 (``QK_NORM_LM``), Mistral (``WINDOW_LM``, a window shorter than the prompt) and Mixtral
+(``MOE_LM``, mixtures of experts: in the ranks' checks, and its own exact round trip):
 exact state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); the
 configs tpzoo refuses; and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits
 (both attention backends), loss and greedy generation equal Hugging Face's at tp 1, 2 and 4, where tp
@@ -15,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from cases import CaseLog, assert_case
-from families import (GQA_LM, GQA_LM_TIED_MHA, HF_VOCAB, QK_NORM_LM, QKV_BIAS_LM, SCALED_ROPE_LM, WINDOW, WINDOW_LM,
-                      hf_class, hf_config, hf_model)
+from families import (GQA_LM, GQA_LM_TIED_MHA, HF_VOCAB, MOE_LM, QK_NORM_LM, QKV_BIAS_LM, SCALED_ROPE_LM, WINDOW,
+                      WINDOW_LM, hf_class, hf_config, hf_model)
 from hf_models import mean_loss
 
 from tpzoo.convert import ConversionError, from_hf, hf_to_tpzoo, read_hf, to_hf, tpzoo_to_hf
+from tpzoo.convert.hf import saved_layout
 from tpzoo.convert.__main__ import main as convert_main
 from tpzoo.models.attention import CoreAttention
 from tpzoo.parallel import ParallelPlan, init_mesh
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.tier("unit")
 
 VARIANTS = {"gqa": GQA_LM, "tied-mha": GQA_LM_TIED_MHA, "llama3": SCALED_ROPE_LM, "qwen2": QKV_BIAS_LM,
             "qwen3": QK_NORM_LM, "mistral": WINDOW_LM}
+SPAWNED = {**VARIANTS, "moe": MOE_LM}  # the ranks' checks: the dense variants and Mixtral's mixtures of experts
 TPS = (1, 2, 4)
 ATTENTION = ("sdpa", "fused-softmax")
 B, S, PROMPT, NEW = 2, 12, 5, 7
@@ -37,7 +40,7 @@ assert PROMPT > WINDOW, "the Mistral case's window must be shorter than the prom
 
 
 def kv_heads(variant: str) -> int:
-    return VARIANTS[variant].hf["num_key_value_heads"]
+    return SPAWNED[variant].hf["num_key_value_heads"]
 
 
 def refused(variant: str, tp: int) -> bool:
@@ -47,7 +50,7 @@ def refused(variant: str, tp: int) -> bool:
 def case_names() -> list[str]:
     """Every check of ``decoder_checks``, in the order it runs them."""
     names = []
-    for v in VARIANTS:
+    for v in SPAWNED:
         names += [f"{v}-tp{tp}-refused" if refused(v, tp) else f"{v}-tp{tp}-{a}" for tp in TPS
                   for a in (ATTENTION[:1] if refused(v, tp) else ATTENTION)]
         names += [f"{v}-trait"] * (v in TRAITS) + [f"{v}-generate-tp{tp}" for tp in (1, 2)] + [f"{v}-to-hf-tp2"]
@@ -90,6 +93,29 @@ def test_state_dict_round_trips_exactly_with_groups_laid_out(variant):
     assert hf_to_tpzoo(back_config, back)[2] == config
     assert (back_config.architectures, back_config.num_key_value_heads, back_config.rms_norm_eps,
             back_config.tie_word_embeddings) == ([case.architecture], g, 1e-4, tied)
+
+
+def test_moe_state_dict_round_trips_exactly_with_experts_stacked():
+    """Mixtral's checkpoint layout (each expert's w1 gate, w3 up, w2 down; the router ``gate``) <-> the stacked experts,
+    gate and up rows interleaved; the model object's weights read in that layout too (transformers 5 holds them
+    stacked in memory)."""
+    hf = hf_model(MOE_LM)
+    original = saved_layout(hf)
+    class_name, options, config, state = hf_to_tpzoo(hf.config, original, MOE_LM.architecture)
+    assert (class_name, config.num_experts, config.moe_router_topk, config.expert_ffn_size) == (MOE_LM.model, 4, 2, 96)
+    h = "model.layers.1.block_sparse_moe."
+    experts = state["layers.1.mlp.experts.dense_h_to_4h"]
+    assert experts.shape == (4, 2 * 96, 64)
+    assert torch.equal(state["layers.1.mlp.router.weight"], original[f"{h}gate.weight"])
+    for e in range(4):
+        assert torch.equal(experts[e, 0::2], original[f"{h}experts.{e}.w1.weight"])
+        assert torch.equal(experts[e, 1::2], original[f"{h}experts.{e}.w3.weight"])
+        assert torch.equal(state["layers.1.mlp.experts.dense_4h_to_h"][e], original[f"{h}experts.{e}.w2.weight"])
+    back_config, back, _ = tpzoo_to_hf(class_name, options, config, state)
+    assert back.keys() == original.keys(), sorted(set(back) ^ set(original))
+    assert all(torch.equal(back[key], original[key]) for key in original)
+    assert hf_to_tpzoo(back_config, back)[2] == config
+    assert (back_config.num_local_experts, back_config.num_experts_per_tok, back_config.intermediate_size) == (4, 2, 96)
 
 
 # each family's trait as read from its Hugging Face config (``drop_trait`` takes it out: the logits change)
@@ -197,7 +223,7 @@ def decoder_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, to
     log = CaseLog()
     meshes = {tp: init_mesh(tp=tp) for tp in TPS}
     labels = torch.cat([ids[:, 1:], torch.full((B, 1), -100)], 1)
-    for variant in VARIANTS:
+    for variant in SPAWNED:
         folder, ref, models = Path(tmp) / variant, expected[variant], {}
         for tp in TPS:
             if refused(variant, tp):
@@ -245,7 +271,7 @@ def logs(tmp_path_factory) -> list[CaseLog]:
     tmp = tmp_path_factory.mktemp("decoders")
     ids = torch.randint(0, HF_VOCAB, (B, S), generator=torch.Generator().manual_seed(0))
     expected = {}
-    for variant, case in VARIANTS.items():
+    for variant, case in SPAWNED.items():
         hf = hf_model(case)
         hf.save_pretrained(tmp / variant)
         with torch.no_grad():

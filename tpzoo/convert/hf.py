@@ -158,6 +158,17 @@ def tpzoo_to_hf(class_name: str, options: dict[str, Any], config: ModelConfig, s
     return config_to_hf(config, arch), state_dict_to_hf(state, config, arch), tied_repeats(config, arch)
 
 
+def saved_layout(model: Any) -> dict[str, Tensor]:
+    """A transformers model's state dict as its checkpoints store it: transformers 5 holds some weights otherwise in
+    memory (Mixtral's experts stacked, ``mlp.experts.gate_up_proj``) and turns them back when it saves
+    (``revert_weight_conversion``); earlier versions hold the saved layout."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return model.state_dict()
+    return revert_weight_conversion(model, model.state_dict())
+
+
 def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> StagedModel:
     """A tpzoo model sharded for ``plan`` (a ``ParallelPlan``, a mesh, or None: ``get_mesh()``) with the
     weights of ``source``: a transformers model of one of ``architectures()`` (GPT2LMHeadModel,
@@ -167,7 +178,7 @@ def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> Sta
         hf_config, hf_state = read_hf(source)
         arch = None
     else:
-        hf_config, hf_state, arch = source.config, source.state_dict(), type(source).__name__
+        hf_config, hf_state, arch = source.config, saved_layout(source), type(source).__name__
     class_name, options, config, state = hf_to_tpzoo(hf_config, hf_state, arch)
     model = build_model(class_name, config, plan, **options)
     load_full_state_dict(model, state)

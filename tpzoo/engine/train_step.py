@@ -57,7 +57,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from tpzoo.engine.config import EngineConfig, check_fits, micro_batches
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
@@ -75,6 +75,16 @@ from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
 
 logger = logging.getLogger(__name__)
+
+
+def weigh_sequences(chunks: list[nn.Module], weight: float) -> None:
+    """Give every module that adds losses of its own per sequence (``sequence_weight``: a mixture of experts' router
+    losses, ``tpzoo.models.moe``) the weight the step's training loss gives one sequence: the loss scale over the
+    global batch's sequences, on every rank and stage, so that those losses count once whatever the mesh."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            if hasattr(module, "sequence_weight"):
+                module.sequence_weight = weight
 
 
 def label_counts(batch: dict[str, Tensor], keys: list[str]) -> list[Tensor]:
@@ -219,6 +229,7 @@ class Engine:
         ids, extras = self.micro_batches(batch)
         main, mesh = self.main, self.mesh
         main.zero_grad()
+        weigh_sequences(self.chunks, self.loss_scale / batch["input_ids"].shape[0])
         if self.reducer is not None:
             self.reducer.start(len(ids))
         with peers_named("train_step", mesh, self.config.timeout_s):

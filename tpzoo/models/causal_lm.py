@@ -89,9 +89,14 @@ class CausalLM(StagedModel):
                               out_bias=c.add_bias_linear, rotary=rotary,
                               qk_norm=c.normalization if c.qk_layernorm else None, norm_epsilon=c.layernorm_epsilon,
                               init_std=c.init_method_std, out_init_std=out_std, layer_number=layer_number)
-        mlp = MLP(c.hidden_size, c.ffn_size, activation=c.activation, bias=c.add_bias_linear,
-                  init_std=c.init_method_std, out_init_std=out_std)
-        return TransformerLayer(attention, mlp, self.norm(), self.norm(), dropout=c.hidden_dropout)
+        return TransformerLayer(attention, self.build_mlp(layer_number), self.norm(), self.norm(),
+                                dropout=c.hidden_dropout)
+
+    def build_mlp(self, layer_number: int) -> nn.Module:
+        """The MLP of layer ``layer_number``: the config's dense ``MLP`` (a mixture of experts in Mixtral)."""
+        c = self.config
+        return MLP(c.hidden_size, c.ffn_size, activation=c.activation, bias=c.add_bias_linear,
+                   init_std=c.init_method_std, out_init_std=self.output_init_std())
 
     def build_head(self) -> nn.Module:
         return LMHead(self.norm(), self.config.vocab_size)

@@ -3,9 +3,10 @@
 ``ModelConfig`` holds what every tpzoo transformer has (layers, widths, heads, vocabulary, dropout,
 init) and the traits Megatron-LM's architecture flags name (positions, norm, MLP activation,
 biases), which the models read to build themselves; each family's config narrows the traits to
-what the family is and adds its own fields: ``TransformerConfig`` (GPT-2 and BERT) and
-``LlamaConfig`` (and the Llama-like ``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``). How a model runs (mesh, sequence parallelism, recompute, kernels, seed) is not
-config: it is the ``tpzoo.parallel.ParallelPlan`` applied to it.
+what the family is and adds its own fields: ``TransformerConfig`` (GPT-2 and BERT) and ``LlamaConfig`` (and the
+Llama-like ``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``; ``MixtralConfig``: with mixtures of experts). How a
+model runs (mesh, sequence parallelism, recompute, kernels, seed) is not config: it is the
+``tpzoo.parallel.ParallelPlan`` applied to it.
 
 Every field declares, next to it, its check, its meaning and the Megatron-LM flag that sets it
 (``option(default, check, doc, flag)``); ``__post_init__`` runs the checks, then those that tie
@@ -22,7 +23,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tpzoo.fields import Check, at_least, boolean, check_fields, fraction, one_of, option, optional, positive_number
+from tpzoo.fields import (Check, at_least, boolean, check_fields, fraction, non_negative_number, one_of, option,
+                          optional, positive_number)
 from tpzoo.run_options import PLAN_OPTIONS
 
 LAYERNORM_POSITIONS = ("pre", "post")
@@ -262,6 +264,38 @@ class MistralConfig(LlamaConfig):
         if self.ffn_hidden_size is not None:
             return self.ffn_hidden_size
         return -(-(8 * self.hidden_size // 3) // 256) * 256
+
+
+@dataclass
+class MixtralConfig(MistralConfig):
+    """Mixtral: a Mistral whose MLPs are mixtures of experts (``tpzoo.models.moe``; Megatron-LM's flags): each token
+    goes through ``moe_router_topk`` of ``num_experts`` SwiGLU experts of ``moe_ffn_hidden_size`` features (None: the
+    MLP width), by softmax scores renormalised over the chosen; the router's per-sequence load-balancing loss and
+    z-loss join the training loss with their coefficients (0: off, as in Megatron-LM)."""
+
+    model_type: str = option("mixtral", one_of("mixtral"), "mixtral")
+    num_experts: int = option(8, at_least(1), "experts in each layer's MLP (a mixture of experts)", "--num-experts")
+    moe_router_topk: int = option(2, at_least(1), "experts each token goes through", "--moe-router-topk")
+    moe_ffn_hidden_size: int | None = option(None, optional(at_least(1)), "each expert's MLP width; None: "
+                                             "ffn_hidden_size", "--moe-ffn-hidden-size")
+    moe_aux_loss_coeff: float = option(0.0, non_negative_number, "weight of the router's load-balancing loss "
+                                       "(N sum_e f_e P_e, per sequence) in the training loss", "--moe-aux-loss-coeff")
+    moe_z_loss_coeff: float = option(0.0, non_negative_number, "weight of the router's z-loss (per sequence) in the "
+                                     "training loss", "--moe-z-loss-coeff")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.moe_router_topk > self.num_experts:
+            raise ValueError(f"moe_router_topk={self.moe_router_topk} is more than num_experts={self.num_experts}: "
+                             f"a token goes through at most every expert; choose a top-k up to {self.num_experts}")
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """Each expert's MLP width: ``moe_ffn_hidden_size``, or the MLP width (``ffn_size``) when None."""
+        return self.moe_ffn_hidden_size or self.ffn_size
+
+    def size(self, name: str) -> int:
+        return self.expert_ffn_size if name == "moe_ffn_hidden_size" else super().size(name)
 
 
 def field_names(cls: type = TransformerConfig) -> list[str]:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Callable
 
-from tpzoo.models.config import LlamaConfig, MistralConfig, ModelConfig, Qwen2Config, Qwen3Config, TransformerConfig
+from tpzoo.models.config import (LlamaConfig, MistralConfig, MixtralConfig, ModelConfig, Qwen2Config, Qwen3Config,
+                                 TransformerConfig)
 
 DATA_KINDS = ("causal-lm", "masked-lm")
 FINETUNE_KINDS = ("causal-lm", "classification")
@@ -114,6 +115,7 @@ _QWEN2 = dict(_LLAMA, model_type="qwen2", tie_word_embeddings=True)
 _QWEN3 = dict(_QWEN2, model_type="qwen3")
 _QWEN_REAL = dict(layernorm_epsilon=1e-6, vocab_size=151936, rotary_base=1000000.0)  # Qwen2.5's and Qwen3's
 _MISTRAL = dict(_LLAMA, model_type="mistral")
+_MIXTRAL = dict(_LLAMA, model_type="mixtral")
 # The tiny presets use the 512-token vocabulary of the bundled demo tokenizer.
 _TINY = dict(vocab_size=512, max_position_embeddings=256)
 # Post-LN BERT sits on the unigram plateau (MLM loss = unigram entropy) for hundreds of steps and does not
@@ -177,6 +179,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                "mistral-7b": dict(_MISTRAL, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
                                   ffn_hidden_size=14336, vocab_size=32000, max_position_embeddings=32768,
                                   window_size=4096)}),
+    Family("mixtral", "tpzoo.models.mixtral", MixtralConfig, data="causal-lm", finetune="causal-lm",
+           default_preset="mixtral-tiny", train_defaults=DECODER_DEFAULTS, presets={
+               "mixtral-tiny": dict(_MIXTRAL, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+                                    num_query_groups=2, ffn_hidden_size=128, num_experts=4, moe_router_topk=2),
+               # Mixtral-8x7B's shape: 8 experts of 14336, top 2
+               "mixtral-8x7b": dict(_MIXTRAL, num_layers=32, hidden_size=4096, num_attention_heads=32,
+                                    num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000,
+                                    max_position_embeddings=32768, rotary_base=1000000.0, num_experts=8,
+                                    moe_router_topk=2)}),
 )}
 PRESETS: dict[str, dict[str, Any]] = {name: fields for f in FAMILIES.values() for name, fields in f.presets.items()}
 SOURCES: dict[str, str] = {}  # family name -> "module:NAME" it came from, for the families from outside tpzoo

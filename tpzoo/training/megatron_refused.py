@@ -19,19 +19,19 @@ _BY_REASON: dict[str, str] = {
         "--mamba-num-groups --mamba-num-heads --gdp-num-householder --disable-mamba-mem-eff-path "
         "--gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute --mamba-training-ssm-states-dtype --spec "
         "--hybrid-layer-pattern --hybrid-override-pattern",
-    "tpzoo has no mixture-of-experts layers":
+    "tpzoo's mixtures of experts (--model mixtral) have no such option yet":
         "--expert-model-parallel-size --expert-tensor-parallel-size --expert-tensor-parallel-num-weight-shards "
         "--overlap-moe-expert-parallel-comm --overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream "
         "--moe-shared-expert-intermediate-size --moe-shared-expert-gate --moe-shared-expert-overlap "
-        "--use-grouped-gemm-for-shared-expert --moe-shared-expert-glu-interleave-size --moe-ffn-hidden-size "
-        "--moe-router-topk --moe-enable-routing-replay --moe-router-padding-for-quantization "
+        "--use-grouped-gemm-for-shared-expert --moe-shared-expert-glu-interleave-size "
+        "--moe-enable-routing-replay --moe-router-padding-for-quantization "
         "--moe-router-padding-for-fp8 --moe-router-num-groups --moe-router-group-topk --moe-router-pre-softmax "
         "--moe-router-topk-scaling-factor --moe-router-score-function --moe-router-dtype "
         "--moe-router-enable-expert-bias --moe-router-bias-update-rate --moe-router-quantile-balancing-ema "
         "--moe-router-force-load-balancing --moe-router-force-biased --use-grouped-gemm-for-dense-mlp "
         "--moe-grouped-gemm --moe-use-grouped-tensor --moe-single-grouped-weight --moe-single-grouped-bias "
-        "--moe-z-loss-coeff --moe-input-jitter-eps --moe-token-dispatcher-type --moe-enable-deepep "
+        "--moe-input-jitter-eps --moe-token-dispatcher-type --moe-enable-deepep "
         "--moe-flex-dispatcher-backend --moe-permute-fusion-into-hybridep --moe-hybridep-pad-uneven-dispatch-inputs "
         "--moe-per-layer-logging --moe-expert-capacity-factor --moe-pad-expert-input-to-capacity "
         "--moe-pad-experts-for-cuda-graph-inference --moe-token-drop-policy --moe-layer-recompute "
@@ -42,8 +42,8 @@ _BY_REASON: dict[str, str] = {
         "--moe-expert-rank-capacity-factor --moe-paged-stash --moe-paged-stash-page-size "
         "--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-buffer-size-factor-cpu "
         "--save-tokens-per-expert-interval --gtp-remat-reduce-scatter-with-fp32-accumulation --gtp-remat-nccl-ub "
-        "--gtp-expert-remat-nccl-ub --num-experts --moe-layer-freq --moe-use-upcycling "
-        "--moe-router-load-balancing-type --moe-aux-loss-coeff --moe-upcycling-granularity --moe-routing-trace-path "
+        "--gtp-expert-remat-nccl-ub --moe-layer-freq --moe-use-upcycling "
+        "--moe-router-load-balancing-type --moe-upcycling-granularity --moe-routing-trace-path "
         "--moe-routing-trace-max-training-iters --moe-routing-trace-capture-logits "
         "--moe-routing-trace-capture-hidden-states --moe-routing-trace-dump-weights",
     "tpzoo initializes every model it builds (load weights with --load or --finetune)": "--no-initialization",
