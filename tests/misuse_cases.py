@@ -116,7 +116,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-megatron-refused-flag": ("pretrain", T + " --mamba-num-heads 8",
                                        "--mamba-num-heads is a Megatron-LM flag tpzoo does not support: tpzoo has no"),
     "pretrain-moe-flag-on-a-dense-family": ("pretrain", T + f" --model {CAUSAL_LM.family} --num-experts 8",
-                                            f"--num-experts does not apply to --model {CAUSAL_LM.family}"),
+                                            f"--model {CAUSAL_LM.family} disagrees with the architecture flags: "
+                                            f"--num-experts 8 ({CAUSAL_LM.family}: no --num-experts); drop those flags "
+                                            f"or pass --model {MOE_LM.family}"),
     "pretrain-moe-top-k-above-the-experts": ("pretrain", T + f" --model {MOE_LM.family} --num-experts 4 "
                                              "--moe-router-topk 5", "moe_router_topk=5 is more than num_experts=4"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",

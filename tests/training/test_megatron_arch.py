@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from families import (CASES, CAUSAL_LM, GQA_LM, MASKED_LM, PRETRAIN_DEFAULT, QK_NORM_LM, QKV_BIAS_LM, WINDOW_LM,
+from families import (CASES, CAUSAL_LM, GQA_LM, MASKED_LM, MOE_LM, PRETRAIN_DEFAULT, QK_NORM_LM, QKV_BIAS_LM, WINDOW_LM,
                       batch)
 from pretrain_helpers import script
 
@@ -86,7 +86,8 @@ def test_megatron_architecture_flags_set_config_fields():
     ("--add-qkv-bias", QKV_BIAS_LM, dict(add_qkv_bias=True)),
     ("--qk-layernorm --kv-channels 48", QK_NORM_LM, dict(qk_layernorm=True, kv_channels=48)),
     ("--window-size 4095,0", WINDOW_LM, dict(window_size=4096)),
-    ("--use-rope-scaling --rope-scaling-factor 32", GQA_LM, dict(rope_scaling=True, rope_scaling_factor=32.0))])
+    ("--use-rope-scaling --rope-scaling-factor 32", GQA_LM, dict(rope_scaling=True, rope_scaling_factor=32.0)),
+    ("--num-experts 8 --moe-router-topk 2", MOE_LM, dict(num_experts=8, moe_router_topk=2))])
 def test_megatron_flags_of_todays_decoders_pick_and_build_their_family(flags, case, fields):
     """Megatron-LM's Llama line with Qwen2's, Qwen3's, Mistral's or Llama 3.x's flag describes that family (no
     --model) and sets its fields; with --model the same; a window is Megatron-LM's LEFT,0 = LEFT + 1 keys."""
@@ -105,7 +106,10 @@ def test_megatron_flags_of_todays_decoders_pick_and_build_their_family(flags, ca
     (f"--model {CAUSAL_LM.family} --use-rope-scaling", "--use-rope-scaling applies to rotary positions, but --model gpt "
                                                        "has learned_absolute ones; drop it"),
     (f"--model {CAUSAL_LM.family} --rope-scaling-factor 4", "--rope-scaling-factor does not apply to --model gpt"),
-    (f"--model {CAUSAL_LM.family} --kv-channels 16", "gpt's heads have hidden size / heads")])
+    (f"--model {CAUSAL_LM.family} --kv-channels 16", "gpt's heads have hidden size / heads"),
+    (f"--model {GQA_LM.family} --num-experts 8", "--model llama disagrees with the architecture flags: --num-experts 8 "
+                                                 "(llama: no --num-experts); drop those flags or pass --model mixtral"),
+    (f"{GPT} --num-experts 8", "no model family has the architecture these flags describe; the nearest")])
 def test_megatron_flags_of_todays_decoders_refuse_families_without_the_trait(line, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         built(resolved(line), 512)

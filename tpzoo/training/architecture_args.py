@@ -48,7 +48,7 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # what a model is, as Megatron-LM's flags say it: trait -> its value when no flag sets it (Megatron-LM's)
 TRAITS: dict[str, Any] = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                               add_bias_linear=True, group_query_attention=False, add_qkv_bias=False,
-                              qk_layernorm=False, window_size=None)
+                              qk_layernorm=False, window_size=None, num_experts=None)
 
 
 @parses(megatron_window)
@@ -122,6 +122,8 @@ def _takes(config_class: type, trait: str, value: Any) -> bool:
     """Whether a config of ``config_class`` can have Megatron-LM trait ``trait`` = ``value`` (its fields' checks)."""
     if trait == "group_query_attention":
         return not value or option(config_class, "num_query_groups") is not None
+    if trait == "num_experts":  # any count, in a family of mixtures of experts; none, in one of dense MLPs
+        return (value is None) == (option(config_class, "num_experts") is None)
     if trait == "swiglu":
         field, wanted = option(config_class, "activation"), [a for a in ACTIVATIONS if (a == "swiglu") == value]
     else:
@@ -136,6 +138,8 @@ def _family_value(config_class: type, trait: str) -> Any:
         return False
     if trait == "swiglu":
         return option(config_class, "activation").default == "swiglu"
+    if trait == "num_experts":
+        return getattr(option(config_class, trait), "default", None)
     return option(config_class, trait).default
 
 
@@ -145,6 +149,8 @@ def _show(trait: str, value: Any) -> str:
         return "--add-bias-linear" if value else "--disable-bias-linear"
     if trait == "window_size":
         return f"--window-size {value - 1},0" if value else "no --window-size"
+    if trait == "num_experts":
+        return f"--num-experts {value}" if value else "no --num-experts"
     if isinstance(value, bool):
         flag = f"--{trait.replace('_', '-')}"
         return flag if value else f"no {flag}"
