@@ -9,8 +9,9 @@ checkpoint), so the recompute and its RNG replay run in eager code around compil
 The tp collectives (autograd functions around ``dist.all_reduce`` and friends) trace into the graphs
 at any tp. Dropout that draws from the tp stream (``TPRandom``: attention dropout, and residual
 dropout on sequence shards) swaps the generator's state, which dynamo cannot trace: those
-dropouts run eagerly between compiled graphs (``fullgraph`` is off for such models only; a model
-without them compiles each block into one graph or fails loudly). Inductor draws dropout masks
+dropouts run eagerly between compiled graphs, as does a mixture of experts' loop over its experts, which reads
+the token counts on the host (``graph_break`` on the module: ``tpzoo.models.moe.Experts``); ``fullgraph`` is off for
+such models only, a model without them compiles each block into one graph or fails loudly. Inductor draws dropout masks
 with its own generator: with dropout, compiled and eager runs differ in the masks they draw.
 
 Backend: ``TPZOO_COMPILE_BACKEND`` (default "inductor"; "aot_eager" traces and partitions but runs
@@ -58,16 +59,17 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
-def _forks_rng(model: nn.Module) -> bool:
-    """Whether training draws dropout from the tp stream (a ``TPRandom`` whose module drops something), which
-    breaks the graph (module docstring)."""
-    return any(isinstance(m, TPRandom) and getattr(m.module, "p", 1.0) > 0 for m in model.modules())
+def _breaks_graph(model: nn.Module) -> bool:
+    """Whether training draws dropout from the tp stream (a ``TPRandom`` whose module drops something) or runs a
+    module that says it breaks the graph (``graph_break``: the experts' loop), which dynamo cannot trace whole."""
+    return any(isinstance(m, TPRandom) and getattr(m.module, "p", 1.0) > 0 or getattr(m, "graph_break", False)
+               for m in model.modules())
 
 
 def compile_model(model: nn.Module) -> nn.Module:
     """Compile ``model.layers``' layers one by one and ``model.head`` in place (a ``StagedModel``; the
     embedding stays eager); returns the model. Backend and mode: module docstring."""
-    options = dict(backend=compile_backend(), fullgraph=not _forks_rng(model))
+    options = dict(backend=compile_backend(), fullgraph=not _breaks_graph(model))
     if os.environ.get(MODE_ENV):
         options["mode"] = os.environ[MODE_ENV]
     for layer in model.layers.values():

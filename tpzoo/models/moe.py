@@ -57,6 +57,8 @@ class Experts(nn.Module):
     indices[t, j] on x[t]; summed in float32 when ``weights`` are (the router's), cast to x's dtype. The routed rows,
     sorted expert by expert, go through ``dispatch`` (``local_dispatch``: all experts here)."""
 
+    graph_break = True  # torch.compile: ``routed`` runs eagerly (tpzoo.models.compile)
+
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *, activation: str = "swiglu",
                  init_std: float = 0.02, out_init_std: float = 0.02) -> None:
         super().__init__()
@@ -77,13 +79,18 @@ class Experts(nn.Module):
         """The held experts on ``rows`` [R, h], expert by expert (``counts`` rows each) -> their outputs [R, h]."""
         return torch.cat([self.expert(e, chunk) for e, chunk in enumerate(rows.split(counts))])
 
+    @torch.compiler.disable  # the loop reads the token counts on the host: eager, between compiled graphs
+    def routed(self, rows: Tensor, counts: Tensor) -> Tensor:
+        """The routed ``rows`` [T k, h], expert by expert (``counts`` [N]), through ``dispatch`` and the experts."""
+        return self.dispatch(rows, counts, self.run)
+
     def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         k = indices.shape[-1]
         slots = indices.flatten()                                        # [T k]: (token, j) -> its expert
         order = slots.argsort(stable=True)                               # the slots, expert by expert
         tokens = order // k
         counts = torch.bincount(slots, minlength=self.num_experts)       # [N], on x's device
-        out = self.dispatch(x[tokens], counts, self.run) * weights.flatten()[order, None]
+        out = self.routed(x[tokens], counts) * weights.flatten()[order, None]
         return torch.zeros(x.shape, dtype=out.dtype, device=x.device).index_add(0, tokens, out).to(x.dtype)
 
     def extra_repr(self) -> str:
