@@ -1,7 +1,7 @@
 """A mixture-of-experts family through the scripts (``families.MOE_LM``, Mixtral), with Megatron-LM's MoE flags:
 ``pretrain.py --model mixtral --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 0.01
 --moe-z-loss-coeff 0.001`` trains on the demo corpus on one process and on 2 ranks at tp 2 with sequence
-parallelism, logging the same losses (the router's per-sequence losses counted once on either mesh); the loss falls,
+parallelism, logging the same losses and router losses (counted once a sequence on either mesh); the loss falls,
 the checkpoint records the experts, and ``python -m tpzoo.generate`` continues a prompt from it."""
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def test_the_loss_falls_the_same_on_both_meshes_and_the_checkpoint_records_the_e
     assert max(rel(split[i]["loss"], one[i]["loss"]) for i in one) < 1e-5, [(one[i]["loss"], split[i]["loss"])
                                                                            for i in one]
     assert one[ITERS]["loss"] < one[1]["loss"] - 0.3, (one[1], one[ITERS])
+    for key in ("load_balancing_loss", "z_loss"):  # logged every iteration, the same on both meshes
+        assert max(rel(split[i][key], one[i][key]) for i in one) < 1e-5, key
     record = json.loads((runs / "tp2-sp" / f"iter_{ITERS:07d}" / "meta.json").read_text())["checkpoint"]
     config = record["model"]["config"]
     assert record["model"]["class"] == MOE_LM.model and record["mesh"]["tp"] == 2

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -70,6 +70,7 @@ from tpzoo.engine.replicas import RTOL, check_replicas
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import IGNORE_INDEX, ModelConfig
+from tpzoo.models.moe import ROUTER_LOSSES
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
@@ -80,11 +81,28 @@ logger = logging.getLogger(__name__)
 def weigh_sequences(chunks: list[nn.Module], weight: float) -> None:
     """Give every module that adds losses of its own per sequence (``sequence_weight``: a mixture of experts' router
     losses, ``tpzoo.models.moe``) the weight the step's training loss gives one sequence: the loss scale over the
-    global batch's sequences, on every rank and stage, so that those losses count once whatever the mesh."""
+    global batch's sequences, on every rank and stage, so that those losses count once whatever the mesh; and empty
+    what they recorded (``losses``)."""
     for chunk in chunks:
         for module in chunk.modules():
             if hasattr(module, "sequence_weight"):
-                module.sequence_weight = weight
+                module.sequence_weight, module.losses = weight, {}
+
+
+def recorded_losses(chunks: list[nn.Module], device: torch.device) -> Tensor:
+    """[K + 1]: the sums over this rank's modules of the ``ROUTER_LOSSES`` they recorded this step (each a sum over
+    sequences), and how many modules recorded them; zeros on a rank without any (every rank sends this shape)."""
+    recorded = [m.losses for c in chunks for m in c.modules() if hasattr(m, "sequence_weight") and m.losses]
+    sums = [sum((r[name] for r in recorded), torch.zeros((), device=device)) for name in ROUTER_LOSSES]
+    return torch.stack([*sums, torch.tensor(float(len(recorded)), device=device)]).float()
+
+
+def router_means(values: list[float], sequences: int, dp: int) -> dict[str, float]:
+    """``ROUTER_LOSSES`` per sequence and layer from ``recorded_losses`` summed over pp and dp (which counts each
+    layer dp times); {} when no layer recorded any."""
+    *sums, layers = values
+    layers /= dp
+    return {name: v / sequences / layers for name, v in zip(ROUTER_LOSSES, sums)} if layers else {}
 
 
 def label_counts(batch: dict[str, Tensor], keys: list[str]) -> list[Tensor]:
@@ -116,6 +134,8 @@ class StepResult:
     losses: dict[str, float]  # the part of ``loss`` of each label key (BERT: labels = MLM, next_sentence_label)
     params_norm: float | None = None  # the weights' norm after the step (``Engine.measure_params_norm``)
     num_zeros: int | None = None      # zero entries of the reduced gradients (``Engine.measure_num_zeros``)
+    # a mixture of experts' router losses (``tpzoo.models.moe.ROUTER_LOSSES``), per sequence and layer; {}: none
+    router_losses: dict[str, float] = field(default_factory=dict)
 
 
 class Engine:
@@ -252,7 +272,8 @@ class Engine:
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             self.timers.stop("grads-sync")
-            sums = reduce_losses(total / self.loss_scale, parts, [mesh.pp_group, mesh.dp_group])
+            sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded_losses(self.chunks, mesh.device)]),
+                                 [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
             sharded = self.plan.fsdp or self.reducer.sharded
@@ -262,6 +283,7 @@ class Engine:
             *read, norm, overflow = numbers[:len(sums) + 2]
             zeros = numbers[len(sums) + 2:]  # [count] when measured
             loss, losses = named_losses(read, self.loss_keys(batch))
+            router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], mesh.dp_size)
             skipped = bool(overflow) or not math.isfinite(norm)
             if skipped:
                 self._skip(loss, norm, overflow=bool(overflow))
@@ -276,4 +298,4 @@ class Engine:
         params_norm = None
         if self.measure_params_norm:  # main weights after the step; ZeRO's and FSDP's are dp shards
             params_norm = global_params_norm(main.owned, mesh, self.plan.fsdp or main.zero).item()
-        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None)
+        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None, router)

@@ -32,6 +32,7 @@ from tpzoo.models.weights import linear
 from tpzoo.sharding_plan import prefixed
 
 SCORES = ("softmax", "sigmoid")
+ROUTER_LOSSES = ("load_balancing_loss", "z_loss")  # the names of ``MoE.losses``, as the metrics log them
 # the router and the shared expert's gate are left to the plan's default: replicated, their gradients partial sums
 # in the sequence-parallel region (where they see this rank's tokens)
 MOE_PLAN = {"experts": "experts", **prefixed("shared_expert", MLP_PLAN)}
@@ -127,8 +128,8 @@ class MoE(nn.Module):
 
     In training, ``aux_loss_coeff`` and ``z_loss_coeff`` add the router's losses of each sequence (``router_losses``)
     to the training loss's gradient with weight ``sequence_weight`` (the weight the training loss gives a sequence:
-    set by the engine, None = 1 / b, the mean over the forward's sequences); ``losses`` holds their sums over the
-    forward's sequences, to log."""
+    set by the engine, None = 1 / b, the mean over the forward's sequences); ``losses`` adds up their sums over the
+    sequences of every training forward (not a recompute's) until it is emptied, to log (``ROUTER_LOSSES``)."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, ffn_hidden_size: int, *,
                  activation: str = "swiglu", score: str = "softmax", normalize: bool = True,
@@ -193,11 +194,14 @@ class MoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])                                  # [T, h]
         weights, indices, logits = self.route(flat)
         out = self.experts(flat, weights, indices).view_as(x)
-        if self.training and (self.aux_loss_coeff or self.z_loss_coeff):
+        if self.training:
             balance, z = self.router_losses(logits, indices, x.shape[0])
-            self.losses = {"load_balancing_loss": balance.detach(), "z_loss": z.detach()}
-            weight = self.sequence_weight if self.sequence_weight is not None else 1.0 / x.shape[0]
-            out = _JoinLoss.apply(out, (self.aux_loss_coeff * balance + self.z_loss_coeff * z) * weight)
+            if torch._C._current_graph_task_id() == -1:  # not a recompute in backward (the forward counted them)
+                for name, value in zip(ROUTER_LOSSES, (balance, z)):
+                    self.losses[name] = self.losses.get(name, 0.0) + value.detach()
+            if self.aux_loss_coeff or self.z_loss_coeff:
+                weight = self.sequence_weight if self.sequence_weight is not None else 1.0 / x.shape[0]
+                out = _JoinLoss.apply(out, (self.aux_loss_coeff * balance + self.z_loss_coeff * z) * weight)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:

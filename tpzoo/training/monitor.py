@@ -144,8 +144,8 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 def step_stats(logging: LoggingConfig, result: Any, device: torch.device, world_size: int) -> dict[str, float]:
     """The numbers the logging flags add to a train line from the step's ``result`` (a ``StepResult``):
-    ``params_norm``, ``num_zeros``, memory, ``world_size``."""
-    stats: dict[str, float] = {}
+    ``params_norm``, ``num_zeros``, memory, ``world_size``; and a mixture of experts' router losses, always."""
+    stats: dict[str, float] = dict(getattr(result, "router_losses", {}))
     if result.params_norm is not None:
         stats["params_norm"] = result.params_norm
     if result.num_zeros is not None:
