@@ -259,6 +259,9 @@ def test_a_compiled_mixtral_trains_as_the_eager_one(monkeypatch):
     from tpzoo.models.compile import BACKEND_ENV
 
     monkeypatch.setenv(BACKEND_ENV, "aot_eager")
+    import torch.distributed as dist
+
+    started = not dist.is_initialized()
     init_mesh()
     config = MOE_AUX_LM.config(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=32, vocab_size=101)
     ids = torch.randint(0, 101, (2, S), generator=torch.Generator().manual_seed(6))
@@ -274,4 +277,6 @@ def test_a_compiled_mixtral_trains_as_the_eager_one(monkeypatch):
             opt.step()
             opt.zero_grad()
             losses[compiled].append(loss.item())
+    if started:  # the next tests of this process find no group
+        dist.destroy_process_group()
     assert max(abs(a - b) / abs(b) for a, b in zip(losses[True], losses[False])) < 1e-5, losses

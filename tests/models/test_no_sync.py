@@ -110,7 +110,10 @@ def tp1() -> tuple[dict[tuple[str, str], list[str]], str]:
 @pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("name", list(CASES))
 def test_no_sync_at_tp1(tp1, name, attention):
-    assert tp1[0][name, attention] == []
+    # a mixture of experts reads its token counts per expert on the host once a layer, by design (tpzoo.models.moe)
+    config = CASES[name].config(**TINY)
+    expected = ["tolist"] * config.num_layers if hasattr(config, "num_experts") else []
+    assert [sync.split(" at ")[0] for sync in tp1[0][name, attention]] == expected
 
 
 def no_sync_at_tp2() -> dict[str, list[str]]:

@@ -175,11 +175,12 @@ def from_hf(source: Any, plan: ParallelPlan | ParallelMesh | None = None) -> Sta
     BertForPreTraining, LlamaForCausalLM, ...), or a folder holding one (config.json +
     model.safetensors). Every tp rank calls it."""
     if isinstance(source, (str, Path)):
-        hf_config, hf_state = read_hf(source)
-        arch = None
-    else:
-        hf_config, hf_state, arch = source.config, saved_layout(source), type(source).__name__
-    class_name, options, config, state = hf_to_tpzoo(hf_config, hf_state, arch)
+        class_name, options, config, state = hf_to_tpzoo(*read_hf(source))
+    else:  # the family's rules name the weights as the model holds them, or as its checkpoints do (Mixtral's)
+        try:
+            class_name, options, config, state = hf_to_tpzoo(source.config, source.state_dict(), type(source).__name__)
+        except ConversionError:
+            class_name, options, config, state = hf_to_tpzoo(source.config, saved_layout(source), type(source).__name__)
     model = build_model(class_name, config, plan, **options)
     load_full_state_dict(model, state)
     return model
