@@ -78,21 +78,24 @@ from tpzoo.parallel.token_ids import check_token_ids
 logger = logging.getLogger(__name__)
 
 
-def weigh_sequences(chunks: list[nn.Module], weight: float) -> None:
-    """Give every module that adds losses of its own per sequence (``sequence_weight``: a mixture of experts' router
-    losses, ``tpzoo.models.moe``) the weight the step's training loss gives one sequence: the loss scale over the
-    global batch's sequences, on every rank and stage, so that those losses count once whatever the mesh; and empty
-    what they recorded (``losses``)."""
-    for chunk in chunks:
-        for module in chunk.modules():
-            if hasattr(module, "sequence_weight"):
-                module.sequence_weight, module.losses = weight, {}
+def sequence_loss_modules(chunks: list[nn.Module]) -> list[nn.Module]:
+    """The modules that add losses of their own per sequence (``sequence_weight`` and ``losses``: a mixture of
+    experts' router losses, ``tpzoo.models.moe``), found once when the engine is built."""
+    return [m for chunk in chunks for m in chunk.modules() if hasattr(m, "sequence_weight")]
 
 
-def recorded_losses(chunks: list[nn.Module], device: torch.device) -> Tensor:
-    """[K + 1]: the sums over this rank's modules of the ``ROUTER_LOSSES`` they recorded this step (each a sum over
-    sequences), and how many modules recorded them; zeros on a rank without any (every rank sends this shape)."""
-    recorded = [m.losses for c in chunks for m in c.modules() if hasattr(m, "sequence_weight") and m.losses]
+def weigh_sequences(modules: list[nn.Module], weight: float) -> None:
+    """Give each of ``modules`` (``sequence_loss_modules``) the weight the step's training loss gives one sequence:
+    the loss scale over the global batch's sequences, on every rank and stage, so that their losses count once
+    whatever the mesh; and empty what they recorded (``losses``)."""
+    for module in modules:
+        module.sequence_weight, module.losses = weight, {}
+
+
+def recorded_losses(modules: list[nn.Module], device: torch.device) -> Tensor:
+    """[K + 1]: the sums over ``modules`` of the ``ROUTER_LOSSES`` they recorded this step (each a sum over
+    sequences), and how many recorded them; zeros on a rank without any (every rank sends this shape)."""
+    recorded = [m.losses for m in modules if m.losses]
     sums = [sum((r[name] for r in recorded), torch.zeros((), device=device)) for name in ROUTER_LOSSES]
     return torch.stack([*sums, torch.tensor(float(len(recorded)), device=device)]).float()
 
@@ -179,6 +182,7 @@ class Engine:
             if self.reducer.active:
                 self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]
+        self.sequence_loss_modules = sequence_loss_modules(self.chunks)
         self.tied = TiedEmbeddingSync(self.main.params, mesh, config)
         self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
         self.scaler = loss_scaler(config)
@@ -249,7 +253,7 @@ class Engine:
         ids, extras = self.micro_batches(batch)
         main, mesh = self.main, self.mesh
         main.zero_grad()
-        weigh_sequences(self.chunks, self.loss_scale / batch["input_ids"].shape[0])
+        weigh_sequences(self.sequence_loss_modules, self.loss_scale / batch["input_ids"].shape[0])
         if self.reducer is not None:
             self.reducer.start(len(ids))
         with peers_named("train_step", mesh, self.config.timeout_s):
@@ -272,8 +276,8 @@ class Engine:
             for chunk in main.chunks:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             self.timers.stop("grads-sync")
-            sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded_losses(self.chunks, mesh.device)]),
-                                 [mesh.pp_group, mesh.dp_group])
+            recorded = recorded_losses(self.sequence_loss_modules, mesh.device)
+            sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded]), [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
             sharded = self.plan.fsdp or self.reducer.sharded
