@@ -61,3 +61,8 @@ def assert_case(logs: list[CaseLog], name: str) -> None:
     for rank, log in enumerate(logs):
         assert name in log.ran, f"rank {rank} never ran {name!r}"
         assert name not in log.failures, f"rank {rank}: {log.failures[name]}"
+
+
+def assert_case_of(spawns: list[list[CaseLog]], name: str) -> None:
+    """``assert_case`` on the one of several spawns' logs whose rank 0 ran ``name`` (the first when none did)."""
+    assert_case(next((logs for logs in spawns if name in logs[0].ran), spawns[0]), name)

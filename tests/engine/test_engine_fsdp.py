@@ -1,8 +1,8 @@
 """FSDP in the engine (``ParallelPlan(fsdp=True)``: weights, gradients and optimizer state sharded over
 dp by torch's FSDP2), issue 16's acceptance: the same-loss matrix, clipping, fp16's overflow decision.
 
-One 8-rank spawn loops over the meshes (tp, pp, dp) of ``MESHES`` and checks, each a named case
-(``pytest -k 'fsdp and tp2'``):
+A 4-rank spawn loops over the meshes (tp, pp, dp) of ``FOUR`` and an 8-rank one over ``EIGHT`` (the 3D mesh;
+``test_engine`` says why the others run on 4 ranks), and they check, each a named case (``pytest -k 'fsdp and tp2'``):
 
 - 5 steps of FSDP equal the single-rank run within 1e-5 (losses, loss parts, gradient norms, final
   weights: ``test_engine``'s references and ``compare``), three runs a mesh, the families and the option
@@ -28,7 +28,7 @@ import background
 import pytest
 import torch
 import torch.distributed as dist
-from cases import CaseLog, assert_case
+from cases import CaseLog, assert_case_of
 from families import ENGINE_CLASSIFIERS, ENGINE_PRETRAINING
 from test_engine import CLIP, PRETRAINING, SCHEDULES, refs, run_case, run_name, train, variants
 
@@ -41,15 +41,17 @@ pytestmark = pytest.mark.tier("distributed")
 
 
 
-MESHES = [(1, 1, 8), (2, 1, 4), (1, 2, 4), (2, 2, 2)]  # (tp, pp, dp)
+FOUR = [(1, 1, 4), (2, 1, 2), (1, 2, 2)]  # (tp, pp, dp)
+EIGHT = [(2, 2, 2)]
+MESHES = FOUR + EIGHT
 FSDP_SCHEDULES = tuple(s for s in SCHEDULES if s != "interleaved-zero-bubble")  # refused: see check_fsdp
 CLASSIFIER_RUNS = {(2, 2, 2): (ENGINE_CLASSIFIERS[1], "interleaved-1f1b", True)}  # mesh: (case, schedule, options on)
 FAMILIES = [name for name in PRETRAINING if name not in ENGINE_PRETRAINING]  # packed inputs: test_engine's matrix
-ACCUMULATING = (2, 1, 4)  # a pp = 1 mesh whose runs take 2 micro-batches a step (the others: m = pp)
+ACCUMULATING = (2, 1, 2)  # a pp = 1 mesh whose runs take 2 micro-batches a step (the others: m = pp)
 EXTRA_STEPS = 4          # the precision checks (the matrix runs test_engine's 5)
 BF16 = ((2, 2, 2), "1f1b", dict(recompute_activations=True, sequence_parallel=True))  # mesh, schedule, options
 # from 2^21 the scale backs off twice, then steps (measured: overflows at 2^24 .. 2^20, none at 2^19)
-FP16 = ((1, 2, 4), "gpipe", dict(initial_loss_scale=2.0**21))
+FP16 = ((1, 2, 2), "gpipe", dict(initial_loss_scale=2.0**21))
 HALF_TOL = 1e-3          # FSDP vs the plain engine at bf16 / fp16 (measured: 1.1e-7, the same casts of the weights)
 SHARE_TOL = 1.1          # largest dp rank's share of the weights, times dp (uneven rows: ceil(n / dp))
 REFUSED = [("1f1b", dict(use_distributed_optimizer=True), 1, "turn off use_distributed_optimizer"),
@@ -129,12 +131,13 @@ def check_clipped(engine, results: list) -> None:
     assert max(r.grad_norm for r in results) > CLIP, f"no step clipped (CLIP={CLIP})"
 
 
-def check_fsdp_meshes(refs: dict) -> tuple[CaseLog, dict]:
-    """The cases of RUN_NAMES and EXTRA_CASES on 8 ranks; also (largest share, plain bytes) per mesh."""
+def check_fsdp_meshes(refs: dict, meshes: list[tuple[int, int, int]]) -> tuple[CaseLog, dict]:
+    """The cases of RUN_NAMES and EXTRA_CASES on ``meshes`` (of one world size); also (largest share, plain bytes)
+    per mesh."""
     log, shares = CaseLog(), {}
-    for index, (tp, pp, dp) in enumerate(MESHES):
+    for tp, pp, dp in meshes:
         mesh = init_mesh(tp=tp, pp=pp, dp=dp)
-        for name, schedule, options in fsdp_variants(index, tp, pp, dp):
+        for name, schedule, options in fsdp_variants(MESHES.index((tp, pp, dp)), tp, pp, dp):
             run_case(log, refs, mesh, name, schedule, options, check_clipped)
         t0 = time.perf_counter()
         shares[tp, pp, dp] = check_shares(log, mesh, name, schedule, options)
@@ -148,27 +151,41 @@ def check_fsdp_meshes(refs: dict) -> tuple[CaseLog, dict]:
     return log, shares
 
 
-@background.fixture
-def fsdp_ranks(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
+def fsdp_on_ranks(world: int, meshes: list[tuple[int, int, int]]) -> list[tuple[CaseLog, dict]]:
     t0 = time.perf_counter()
-    out = background.spawn(check_fsdp_meshes, 8, refs(), timeout=1200)
-    print(f"FSDP spawn: {time.perf_counter() - t0:.0f}s; max relative errors:",
+    out = background.spawn(check_fsdp_meshes, world, refs(), meshes, timeout=1200)
+    print(f"FSDP spawn of {world} ranks: {time.perf_counter() - t0:.0f}s; max relative errors:",
           {k: f"{max(log.max.get(k, 0) for log, _ in out):.2e}" for k in out[0][0].max})
     print("FSDP weights per rank, the largest dp rank's shard vs the plain engine's (bytes, rank 0's pp stage):",
           out[0][1])
     return out
 
 
+@background.fixture
+def fsdp_four(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
+    return fsdp_on_ranks(4, FOUR)
+
+
+@background.fixture
+def fsdp_eight(tmp_path_factory) -> list[tuple[CaseLog, dict]]:
+    return fsdp_on_ranks(8, EIGHT)
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(fsdp_four, fsdp_eight) -> list[list[CaseLog]]:
+    return [[log for log, _ in spawn] for spawn in (fsdp_four, fsdp_eight)]
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", RUN_NAMES)
 def test_engine_fsdp_equals_single_rank(fsdp_ranks, name):
-    assert_case([log for log, _ in fsdp_ranks], name)
+    assert_case_of(fsdp_ranks, name)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", EXTRA_CASES)
 def test_engine_fsdp_keeps_the_engine_guarantees(fsdp_ranks, name):
-    assert_case([log for log, _ in fsdp_ranks], name)
+    assert_case_of(fsdp_ranks, name)
 
 
 @pytest.mark.tier("unit")

@@ -1,7 +1,7 @@
-"""LoRA through the engine (tpzoo.parallel.lora): on 8 gloo ranks (one spawn, each check its own case), 10
+"""LoRA through the engine (tpzoo.parallel.lora): on 4 gloo ranks (one spawn, each check its own case), 10
 steps of the grouped-query causal LM with adapters on every linear layer of its transformer layers, on meshes
-(tp, pp, dp) = (2, 1, 4), (1, 2, 4) and (2, 2, 2), each with ZeRO-1 and with FSDP (and the q/k/v-biased LM
-once),
+(tp, pp, dp) = (2, 1, 2), (1, 2, 2) and (1, 1, 4), each with ZeRO-1 and with FSDP (and the q/k/v-biased LM
+once, at tp 2),
 equal the single-process run within 1e-5: losses, gradient norms and the adapters' final weights; the
 frozen weights are bit-identical after training; optimizer state exists for the adapters alone (bytes
 counted against AdamW's for their elements).
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.tier("distributed")
 
 G = 16
 LORA = LoRAConfig(rank=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h")
-MESHES = [(2, 1, 4), (1, 2, 4), (2, 2, 2)]
+MESHES = [(1, 1, 4), (1, 2, 2), (2, 1, 2)]
 
 
 def run_name(name: str, tp: int, pp: int, dp: int, sharding: str) -> str:
@@ -94,7 +94,7 @@ def lora_checks(refs: dict) -> CaseLog:
 @pytest.fixture(scope="module")
 def logs() -> list[CaseLog]:
     refs = background.spawn(references, 1)[0]
-    return spawn(lora_checks, 8, refs, timeout=600)
+    return spawn(lora_checks, 4, refs, timeout=600)
 
 
 def test_every_lora_check_has_a_case(logs):
