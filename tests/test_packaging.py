@@ -57,7 +57,7 @@ def test_wheel_ships_kernels_as_tpzoo_kernels_only(tmp_path):
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                               str(wheel)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
-    probe = ("import importlib.util, tpzoo, tpzoo.kernels, tpzoo.parallel; "
+    probe = ("import importlib.util, tpzoo, tpzoo.kernels, tpzoo.parallel, tpzoo.training.megatron_refused; "
              "print(tpzoo.kernels.__file__); print(importlib.util.find_spec('kernels'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(site)}, timeout=120)
