@@ -99,12 +99,11 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
     checks its share), a resume's flags merged with the checkpoint's (``resolve_flags``; ``job``: a new run's
     configuration, resolved by ``check_flags``), built (``build_run``)."""
     from tpzoo.checkpoint import read_meta
-    from tpzoo.parallel import init_mesh
     from tpzoo.training.checkpoint_args import checkpoint_to_load
     from tpzoo.training.setup import build_run
 
     parallel = job.parallel if job else section_of(ParallelConfig, vars(args))  # the launch's: never restored
-    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
+    mesh = parallel.mesh()
     if job is not None and job.io.load is not None:  # a model folder (check_flags): its weights start a new run
         return build_run(job, mesh, weights=Path(job.io.load))
     checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))

@@ -116,6 +116,11 @@ CASES: dict[str, Case] = {case.name: case for case in (
     # with the router's per-sequence losses in the training loss (load balance and z-loss)
     Case("mixtral-aux", "mixtral-tiny", "MixtralModel", "causal-lm", "lm",
          changes={"num_query_groups": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01}),
+    # Qwen2-MoE: biases on q, k and v, 4 experts of 48, top 2, their scores not renormalised, a gated shared expert
+    Case("qwen2_moe", "qwen2-moe-tiny", "Qwen2MoeModel", "causal-lm", "lm",
+         changes={"num_query_groups": 2, "moe_ffn_hidden_size": 48, "moe_shared_expert_intermediate_size": 80},
+         hf=dict(_HF_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=48, shared_expert_intermediate_size=80, norm_topk_prob=False)),
     # packed examples (``document_ids``): each kept to itself, learned positions counted from its start
     Case("gpt-packed", "gpt-tiny", "GPTModel", "packed-lm", "lm"),
     # decoders as classifiers, read at the last real token (padding on the right, never a real token's id)
@@ -133,6 +138,7 @@ QK_NORM_LM = CASES["qwen3"]                 # RMSNorm on each head's queries and
 WINDOW_LM = CASES["mistral"]                # sliding-window attention (``WINDOW`` tokens)
 SCALED_ROPE_LM = CASES["llama3"]            # Llama 3.x's scaled rotary frequencies
 MOE_LM = CASES["mixtral"]                   # mixtures of experts in place of the MLPs
+SHARED_MOE_LM = CASES["qwen2_moe"]          # and a gated shared expert beside them, scores not renormalised
 MOE_AUX_LM = CASES["mixtral-aux"]           # and their router's losses in the training loss
 
 # the roles: what a test needs, whichever family plays it

@@ -121,6 +121,14 @@ CASES: dict[str, tuple[str, str, str]] = {
                                             f"or pass --model {MOE_LM.family}"),
     "pretrain-moe-top-k-above-the-experts": ("pretrain", T + f" --model {MOE_LM.family} --num-experts 4 "
                                              "--moe-router-topk 5", "moe_router_topk=5 is more than num_experts=4"),
+    "pretrain-ep-on-a-dense-family": ("pretrain", T + f" --model {CAUSAL_LM.family} --ep 2 --dp 2",
+                                      f"--expert-model-parallel-size 2: --model {CAUSAL_LM.family} has no experts to "
+                                      f"split; drop it"),
+    "pretrain-ep-not-dividing-the-experts": ("pretrain", T + f" --model {MOE_LM.family} --num-experts 3 "
+                                             "--moe-router-topk 2 --expert-model-parallel-size 2 --dp 2",
+                                             "--expert-model-parallel-size 2 does not divide the 3 experts"),
+    "pretrain-ep-with-fsdp": ("pretrain", T + f" --model {MOE_LM.family} --ep 2 --dp 2 --use-torch-fsdp2",
+                              "--use-torch-fsdp2 with --expert-model-parallel-size 2 is not built yet"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",
                                             "but W&B is off; add --wandb-project"),
     # test_misuse runs these with no W&B key anywhere and WANDB_MODE unset
@@ -271,6 +279,9 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
                               "tp x pp x dp = 1 x 1 x 3 = 3 does not equal the world size 2"),
     "pretrain-2-ranks-fsdp-tp-2": ("pretrain", T + " --tp 2 --use-torch-fsdp2",
                                    "but dp is 1 (world size 2, tp 2, pp 1): nothing to shard over"),
+    "pretrain-2-ranks-ep-not-dividing-dp": ("pretrain", T + f" --model {MOE_LM.family} --tp 2 --ep 2",
+                                            "--expert-model-parallel-size 2 must divide the data-parallel size 1 "
+                                            "(world size 2, tp 2, pp 1)"),
     "finetune-2-ranks-tp-4": ("finetune", FT + " --task demo --tp 4", "world size 2 is not divisible"),
     "generate-2-ranks-tp-4": ("generate", GEN + " --tp 4", "world size 2 is not divisible"),
 }

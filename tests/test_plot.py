@@ -55,6 +55,23 @@ def test_plot_draws_every_run_into_a_png(tmp_path, capsys):
     assert len(records) == 30 and plot.series(records, "val_loss")[0] == [10, 20, 30]
 
 
+def test_plot_adds_the_expert_load_of_a_mixture_of_experts(tmp_path):
+    """A run whose lines hold ``tokens_per_expert`` (2 layers of 4 experts) adds the imbalance curve and the last
+    line's shares: a taller picture; the imbalance is the mean over layers of the busiest expert over the mean."""
+    run = fake_run(tmp_path / "mixtral", 1.0, iterations=4)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:4]]
+    for i, record in enumerate(lines):
+        record["tokens_per_expert"] = [[64, 64, 64, 64], [100 - i, 60, 50, 46 + i]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = tmp_path / "moe.png"
+    plot.main([str(run), str(fake_run(tmp_path / "gpt", 1.0)), "-o", str(out)])
+    from matplotlib.image import imread
+
+    assert imread(str(out)).shape[:2] == (950, 1000)
+    iterations, values = plot.imbalance(plot.read_records(run / "metrics.jsonl"))
+    assert iterations == [1, 2, 3, 4] and values[0] == pytest.approx((1.0 + 100 / 64) / 2)
+
+
 @pytest.mark.parametrize("case", ["no-metrics", "missing-folder", "unwritable-output", "not-png", "no-matplotlib"])
 def test_plot_errors_are_one_line(tmp_path, capsys, monkeypatch, case):
     run = fake_run(tmp_path / "run", 1.0)

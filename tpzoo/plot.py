@@ -3,7 +3,10 @@
 A RUN_DIR is a ``--save`` folder, a ``--log-dir``, or a ``metrics.jsonl`` file (``tpzoo.training.metrics``).
 Four panels against the iteration: the loss (train as a line, validation as markers of the same
 colour), the learning rate, the gradient norm and tokens/s; one colour per run, named in the legend
-by its folder. Needs matplotlib (``pip install 'tpzoo[monitor]'``); draws with the Agg backend (no display).
+by its folder. Runs of a mixture of experts (``tokens_per_expert`` in their lines) add two: the expert load's
+imbalance against the iteration (each layer's busiest expert's tokens over the mean expert's, averaged over the
+layers: 1 when balanced) and, for the first such run, each layer's share of tokens per expert at its last line.
+Needs matplotlib (``pip install 'tpzoo[monitor]'``); draws with the Agg backend (no display).
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     return [i for i, _ in points], [v for _, v in points]
 
 
+def imbalance(records: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(iterations, the mean over layers of max / mean tokens per expert) of the lines with ``tokens_per_expert``."""
+    points = [(r["iteration"], sum(max(row) * len(row) / sum(row) for row in table) / len(table))
+              for r in records if (table := [row for row in r.get("tokens_per_expert") or [] if sum(row)])]
+    return [i for i, _ in points], [v for _, v in points]
+
+
 def check_output(output: str, flag: str = "-o") -> None:
     """ValueError naming ``flag`` unless ``output`` can be written: a .png in an existing, writable folder."""
     folder = Path(output).parent
@@ -76,10 +86,13 @@ def plot(runs: dict[str, list[dict[str, Any]]], output: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=100)
+    experts = {name: records for name, records in runs.items() if imbalance(records)[0]}
+    fig, axes = plt.subplots(3 if experts else 2, 2, figsize=(10, 9.5 if experts else 6.5), dpi=100)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (name, records) in enumerate(runs.items()):
         colour = colours[k % len(colours)]
+        if name in experts:
+            axes.flat[4].plot(*imbalance(records), color=colour, linewidth=1.5)
         for ax, (title, key, log) in zip(axes.flat, PANELS):
             ax.plot(*series(records, key), color=colour, label=name if key == "loss" else None, linewidth=1.5)
             if key == "loss":
@@ -87,7 +100,15 @@ def plot(runs: dict[str, list[dict[str, Any]]], output: str) -> None:
                 ax.plot(iters, vals, "o", color=colour, markersize=5, label=f"{name} (validation)")
             ax.set_title(title)
             ax.set_yscale("log" if log else "linear")
-    for ax in axes.flat:
+    if experts:
+        name, records = next(iter(experts.items()))
+        iteration, table = [(r["iteration"], r["tokens_per_expert"]) for r in records if r.get("tokens_per_expert")][-1]
+        shares = [[v / max(sum(row), 1) for v in row] for row in table]
+        image = axes.flat[5].imshow(shares, aspect="auto", cmap="viridis")
+        fig.colorbar(image, ax=axes.flat[5], label="share of the layer's tokens")
+        axes.flat[5].set(title=f"{name}: tokens per expert, iteration {iteration}", xlabel="expert", ylabel="layer")
+        axes.flat[4].set_title("expert load: busiest / mean expert")
+    for ax in axes.flat[:5 if experts else 4]:
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)

@@ -1,7 +1,8 @@
 """The Llama-like adapters: Hugging Face <-> tpzoo for Llama (``families.GQA_LM``: 2 kv heads, untied
 output; ``GQA_LM_TIED_MHA``: multi-head, tied; ``SCALED_ROPE_LM``: Llama 3.x's rotary scaling), Qwen2
-(``QKV_BIAS_LM``), Qwen3 (``QK_NORM_LM``), Mistral (``WINDOW_LM``, a window shorter than the prompt) and Mixtral
-(``MOE_LM``, mixtures of experts: in the ranks' checks, and its own exact round trip):
+(``QKV_BIAS_LM``), Qwen3 (``QK_NORM_LM``), Mistral (``WINDOW_LM``, a window shorter than the prompt), Mixtral
+(``MOE_LM``, mixtures of experts) and Qwen2-MoE (``SHARED_MOE_LM``, with a gated shared expert; both in the ranks'
+checks, and each its own exact round trip of the experts' saved layout):
 exact state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); the
 configs tpzoo refuses; and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits
 (both attention backends), loss and greedy generation equal Hugging Face's at tp 1, 2 and 4, where tp
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from cases import CaseLog, assert_case
-from families import (GQA_LM, GQA_LM_TIED_MHA, HF_VOCAB, MOE_LM, QK_NORM_LM, QKV_BIAS_LM, SCALED_ROPE_LM, WINDOW,
-                      WINDOW_LM, hf_class, hf_config, hf_model)
+from families import (GQA_LM, GQA_LM_TIED_MHA, HF_VOCAB, MOE_LM, QK_NORM_LM, QKV_BIAS_LM, SCALED_ROPE_LM,
+                      SHARED_MOE_LM, WINDOW, WINDOW_LM, hf_class, hf_config, hf_model)
 from hf_models import mean_loss
 
 from tpzoo.convert import ConversionError, from_hf, hf_to_tpzoo, read_hf, to_hf, tpzoo_to_hf
@@ -31,7 +32,11 @@ pytestmark = pytest.mark.tier("unit")
 
 VARIANTS = {"gqa": GQA_LM, "tied-mha": GQA_LM_TIED_MHA, "llama3": SCALED_ROPE_LM, "qwen2": QKV_BIAS_LM,
             "qwen3": QK_NORM_LM, "mistral": WINDOW_LM}
-SPAWNED = {**VARIANTS, "moe": MOE_LM}  # the ranks' checks: the dense variants and Mixtral's mixtures of experts
+# the ranks' checks: the dense variants, Mixtral's mixtures of experts and Qwen2-MoE's with a shared expert
+SPAWNED = {**VARIANTS, "moe": MOE_LM, "shared-moe": SHARED_MOE_LM}
+# each mixture-of-experts family's saved layout: the case, the layer's block, each expert's gate, up and down names
+MOE_LAYOUTS = {"mixtral": (MOE_LM, "block_sparse_moe", ("w1", "w3", "w2")),
+               "qwen2_moe": (SHARED_MOE_LM, "mlp", ("gate_proj", "up_proj", "down_proj"))}
 TPS = (1, 2, 4)
 ATTENTION = ("sdpa", "fused-softmax")
 B, S, PROMPT, NEW = 2, 12, 5, 7
@@ -95,27 +100,37 @@ def test_state_dict_round_trips_exactly_with_groups_laid_out(variant):
             back_config.tie_word_embeddings) == ([case.architecture], g, 1e-4, tied)
 
 
-def test_moe_state_dict_round_trips_exactly_with_experts_stacked():
-    """Mixtral's checkpoint layout (each expert's w1 gate, w3 up, w2 down; the router ``gate``) <-> the stacked experts,
-    gate and up rows interleaved; the model object's weights read in that layout too (transformers 5 holds them
-    stacked in memory)."""
-    hf = hf_model(MOE_LM)
+@pytest.mark.parametrize("family", MOE_LAYOUTS)
+def test_moe_state_dict_round_trips_exactly_with_experts_stacked(family):
+    """A mixture-of-experts family's checkpoint layout (each expert's gate, up and down; the router ``gate``;
+    Qwen2-MoE's shared expert and its gate) <-> the stacked experts, gate and up rows interleaved; the model object's
+    weights read in that layout too (transformers 5 holds the experts stacked in memory)."""
+    case, block, (gate, up, down) = MOE_LAYOUTS[family]
+    hf = hf_model(case)
     original = saved_layout(hf)
-    class_name, options, config, state = hf_to_tpzoo(hf.config, original, MOE_LM.architecture)
-    assert (class_name, config.num_experts, config.moe_router_topk, config.expert_ffn_size) == (MOE_LM.model, 4, 2, 96)
-    h = "model.layers.1.block_sparse_moe."
+    class_name, options, config, state = hf_to_tpzoo(hf.config, original, case.architecture)
+    width = case.hf.get("moe_intermediate_size", case.hf["intermediate_size"])
+    assert (class_name, config.num_experts, config.moe_router_topk, config.expert_ffn_size) == (case.model, 4, 2, width)
+    h = f"model.layers.1.{block}."
     experts = state["layers.1.mlp.experts.dense_h_to_4h"]
-    assert experts.shape == (4, 2 * 96, 64)
+    assert experts.shape == (4, 2 * width, 64)
     assert torch.equal(state["layers.1.mlp.router.weight"], original[f"{h}gate.weight"])
     for e in range(4):
-        assert torch.equal(experts[e, 0::2], original[f"{h}experts.{e}.w1.weight"])
-        assert torch.equal(experts[e, 1::2], original[f"{h}experts.{e}.w3.weight"])
-        assert torch.equal(state["layers.1.mlp.experts.dense_4h_to_h"][e], original[f"{h}experts.{e}.w2.weight"])
+        assert torch.equal(experts[e, 0::2], original[f"{h}experts.{e}.{gate}.weight"])
+        assert torch.equal(experts[e, 1::2], original[f"{h}experts.{e}.{up}.weight"])
+        assert torch.equal(state["layers.1.mlp.experts.dense_4h_to_h"][e], original[f"{h}experts.{e}.{down}.weight"])
+    if "shared_expert_intermediate_size" in case.hf:
+        shared = state["layers.1.mlp.shared_expert.dense_h_to_4h.weight"]
+        assert shared.shape == (2 * case.hf["shared_expert_intermediate_size"], 64)
+        assert torch.equal(shared[0::2], original[f"{h}shared_expert.gate_proj.weight"])
+        assert torch.equal(shared[1::2], original[f"{h}shared_expert.up_proj.weight"])
+        assert torch.equal(state["layers.1.mlp.shared_expert_gate.weight"], original[f"{h}shared_expert_gate.weight"])
+        assert config.norm_topk_prob is False and config.add_qkv_bias
     back_config, back, _ = tpzoo_to_hf(class_name, options, config, state)
     assert back.keys() == original.keys(), sorted(set(back) ^ set(original))
     assert all(torch.equal(back[key], original[key]) for key in original)
     assert hf_to_tpzoo(back_config, back)[2] == config
-    assert (back_config.num_local_experts, back_config.num_experts_per_tok, back_config.intermediate_size) == (4, 2, 96)
+    assert back_config.num_experts_per_tok == 2
 
 
 # each family's trait as read from its Hugging Face config (``drop_trait`` takes it out: the logits change)

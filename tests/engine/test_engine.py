@@ -227,11 +227,12 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
     return out
 
 
-def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict) -> str:
+def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict, ep: int = 1) -> str:
     on = [short for short, key in (("fsdp", "fsdp"), ("zero2", "use_distributed_optimizer"),
                                    ("recompute", "recompute_activations"), ("sp", "sequence_parallel")) if options[key]]
     m = f"-m{options['micro_batches']}" if options.get("micro_batches") else ""
-    return f"{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}{m}-{'+'.join(on) or 'plain'}"
+    experts = f"-ep{ep}" if ep > 1 else ""
+    return f"{name}-tp{tp}-pp{pp}-dp{dp}{experts}-{schedule}{m}-{'+'.join(on) or 'plain'}"
 
 
 def run_names(meshes: list[tuple[int, int, int]]) -> list[str]:
@@ -249,7 +250,7 @@ def run_case(log: CaseLog, refs: dict, mesh, name: str, schedule: str, options: 
     """One run under its case name (``run_name``): train, ``compare`` with its reference, then
     ``check(engine, results)``; rank 0 prints the run's time."""
     tp, pp, dp = mesh.tp_size, mesh.pp_size, mesh.dp_size
-    tag = run_name(name, tp, pp, dp, schedule, options)
+    tag = run_name(name, tp, pp, dp, schedule, options, mesh.ep_size)
     t0 = time.perf_counter()
     with log.case(tag):
         engine, results = train(name, mesh, schedule, **options)

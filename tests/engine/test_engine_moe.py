@@ -1,58 +1,108 @@
-"""The mixture-of-experts family in the engine (issue 28, its first meshes: expert parallelism is not in the engine
-yet): Mixtral's tiny case with its router's per-sequence losses in the training loss (``families.MOE_AUX_LM``) on 4
-gloo ranks, each mesh against the single-rank run of ``test_engine`` (5 AdamW steps: losses, gradient norms and
-every final weight within 1e-5): data parallelism with ZeRO-2 or FSDP and recompute (the router's losses counted once
-over the dp ranks and micro-batches), tensor parallelism with sequence parallelism (the other tp ranks' tokens of each
-sequence added), pipelines (each stage's layers adding theirs); the router losses each step logs are the same on
-every mesh. Each run is its own case (``-k 'tp2'``)."""
+"""The mixture-of-experts family in the engine (issue 28): Mixtral's tiny case (4 experts, top 2) with its router's
+per-sequence losses in the training loss (``families.MOE_AUX_LM``) on 4 gloo ranks, each mesh against the single-rank
+run of ``test_engine`` (5 AdamW steps: losses, gradient norms and every final weight within 1e-5): data parallelism
+with ZeRO-2 or FSDP and recompute (the router's losses counted once over the dp ranks and micro-batches), tensor
+parallelism with sequence parallelism (the other tp ranks' tokens of each sequence added), pipelines (each stage's
+layers adding theirs), and expert parallelism (ep 2 and 4 carved out of dp: each rank holds 4/ep experts, tokens
+reach them by all-to-all; with ZeRO-1 and -2, with tp and sequence parallelism, with a pipeline). The router losses
+each step logs are the same on every mesh. Each run is its own case (``-k 'ep2'``).
+
+The anchors' bugs (issue 28): with ep x tp > 1 a gradient norm that undercounts the experts (Megatron-LM #1628) or
+expert gradients doubled (DeepSpeed #5259, pytorch #160285) show in the gradient norms, which must equal the single
+process's at every step on every ep mesh (every run clips: ``test_engine.CLIP``), and a missing expert gradient in the
+final weights; ``test_expert_gradients_counted_once`` compares the reduced expert gradients themselves."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from cases import CaseLog, assert_case
-from families import MOE_AUX_LM
-from test_engine import options_of, reference, ref_key, run_case, run_name
+from families import CASES, MOE_AUX_LM
+from test_engine import (CLIP, TINY, TOL, G, S, config_of, global_batch, loss_parts, options_of, reference,
+                         ref_key, run_case, run_name, train)
 
-from tpzoo.parallel import init_mesh
+from tpzoo.models.sharding import full_grads
+from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
 
 pytestmark = pytest.mark.tier("distributed")
 
 NAME = MOE_AUX_LM.name
-# (tp, pp, dp) -> (schedule, ZeRO-2 / recompute / sequence parallelism on, FSDP in place of ZeRO-2)
-RUNS = {(1, 1, 4): ("1f1b", True, False), (2, 1, 2): ("1f1b", True, False), (1, 2, 2): ("1f1b", False, False),
-        (2, 2, 1): ("interleaved-1f1b", True, False), (4, 1, 1): ("1f1b", False, False),
-        (2, 1, 2, "fsdp"): ("1f1b", True, True)}
-NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0], fsdp))
+# (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on, FSDP in place of ZeRO-2)
+RUNS = {(1, 1, 4, 1): ("1f1b", True, False), (2, 1, 2, 1): ("1f1b", True, False), (1, 2, 2, 1): ("1f1b", False, False),
+        (2, 2, 1, 1): ("interleaved-1f1b", True, False), (4, 1, 1, 1): ("1f1b", False, False),
+        (2, 1, 2, 1, "fsdp"): ("1f1b", True, True),
+        (1, 1, 4, 2): ("1f1b", True, False), (1, 1, 4, 4): ("1f1b", False, False), (2, 1, 2, 2): ("1f1b", True, False),
+        (1, 2, 2, 2): ("gpipe", False, False)}
+NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0], fsdp), mesh[3])
          for mesh, (schedule, on, fsdp) in RUNS.items()]
+GRADS_MESH = (2, 1, 2, 2)  # (tp, pp, dp, ep): ep x tp = 4, with sequence parallelism
+GRADS_CASE = "mixtral-expert-gradients-counted-once-tp2-pp1-dp2-ep2-sp"
+EXPERT_WEIGHTS = "experts.dense_"  # the stacked expert weights' names contain it
+
+
+def expert_grads() -> dict:
+    """Single process: the gradient of every expert weight of the first step's global batch (numpy, by name)."""
+    model = CASES[NAME].build(config_of(NAME, GRADS_MESH[0]), ParallelPlan(init_mesh(), kernels="torch"))
+    b = global_batch(NAME, 0)
+    sum(loss_parts(model, model(**b), b).values()).backward()
+    return {n: p.grad.numpy() for n, p in model.named_parameters() if EXPERT_WEIGHTS in n}
 
 
 def references() -> dict:
-    return {ref_key(NAME, tp): reference(NAME, tp) for tp in sorted({mesh[0] for mesh in RUNS})}
+    return {**{ref_key(NAME, tp): reference(NAME, tp) for tp in sorted({mesh[0] for mesh in RUNS})},
+            "expert-grads": expert_grads()}
 
 
-def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]]]:
-    """Each run's case, and the router losses its steps logged (``StepResult.router_losses``)."""
-    log, router = CaseLog(), {}
-    for (tp, pp, dp, *_), (schedule, on, fsdp) in RUNS.items():
-        name = run_name(NAME, tp, pp, dp, schedule, options_of(on, tp, fsdp))
-        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp), NAME, schedule, options_of(on, tp, fsdp),
-                 lambda engine, results, name=name: router.update({name: [r.router_losses for r in results]}))
-    return log, router
+def check_expert_grads(log: CaseLog, want: dict) -> None:
+    """After one step on ``GRADS_MESH``: every expert weight's reduced gradient, gathered over tp and ep, is the single
+    process's (undone the clip the step applied): none counted twice over ep or dp, none missing."""
+    tp, pp, dp, ep = GRADS_MESH
+    mesh = init_mesh(tp=tp, pp=pp, dp=dp, ep=ep)
+    with log.case(GRADS_CASE):
+        engine, (result,) = train(NAME, mesh, "1f1b", steps=1, sequence_parallel=True)
+        clipped = min(1.0, CLIP / (result.grad_norm + 1e-6))
+        grads = {n: g for chunk in engine.chunks for n, g in full_grads(chunk.model, mesh).items()
+                 if EXPERT_WEIGHTS in n}
+        assert grads.keys() == want.keys(), f"expert gradients {sorted(grads)} vs {sorted(want)}"
+        for name, g in want.items():
+            log.close(grads[name] / clipped, torch.from_numpy(g), name, "expert gradient", TOL)
+
+
+def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]], dict[str, list]]:
+    """Each run's case, and the router losses and tokens per expert its steps logged (``StepResult.router_losses``,
+    ``StepResult.expert_tokens``)."""
+    log, router, tokens = CaseLog(), {}, {}
+
+    def logged(name: str, results: list) -> None:
+        router[name], tokens[name] = [r.router_losses for r in results], [r.expert_tokens for r in results]
+
+    for (tp, pp, dp, ep, *_), (schedule, on, fsdp) in RUNS.items():
+        name = run_name(NAME, tp, pp, dp, schedule, options_of(on, tp, fsdp), ep)
+        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options_of(on, tp, fsdp),
+                 lambda engine, results, name=name: logged(name, results))
+    check_expert_grads(log, refs["expert-grads"])
+    return log, router, tokens
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[tuple[CaseLog, dict]]:
+def ranks() -> list[tuple[CaseLog, dict, dict]]:
     return spawn(check, 4, spawn(references, 1)[0], timeout=900)
 
 
 @pytest.fixture(scope="module")
 def logs(ranks) -> list[CaseLog]:
-    return [log for log, _ in ranks]
+    return [log for log, *_ in ranks]
 
 
 def test_every_mesh_has_a_case(logs):
-    assert logs[0].ran == NAMES
+    assert logs[0].ran == [*NAMES, GRADS_CASE]
+
+
+def test_expert_gradients_counted_once(logs):
+    """The anchors' bugs (module docstring): with ep x tp > 1, each expert weight's gradient equals the single
+    process's, gathered over tp and ep."""
+    assert_case(logs, GRADS_CASE)
 
 
 def test_every_mesh_logs_the_same_router_losses(ranks):
@@ -65,10 +115,25 @@ def test_every_mesh_logs_the_same_router_losses(ranks):
     for steps in first.values():
         assert len(steps) == 5 and all(set(step) == {"load_balancing_loss", "z_loss"} for step in steps), steps
         assert all(0.9 < step["load_balancing_loss"] < 2.0 and step["z_loss"] > 0 for step in steps), steps
-    for _, router in ranks:
+    for _, router, _ in ranks:
         for mesh, name in zip(RUNS, NAMES):
             for step, want in zip(router[name], first[ref_key(NAME, mesh[0])]):
                 assert all(abs(step[k] - v) <= 1e-5 * abs(v) for k, v in want.items()), (name, step, want)
+
+
+def test_every_mesh_logs_the_same_tokens_per_expert(ranks):
+    """Each step's tokens per expert per layer (the slots routed to it over the global batch): every layer's
+    add up to the batch's tokens times top-k, and each model's are the same on every mesh and rank."""
+    config = MOE_AUX_LM.config()
+    slots, first = G * S * config.moe_router_topk, {}
+    for mesh, name in zip(RUNS, NAMES):
+        first.setdefault(ref_key(NAME, mesh[0]), ranks[0][2][name])
+    for steps in first.values():
+        assert len(steps) == 5 and all(len(step) == TINY["num_layers"] for step in steps), steps
+        assert all(len(row) == config.num_experts and sum(row) == slots for step in steps for row in step), steps
+    for _, _, tokens in ranks:
+        for mesh, name in zip(RUNS, NAMES):
+            assert tokens[name] == first[ref_key(NAME, mesh[0])], name
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -129,7 +129,7 @@ def test_router_losses_are_per_sequence_and_hugging_faces_on_one(score):
     moe = MoE(H, E, 2, F, score=score, **COEFFS)
     x = torch.randn(B, S, H, generator=torch.Generator().manual_seed(4))
     weights, indices, logits = moe.route(x.reshape(-1, H))
-    balance, z = moe.router_losses(logits, indices, B)
+    balance, z, _ = moe.router_losses(logits, indices, B)
     want = reference_losses(logits.view(B, S, E), 2, score)
     assert torch.allclose(balance, want[0], rtol=1e-6) and torch.allclose(z, want[1], rtol=1e-6), (balance, z, want)
     if score == "softmax":  # Hugging Face's counts the k slots of a token as k tokens: k times ours on one sequence
@@ -153,7 +153,9 @@ def test_router_losses_join_the_gradient_per_sequence_however_the_batch_is_split
     ((COEFFS["aux_loss_coeff"] * balance + COEFFS["z_loss_coeff"] * z) / B).backward()
     want = {n: p.grad.clone() for n, p in plain.named_parameters()}
     moe(x).square().sum().backward()
-    assert set(moe.losses) == {"load_balancing_loss", "z_loss"} and torch.allclose(moe.losses["z_loss"], z)
+    assert set(moe.losses) == {"load_balancing_loss", "z_loss", "tokens_per_expert"}
+    assert torch.allclose(moe.losses["z_loss"], z)
+    assert torch.equal(moe.losses["tokens_per_expert"], torch.bincount(indices.flatten(), minlength=E).float())
     for name, p in moe.named_parameters():
         assert torch.allclose(p.grad, want[name], rtol=1e-5, atol=1e-7), name
     moe.zero_grad()
@@ -193,7 +195,7 @@ def _moe_at_tp2() -> dict[str, float]:
             "dx": ((x_in.grad - mine(x_plain.grad)).abs().max() / x_plain.grad.abs().max()).item(),
             "names": float(grads.keys() == want.keys()),
             "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want.items()),
-            "losses": max(abs(split.losses[k] - v).item() / v.item() for k, v in plain.losses.items())}
+            "losses": max(((split.losses[k] - v).abs().max() / v.abs().max()).item() for k, v in plain.losses.items())}
     return found
 
 

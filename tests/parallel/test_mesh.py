@@ -71,6 +71,8 @@ def test_parallelism_guide_example_commands():
     ({"tp": 0}, ValueError, "tp must be >= 1, got tp=0"),
     ({"pp": -2}, ValueError, "pp must be >= 1, got pp=-2"),
     ({"dp": 0}, ValueError, "dp must be >= 1, got dp=0"),
+    ({"ep": 0}, ValueError, "ep must be >= 1, got ep=0"),
+    ({"ep": 2}, ValueError, "expert parallelism ep=2 must divide the data-parallel size dp=1"),
     ({"tp": "2"}, TypeError, "tp must be an int, got str '2'"),
     ({"tp": 2.0}, TypeError, "tp must be an int, got float 2.0"),
 ])

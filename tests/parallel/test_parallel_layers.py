@@ -259,7 +259,8 @@ def check_rng_streams(mesh) -> None:
 
 
 def check_mesh_layout() -> None:
-    """Ranks are row-major over (pp, dp, tp): tp peers adjacent, as the mesh docstring draws."""
+    """Ranks are row-major over (pp, dp, tp): tp peers adjacent, as the mesh docstring draws; with ep, the ep groups
+    consecutive dp ranks, the edp groups those at the same place in them."""
     for tp, pp in ((2, 1), (2, 2), (1, 2), (4, 1)):
         mesh = init_mesh(tp=tp, pp=pp)
         world = dist.get_world_size()
@@ -272,6 +273,17 @@ def check_mesh_layout() -> None:
         assert dist.get_process_group_ranks(mesh.tp_group) == list(range(base, base + tp))
         assert dist.get_process_group_ranks(mesh.dp_group) == [pp_rank * dp * tp + d * tp + tp_rank for d in range(dp)]
         assert dist.get_process_group_ranks(mesh.pp_group) == [p * dp * tp + dp_rank * tp + tp_rank for p in range(pp)]
+    for tp, ep in ((1, 2), (1, 4), (2, 2)):  # ep carved out of dp: groups of ep consecutive dp ranks
+        mesh = init_mesh(tp=tp, ep=ep)
+        dp, rank = mesh.dp_size, dist.get_rank()
+        d, t = mesh.dp_rank, mesh.tp_rank
+        assert mesh.ep_size == ep and mesh.ep_rank == d % ep, mesh
+        first = d - d % ep
+        assert dist.get_process_group_ranks(mesh.ep_group) == [(first + e) * tp + t for e in range(ep)]
+        assert dist.get_process_group_ranks(mesh.edp_group) == [(g * ep + d % ep) * tp + t for g in range(dp // ep)]
+        assert mesh.tp_ep_mesh.mesh.tolist() == [[(first + e) * tp + j for e in range(ep)] for j in range(tp)], rank
+    with pytest.raises(ValueError, match="expert parallelism ep=3 must divide the data-parallel size dp=4"):
+        init_mesh(ep=3)
     with pytest.raises(ValueError, match="world size 4 is not divisible by tp x pp = 3 x 1 = 3"):
         init_mesh(tp=3)
     with pytest.raises(ValueError, match=r"tp x pp x dp = 2 x 1 x 3 = 6 does not equal the world size 4"):

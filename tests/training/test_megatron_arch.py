@@ -10,7 +10,8 @@ import functools
 import pytest
 import torch
 
-from families import (CASES, CAUSAL_LM, GQA_LM, MASKED_LM, MOE_LM, PRETRAIN_DEFAULT, QK_NORM_LM, QKV_BIAS_LM, WINDOW_LM,
+from families import (CASES, CAUSAL_LM, GQA_LM, MASKED_LM, MOE_LM, PRETRAIN_DEFAULT, QK_NORM_LM, QKV_BIAS_LM,
+                      SHARED_MOE_LM, WINDOW_LM,
                       batch)
 from pretrain_helpers import script
 
@@ -87,7 +88,9 @@ def test_megatron_architecture_flags_set_config_fields():
     ("--qk-layernorm --kv-channels 48", QK_NORM_LM, dict(qk_layernorm=True, kv_channels=48)),
     ("--window-size 4095,0", WINDOW_LM, dict(window_size=4096)),
     ("--use-rope-scaling --rope-scaling-factor 32", GQA_LM, dict(rope_scaling=True, rope_scaling_factor=32.0)),
-    ("--num-experts 8 --moe-router-topk 2", MOE_LM, dict(num_experts=8, moe_router_topk=2))])
+    ("--num-experts 8 --moe-router-topk 2", MOE_LM, dict(num_experts=8, moe_router_topk=2)),
+    ("--num-experts 8 --moe-router-topk 2 --add-qkv-bias --moe-shared-expert-intermediate-size 64", SHARED_MOE_LM,
+     dict(num_experts=8, add_qkv_bias=True, moe_shared_expert_intermediate_size=64))])
 def test_megatron_flags_of_todays_decoders_pick_and_build_their_family(flags, case, fields):
     """Megatron-LM's Llama line with Qwen2's, Qwen3's, Mistral's or Llama 3.x's flag describes that family (no
     --model) and sets its fields; with --model the same; a window is Megatron-LM's LEFT,0 = LEFT + 1 keys."""

@@ -25,26 +25,27 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from tpzoo.checkpoint.tensors import Entry, entry
 from tpzoo.engine.train_step import Engine
-from tpzoo.models.sharding import TIED_COPY, full_shape, source_name, tp_partitions
+from tpzoo.models.sharding import TIED_COPY, expert_names, full_shape, source_name, tp_partitions
 
 logger = logging.getLogger(__name__)
 OPTIM_PREFIX = "optim."
 IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
 
 
-def _named_parameters(engine: Engine) -> Iterator[tuple[str, nn.Parameter, tuple[int, int] | None]]:
-    """(global name, main parameter, tp partition) of every parameter of this rank's chunks."""
+def _named_parameters(engine: Engine) -> Iterator[tuple[str, nn.Parameter, tuple[int, int] | None, int]]:
+    """(global name, main parameter, tp partition, ep size of an expert weight else 1) of every parameter of this
+    rank's chunks."""
     for chunk in engine.chunks:
-        partitions = tp_partitions(chunk.model, engine.mesh.tp_size)
+        partitions, experts = tp_partitions(chunk.model, engine.mesh.tp_size), expert_names(chunk.model)
         for name, p in chunk.model.named_parameters():
-            yield name, engine.main.main_of(p), partitions.get(name)
+            yield name, engine.main.main_of(p), partitions.get(name), engine.mesh.ep_size if name in experts else 1
 
 
 def optimizer_entries(engine: Engine) -> list[Entry]:
     """The state this rank holds, for saving (none before the first step)."""
     state = engine.optimizer.state
-    return [entry(f"{OPTIM_PREFIX}{name}.{key}", value, partition if value.shape == p.shape else None)
-            for name, p, partition in _named_parameters(engine) if name != TIED_COPY and p in state
+    return [entry(f"{OPTIM_PREFIX}{name}.{key}", value, *((partition, ep) if value.shape == p.shape else (None, 1)))
+            for name, p, partition, ep in _named_parameters(engine) if name != TIED_COPY and p in state
             for key, value in state[p].items() if torch.is_tensor(value)]
 
 
@@ -59,17 +60,17 @@ def optimizer_targets(engine: Engine, saved: dict[str, Any]) -> tuple[list[Entry
             by_param[name][state_name] = meta
     owned = {p for group in engine.optimizer.param_groups for p in group["params"]}
     entries, states = [], {}
-    for name, p, partition in _named_parameters(engine):
+    for name, p, partition, ep in _named_parameters(engine):
         if p not in owned or source_name(name) not in by_param:
             continue
         states[p] = {}
         for state_name, meta in by_param[source_name(name)].items():
-            like_param = tuple(meta.size) == full_shape(p.shape, partition)
+            like_param = tuple(meta.size) == full_shape(p.shape, partition, ep)
             t = (torch.zeros_like(p, memory_format=torch.contiguous_format) if like_param
                  else torch.zeros(tuple(meta.size), dtype=meta.properties.dtype))
             states[p][state_name] = t
             entries.append(entry(f"{OPTIM_PREFIX}{source_name(name)}.{state_name}", t,
-                                 partition if like_param else None))
+                                 *((partition, ep) if like_param else (None, 1))))
     return entries, states
 
 

@@ -38,7 +38,10 @@ FULL_BYTES = 64 << 20  # a disk with less free than this, after a write came up 
 
 
 def mesh_shape(engine: Engine) -> dict[str, int]:
-    return {"pp": engine.mesh.pp_size, "dp": engine.mesh.dp_size, "tp": engine.mesh.tp_size}
+    """The mesh's sizes (ep only when > 1: the record of a run without expert parallelism is unchanged)."""
+    mesh = engine.mesh
+    return {"pp": mesh.pp_size, "dp": mesh.dp_size, "tp": mesh.tp_size, **({"ep": mesh.ep_size} if mesh.ep_size > 1
+                                                                            else {})}
 
 
 def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: bool, save_rng: bool,

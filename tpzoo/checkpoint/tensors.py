@@ -29,6 +29,10 @@ tensor under the same key, so an FSDP checkpoint and a plain one are interchange
                                            mesh: the tp chunk, then its dp chunk (uneven sizes given)
     tp shard of the padded vocabulary    dp pieces gathered (``full_tensor``), then as above; at load
                                            this rank's dp rows of its tp slice are kept
+
+Under expert parallelism an expert weight (``param_facts``: ``ep_split``; ``ep`` set) holds this ep rank's experts:
+a DTensor [Shard(dim) or Replicate(), Shard(0)] on the (tp, ep) mesh, the full tensor holding all N experts, so
+any ep (and any tp) reads its slice back.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from tpzoo.models.base import StagedModel
-from tpzoo.models.sharding import (TIED_COPY, dp_rows, full_shape, gather_full, shard, source_name,
+from tpzoo.models.sharding import (TIED_COPY, dp_rows, expert_names, full_shape, gather_full, shard, source_name,
                                    tp_partitions)
 from tpzoo.parallel import ParallelMesh
 
@@ -57,13 +61,14 @@ class Entry:
     ``local`` is what the rank holds (a tp shard for partitioned parameters) and is written into in
     place at load; ``partition`` is (tp dim, full unpadded size) from ``tp_partitions``, None when
     replicated. ``dp_shape``: set when ``local`` is only this rank's Shard(0) piece over dp (FSDP) of
-    a tp tensor of that shape.
+    a tp tensor of that shape. ``ep``: an expert weight's ep size (its experts: dim 0 of ep x as many), else 1.
     """
 
     key: str
     local: Tensor
     partition: tuple[int, int] | None = None
     dp_shape: tuple[int, ...] | None = None
+    ep: int = 1
 
     def tp_shape(self) -> tuple[int, ...]:
         """The shape of this rank's tp tensor (the whole of it, whatever dp holds)."""
@@ -75,12 +80,21 @@ class Entry:
                 and self.partition[1] != self.tp_shape()[self.partition[0]] * mesh.tp_size)
 
     def full_shape(self) -> tuple[int, ...]:
-        return full_shape(self.tp_shape(), self.partition)
+        return full_shape(self.tp_shape(), self.partition, self.ep)
+
+    def sharded(self) -> bool:
+        """Stored as a DTensor: a tp shard (not padded), a dp piece or an expert weight split over ep."""
+        return bool(self.partition or self.dp_shape or self.ep > 1)
 
     def dtensor(self, mesh: ParallelMesh) -> DTensor:
-        """``local`` as this rank's chunk of a DTensor sharded over the tp mesh, or over the (tp, dp)
-        mesh for a dp piece (no copy)."""
+        """``local`` as this rank's chunk of a DTensor sharded over the tp mesh, over the (tp, dp)
+        mesh for a dp piece, over the (tp, ep) mesh for an expert weight (no copy)."""
         local = self.local.detach()
+        if self.ep > 1:
+            shape = torch.Size(self.full_shape())
+            tp = Shard(self.partition[0]) if self.partition else Replicate()
+            return DTensor.from_local(local, mesh.tp_ep_mesh, [tp, Shard(0)], run_check=False, shape=shape,
+                                      stride=_contiguous_stride(shape))
         if self.dp_shape is None:
             return DTensor.from_local(local, mesh.device_mesh["tp"], [Shard(self.partition[0])], run_check=False)
         shape = torch.Size(self.full_shape())
@@ -97,15 +111,15 @@ class Entry:
                                   shape=shape, stride=_contiguous_stride(shape)).full_tensor()
 
 
-def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None) -> Entry:
+def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep: int = 1) -> Entry:
     """An entry for ``tensor``: a plain tp tensor, or a DTensor Shard(0) over dp (FSDP) whose local view
-    becomes ``local`` (loading writes into the DTensor's own storage)."""
+    becomes ``local`` (loading writes into the DTensor's own storage); ``ep``: an expert weight's ep size."""
     if isinstance(tensor, DTensor):
         if tuple(tensor.placements) != (Shard(0),):
             raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp only, got "
                              f"{tensor.placements} on {tensor.device_mesh}")
         return Entry(key, tensor.to_local(), partition, tuple(tensor.shape))
-    return Entry(key, tensor, partition)
+    return Entry(key, tensor, partition, ep=ep)
 
 
 def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
@@ -121,10 +135,10 @@ def model_entries(model: StagedModel, mesh: ParallelMesh, *, loading: bool = Fal
     ``weights``: name -> the tensor to store (and fill) instead of the state dict's, None to leave the
     name out (an engine's float32 main weights, ``MainParams.weights``: under ZeRO-1 only their owner's).
     """
-    partitions = tp_partitions(model, mesh.tp_size)
+    partitions, experts = tp_partitions(model, mesh.tp_size), expert_names(model)
     tensors = {**model.state_dict(), **(weights or {})}
-    return [entry(MODEL_PREFIX + source_name(name), t, partitions.get(name)) for name, t in tensors.items()
-            if t is not None and (loading or name != TIED_COPY)]
+    return [entry(MODEL_PREFIX + source_name(name), t, partitions.get(name), mesh.ep_size if name in experts else 1)
+            for name, t in tensors.items() if t is not None and (loading or name != TIED_COPY)]
 
 
 def save_items(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
@@ -132,8 +146,7 @@ def save_items(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
     pieces): the padded vocabulary tensors are gathered, in ``entries``' order (the same on every rank)."""
     padded = [e for e in entries if e.padded(mesh)]
     full = gather_full({e.key: e.tp_tensor(mesh) for e in padded}, {e.key: e.partition for e in padded}, mesh)
-    return {e.key: full[e.key] if e.key in full else e.dtensor(mesh) if e.partition or e.dp_shape
-            else e.local.detach()
+    return {e.key: full[e.key] if e.key in full else e.dtensor(mesh) if e.sharded() else e.local.detach()
             for e in entries}
 
 
@@ -145,7 +158,7 @@ def load_targets(entries: list[Entry], mesh: ParallelMesh) -> dict[str, Tensor]:
         if e.padded(mesh):
             out[e.key] = torch.empty(e.full_shape(), dtype=e.local.dtype, device=e.local.device)
         else:
-            out[e.key] = e.dtensor(mesh) if e.partition or e.dp_shape else e.local.detach()
+            out[e.key] = e.dtensor(mesh) if e.sharded() else e.local.detach()
     return out
 
 

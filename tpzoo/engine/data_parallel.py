@@ -25,6 +25,9 @@ The reduction of a bucket:
                                     of its piece, copies it into its gradients and drops the others'
                                     (grad = None) as soon as they are sent: each rank ends the step
                                     holding its owned parameters' gradients only, ~1/dp of them
+
+Expert weights split over ep are summed over their expert-data-parallel group instead of dp (``MainParams.groups``):
+a bucket holds the parameters of one group, and every rank of a stage launches the buckets in the same order.
 """
 
 from __future__ import annotations
@@ -42,20 +45,22 @@ def _flat(grads: list[Tensor], device: torch.device) -> Tensor:
 
 
 class GradReducer:
-    """Sum over ``group`` of the gradients of ``params``, once per step, overlapped with backward: all-reduced,
-    or with ``owner`` (the dp rank, in ``group``, owning each of ``params``) reduce-scattered to the owners."""
+    """Sum over its group of each gradient of ``params``, once per step, overlapped with backward: all-reduced,
+    or with ``owner`` (the rank, in its group, owning each of ``params``) reduce-scattered to the owners.
+    ``groups``: each parameter's group (``MainParams.groups``), or one group for all."""
 
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, bucket_mb: float,
-                 owner: list[int] | None = None) -> None:
-        self.group = group
-        self.active = dist.get_world_size(group) > 1
-        self.rank, self.ranks = dist.get_rank(group), dist.get_world_size(group)
+    def __init__(self, params: list[nn.Parameter], groups: list[dist.ProcessGroup] | dist.ProcessGroup,
+                 bucket_mb: float, owner: list[int] | None = None) -> None:
+        groups = groups if isinstance(groups, list) else [groups] * len(params)
+        self.active = any(dist.get_world_size(g) > 1 for g in groups)
         self.owner = None if owner is None else {id(p): o for p, o in zip(params, owner, strict=True)}
         self.buckets: list[list[nn.Parameter]] = []
+        self.groups: list[dist.ProcessGroup] = []  # each bucket's
         limit, size = bucket_mb * 2**20, float("inf")
-        for p in reversed(params):
-            if size + p.numel() * p.element_size() > limit:
+        for p, group in zip(reversed(params), reversed(groups)):
+            if size + p.numel() * p.element_size() > limit or group is not (self.groups or [None])[-1]:
                 self.buckets.append([])
+                self.groups.append(group)
                 size = 0
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
@@ -88,19 +93,23 @@ class GradReducer:
         """Start the next bucket's reduction; pending: (gradients that receive the result, result, work, inputs)."""
         i, self.launched = self.launched, self.launched + 1
         held = [p for p in self.buckets[i] if p.grad is not None]
-        device = self.buckets[i][0].device
+        device, group = self.buckets[i][0].device, self.groups[i]
+        if dist.get_world_size(group) == 1:  # experts at ep = dp: no replica to sum with
+            return
         if self.owner is None:
             grads = [p.grad for p in held]
             flat = _flat(grads, device)
-            self.pending.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True), []))
+            self.pending.append((grads, flat, dist.all_reduce(flat, group=group, async_op=True), []))
             return
-        pieces = [_flat([p.grad for p in held if self.owner[id(p)] == r], device) for r in range(self.ranks)]
-        mine = [p.grad for p in held if self.owner[id(p)] == self.rank]
+        rank = dist.get_rank(group)
+        pieces = [_flat([p.grad for p in held if self.owner[id(p)] == r], device)
+                  for r in range(dist.get_world_size(group))]
+        mine = [p.grad for p in held if self.owner[id(p)] == rank]
         for p in held:
-            if self.owner[id(p)] != self.rank:
+            if self.owner[id(p)] != rank:
                 p.grad = None  # its copy in ``pieces`` goes to its owner
-        out = torch.empty_like(pieces[self.rank])
-        self.pending.append((mine, out, dist.reduce_scatter(out, pieces, group=self.group, async_op=True), pieces))
+        out = torch.empty_like(pieces[rank])
+        self.pending.append((mine, out, dist.reduce_scatter(out, pieces, group=group, async_op=True), pieces))
 
     def sync(self) -> None:
         """Start the buckets not started yet and wait for all: then the gradients hold their sums over dp

@@ -10,8 +10,12 @@ Each distinct gradient element counts exactly once in the global norm:
                                                 dp rank holds the same gradients (ZeRO-1 too)
     dp shards (``dp_sharded``: FSDP's Shard(0)   summed over dp too: each element is held by one dp rank
       pieces, ZeRO-2's owned gradients)
+    expert weights (``facts(p).ep_split``)      summed over the ep group too (each ep rank holds other
+                                                experts; its edp replicas the same ones): ep x edp = dp,
+                                                so under ``dp_sharded`` the dp sum covers them
 
-    ||g||^2 = all-reduce over tp and pp (and dp when ``dp_sharded``) of the local sum of squares
+    ||g||^2 = all-reduce over tp and pp (and dp when ``dp_sharded``) of the local sum of squares, the experts'
+              part first summed over ep (unless ``dp_sharded``)
 
 A gradient may be a DTensor (FSDP's parameters are DTensors sharded over dp): its local shard is
 what this rank holds and counts (``tpzoo.parallel.fsdp.local``).
@@ -46,12 +50,22 @@ def local_grads(params: Iterable[nn.Parameter]) -> list[Tensor]:
     return [local(p.grad) for p in params if p.grad is not None]
 
 
-def _sum_over_mesh(value: Tensor, mesh: ParallelMesh, dp_sharded: bool) -> Tensor:
-    """``value`` (this rank's count of the elements it counts) summed over tp and pp, and dp when ``dp_sharded``."""
+def _sum_over_mesh(value: Tensor, experts: Tensor, mesh: ParallelMesh, dp_sharded: bool) -> Tensor:
+    """``value`` + ``experts`` (this rank's count of the elements it counts, of the other parameters and of the
+    expert weights) summed over tp and pp, and dp when ``dp_sharded``, ``experts`` first over ep otherwise."""
+    if mesh.ep_size > 1 and not dp_sharded:
+        dist.all_reduce(experts, group=mesh.ep_group)
+    value = value + experts
     for group in (mesh.tp_group, mesh.pp_group, *((mesh.dp_group,) if dp_sharded else ())):
         if dist.get_world_size(group) > 1:
             dist.all_reduce(value, group=group)
     return value
+
+
+def _split(params: Iterable[nn.Parameter], mesh: ParallelMesh) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The parameters of ``params`` this rank counts: (the others, the expert weights split over ep)."""
+    counted = [p for p in params if _counted_here(p, mesh)]
+    return [p for p in counted if not facts(p).ep_split], [p for p in counted if facts(p).ep_split]
 
 
 def _sum_of_squares(tensors: list[Tensor], device: torch.device) -> Tensor:
@@ -67,27 +81,28 @@ def global_grad_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, loss: t
     ``loss``: a tensor whose non-finite entries (on any tp or pp rank) make the norm NaN on all of them,
     riding the norm's all-reduce (so the ranks agree on a non-finite loss at no extra collective).
     ``dp_sharded``: each dp rank holds a different part of the gradients (FSDP, ZeRO-2): summed over dp."""
-    sq = _sum_of_squares(local_grads(p for p in params if _counted_here(p, mesh)), mesh.device)
+    dense, experts = (_sum_of_squares(local_grads(group), mesh.device) for group in _split(params, mesh))
     if loss is not None:
-        sq = sq + torch.where(torch.isfinite(loss).all(), 0.0, float("nan"))
-    return _sum_over_mesh(sq, mesh, dp_sharded).sqrt()
+        dense = dense + torch.where(torch.isfinite(loss).all(), 0.0, float("nan"))
+    return _sum_over_mesh(dense, experts, mesh, dp_sharded).sqrt()
 
 
 def global_params_norm(params: Iterable[nn.Parameter], mesh: ParallelMesh, dp_sharded: bool = False) -> Tensor:
     """The L2 norm (float32 scalar) of the weights of the whole model that ``params`` are this rank's part of,
     each weight counted once (as ``global_grad_norm`` counts gradients). ``dp_sharded``: each dp rank holds
     different weights (the ones it owns under ZeRO, FSDP's shards): summed over dp."""
-    weights = [local(p.detach()) for p in params if _counted_here(p, mesh)]
-    return _sum_over_mesh(_sum_of_squares(weights, mesh.device), mesh, dp_sharded).sqrt()
+    dense, experts = (_sum_of_squares([local(p.detach()) for p in group], mesh.device)
+                      for group in _split(params, mesh))
+    return _sum_over_mesh(dense, experts, mesh, dp_sharded).sqrt()
 
 
 def count_zero_grads(params: Iterable[nn.Parameter], mesh: ParallelMesh, dp_sharded: bool = False) -> Tensor:
     """The number (int64 scalar) of zero entries of the gradients of the whole model, each counted once
     (the elements ``global_grad_norm`` counts; ``dp_sharded`` likewise). No host sync."""
-    zeros = torch.zeros((), dtype=torch.int64, device=mesh.device)
-    for grad in local_grads(p for p in params if _counted_here(p, mesh)):
-        zeros = zeros + (grad == 0).sum()
-    return _sum_over_mesh(zeros, mesh, dp_sharded)
+    dense, experts = (sum(((g == 0).sum() for g in local_grads(group)), torch.zeros((), dtype=torch.int64,
+                                                                                    device=mesh.device))
+                      for group in _split(params, mesh))
+    return _sum_over_mesh(dense, experts, mesh, dp_sharded)
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, mesh: ParallelMesh,

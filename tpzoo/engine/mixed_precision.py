@@ -19,6 +19,9 @@ Each model parameter p has a *main* parameter, the one the rest of the step work
     optimizer step   AdamW on the main weights this rank owns, then ``publish``: model weight = main
                      weight (cast), and under ZeRO-1/2 each owner broadcasts its model weights over dp
 
+Expert weights split over ep (``facts(p).ep_split``, ``tpzoo.parallel.experts``) are held alike by the ranks of
+the expert-data-parallel group only (edp, dp / ep of them): their owners, gradient sums and broadcasts are over it.
+
 The model's forward and backward never cast a weight. A main parameter carries its model parameter's
 ``param_facts`` (norm counting, tied and sequence-parallel sums read them). Under ZeRO-1/2 the main
 parameter of a p owned by another dp rank is a stand-in whose data is one expanded zero (no memory):
@@ -79,23 +82,31 @@ class MainParams:
     others and their dp owners (what the gradient reducer sums)."""
 
     def __init__(self, params: list[nn.Parameter], modules: list[nn.Module], precision: str,
-                 dp_group: dist.ProcessGroup, zero: bool) -> None:
-        self.model, self.dtype, self.group = params, DTYPES[precision], dp_group
+                 dp_group: dist.ProcessGroup, zero: bool, edp_group: dist.ProcessGroup | None = None) -> None:
+        self.model, self.dtype = params, DTYPES[precision]
+        edp_group = dp_group if edp_group is None else edp_group
+        # each parameter's group: the ranks holding it alike, over which it is owned, summed and broadcast
+        self.groups = [edp_group if facts(p).ep_split else dp_group for p in params]
         dp, rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
         trains = [p.requires_grad for p in params]
-        learned = [p for p, t in zip(params, trains) if t]
-        given = iter(owners(learned, dp) if zero else [rank] * len(learned))
-        self.owner = [next(given) if t else None for t in trains]
-        if learned and rank not in self.owner:
+        self.owner: list[int | None] = [None] * len(params)
+        for group in {id(g): g for g in self.groups}.values():  # each group's learned parameters spread over it
+            learned = [i for i, p in enumerate(params) if trains[i] and self.groups[i] is group]
+            given = owners([params[i] for i in learned], dist.get_world_size(group)) if zero else \
+                [dist.get_rank(group)] * len(learned)
+            for i, o in zip(learned, given):
+                self.owner[i] = o
+        mine = [o is not None and o == dist.get_rank(g) for o, g in zip(self.owner, self.groups)]
+        if any(trains) and not any(mine):
             raise ValueError(f"the distributed optimizer over dp={dp} leaves dp rank {rank} no parameter to own: "
-                             f"this pipeline stage trains {len(learned)} parameters; lower dp or turn off "
+                             f"this pipeline stage trains {sum(trains)} parameters; lower dp or turn off "
                              f"use_distributed_optimizer")
         self.zero, self.mixed = zero and dp > 1, self.dtype != torch.float32
-        mine = [o == rank for o in self.owner]
         self.params = [_main_of(p, m) if self.mixed and t else p for p, m, t in zip(params, mine, trains)]
         self.owned = [main for main, m in zip(self.params, mine) if m]
         self.trainable = [main for main, t in zip(self.params, trains) if t]
         self.trainable_owner = [o for o in self.owner if o is not None]
+        self.trainable_group = [g for g, t in zip(self.groups, trains) if t]
         self._kept = {id(main) for main, m, t in zip(self.params, mine, trains) if m or not t}  # weights() holds
         self._mine = [(p, main) for p, main, m in zip(params, self.params, mine) if m]
         self._main_of = {id(p): main for p, main in zip(params, self.params)}
@@ -143,11 +154,12 @@ class MainParams:
             torch._foreach_copy_([p for p, _ in self._mine], [main for _, main in self._mine])
         if not self.zero:
             return
-        for r in range(dist.get_world_size(self.group)):
-            theirs = [p for p, o in zip(self.model, self.owner) if o == r]
-            flat = torch._utils._flatten_dense_tensors([p.detach() for p in theirs])
-            dist.broadcast(flat, src=dist.get_global_rank(self.group, r), group=self.group)
-            torch._foreach_copy_(theirs, torch._utils._unflatten_dense_tensors(flat, theirs))
+        for group in {id(g): g for g in self.groups}.values():
+            for r in range(dist.get_world_size(group) if dist.get_world_size(group) > 1 else 0):
+                theirs = [p for p, o, g in zip(self.model, self.owner, self.groups) if o == r and g is group]
+                flat = torch._utils._flatten_dense_tensors([p.detach() for p in theirs])
+                dist.broadcast(flat, src=dist.get_global_rank(group, r), group=group)
+                torch._foreach_copy_(theirs, torch._utils._unflatten_dense_tensors(flat, theirs))
 
     def weights(self, model: nn.Module, loading: bool = False) -> dict[str, torch.Tensor | None]:
         """Parameter name -> its main weight (detached) for each parameter of ``model`` (a chunk's model), None

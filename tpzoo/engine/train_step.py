@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -70,12 +71,13 @@ from tpzoo.engine.replicas import RTOL, check_replicas
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import IGNORE_INDEX, ModelConfig
-from tpzoo.models.moe import ROUTER_LOSSES
+from tpzoo.models.moe import EXPERT_LOAD, ROUTER_LOSSES
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
 
 logger = logging.getLogger(__name__)
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a transformer layer's module path, its global number
 
 
 def sequence_loss_modules(chunks: list[nn.Module]) -> list[nn.Module]:
@@ -98,6 +100,24 @@ def recorded_losses(modules: list[nn.Module], device: torch.device) -> Tensor:
     recorded = [m.losses for m in modules if m.losses]
     sums = [sum((r[name] for r in recorded), torch.zeros((), device=device)) for name in ROUTER_LOSSES]
     return torch.stack([*sums, torch.tensor(float(len(recorded)), device=device)]).float()
+
+
+def expert_layers(chunks: list[nn.Module]) -> list[tuple[int, nn.Module]]:
+    """(global layer number, module) of the modules in ``chunks`` that record an expert load (``EXPERT_LOAD``: a
+    mixture of experts), the number read from the ``layers.<i>.`` of the module's name."""
+    found = [(LAYER.search(f"{name}."), m) for chunk in chunks for name, m in chunk.named_modules()
+             if hasattr(m, "sequence_weight")]
+    return [(int(match[1]), m) for match, m in found if match]
+
+
+def recorded_loads(layers: list[tuple[int, nn.Module]], shape: tuple[int, int], device: torch.device) -> Tensor:
+    """[L N] flattened: the token slots routed to each expert of each layer this step (``EXPERT_LOAD``), this rank's
+    layers (``expert_layers``) in their rows, zeros elsewhere; [0] when ``shape`` (layers, experts) is empty."""
+    out = torch.zeros(shape, device=device)
+    for i, module in layers:
+        if EXPERT_LOAD in module.losses:
+            out[i] += module.losses[EXPERT_LOAD]
+    return out.flatten()
 
 
 def router_means(values: list[float], sequences: int, dp: int) -> dict[str, float]:
@@ -139,6 +159,8 @@ class StepResult:
     num_zeros: int | None = None      # zero entries of the reduced gradients (``Engine.measure_num_zeros``)
     # a mixture of experts' router losses (``tpzoo.models.moe.ROUTER_LOSSES``), per sequence and layer; {}: none
     router_losses: dict[str, float] = field(default_factory=dict)
+    # the token slots routed to each expert of each layer over the global batch ([layer][expert]); []: no experts
+    expert_tokens: list[list[int]] = field(default_factory=list)
 
 
 class Engine:
@@ -170,19 +192,26 @@ class Engine:
             raise ValueError(f"pp rank {mesh.pp_rank} holds no parameters with stage_layers={config.stage_layers}; "
                              f"give every pp rank's stages at least one layer (or the embedding or head)")
         self.num_stages = len(layers)
+        if mesh.ep_size > 1 and getattr(model_config, "num_experts", None) is None:
+            raise ValueError(f"expert parallelism ep={mesh.ep_size}, but a {type(model_config).__name__} has no "
+                             f"experts to split (no mixture of experts); build the mesh with ep=1 (drop "
+                             f"--expert-model-parallel-size)")
         self.reducer: GradReducer | None = None  # FSDP reduce-scatters the gradients itself
         if self.plan.fsdp:
             self.main = FSDPParams(self.chunks, config.precision, mesh)
         else:
             self.main = MainParams([p for c in self.chunks for p in c.parameters()], self.chunks, config.precision,
-                                   mesh.dp_group, config.use_distributed_optimizer)
+                                   mesh.dp_group, config.use_distributed_optimizer, mesh.edp_group)
             zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
-            self.reducer = GradReducer(self.main.trainable, mesh.dp_group, config.bucket_mb,
+            self.reducer = GradReducer(self.main.trainable, self.main.trainable_group, config.bucket_mb,
                                        owner=self.main.trainable_owner if zero2 else None)
             if self.reducer.active:
                 self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]
         self.sequence_loss_modules = sequence_loss_modules(self.chunks)
+        self.expert_layers = expert_layers(self.chunks)
+        experts = getattr(model_config, "num_experts", None)
+        self.load_shape = (model_config.num_layers, experts) if experts else (0, 0)  # the same on every rank
         self.tied = TiedEmbeddingSync(self.main.params, mesh, config)
         self.optimizer = build_optimizer(self.main.owned, config, mesh.device)
         self.scaler = loss_scaler(config)
@@ -277,7 +306,9 @@ class Engine:
                 sync_sequence_parallel_grads(chunk, mesh.tp_group)
             self.timers.stop("grads-sync")
             recorded = recorded_losses(self.sequence_loss_modules, mesh.device)
-            sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded]), [mesh.pp_group, mesh.dp_group])
+            loads = recorded_loads(self.expert_layers, self.load_shape, mesh.device)
+            sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded, loads]),
+                                 [mesh.pp_group, mesh.dp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
             sharded = self.plan.fsdp or self.reducer.sharded
@@ -286,6 +317,9 @@ class Engine:
             numbers = torch.cat([t.reshape(-1).double() for t in (sums, norm, overflow, *zeros)]).tolist()
             *read, norm, overflow = numbers[:len(sums) + 2]
             zeros = numbers[len(sums) + 2:]  # [count] when measured
+            read, load = read[:len(read) - loads.numel()], read[len(read) - loads.numel():]
+            experts = self.load_shape[1]
+            tokens = [[round(v) for v in load[i:i + experts]] for i in range(0, len(load), experts)]
             loss, losses = named_losses(read, self.loss_keys(batch))
             router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], mesh.dp_size)
             skipped = bool(overflow) or not math.isfinite(norm)
@@ -302,4 +336,4 @@ class Engine:
         params_norm = None
         if self.measure_params_norm:  # main weights after the step; ZeRO's and FSDP's are dp shards
             params_norm = global_params_norm(main.owned, mesh, self.plan.fsdp or main.zero).item()
-        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None, router)
+        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None, router, tokens)

@@ -298,5 +298,27 @@ class MixtralConfig(MistralConfig):
         return self.expert_ffn_size if name == "moe_ffn_hidden_size" else super().size(name)
 
 
+@dataclass
+class Qwen2MoeConfig(MixtralConfig):
+    """Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention (biases on q, k and v) and in every layer a mixture of experts
+    whose chosen experts keep their softmax scores over all N (``norm_topk_prob`` False: Megatron-LM's pre-softmax
+    routing; True: renormalised over the chosen, as Mixtral's), beside a shared expert, always on, its output gated by
+    a sigmoid of the input."""
+
+    model_type: str = option("qwen2_moe", one_of("qwen2_moe"), "qwen2_moe")
+    add_qkv_bias: bool = _narrowed(ModelConfig, "add_qkv_bias", True, "biases on q, k and v (only)", one_of(True))
+    window_size: int | None = _narrowed(ModelConfig, "window_size", None, "no sliding window", one_of(None))
+    moe_shared_expert_intermediate_size: int | None = option(
+        None, optional(at_least(1)), "the shared expert's MLP width (always on, gated by a sigmoid); None: none",
+        "--moe-shared-expert-intermediate-size")
+    norm_topk_prob: bool = option(False, boolean, "renormalise the chosen experts' scores to sum to 1")
+
+    def size(self, name: str) -> int:
+        """As ``MixtralConfig.size``; the shared expert's width 0 when there is none (nothing for tp to split)."""
+        if name == "moe_shared_expert_intermediate_size":
+            return self.moe_shared_expert_intermediate_size or 0
+        return super().size(name)
+
+
 def field_names(cls: type = TransformerConfig) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Callable
 
-from tpzoo.models.config import (LlamaConfig, MistralConfig, MixtralConfig, ModelConfig, Qwen2Config, Qwen3Config,
-                                 TransformerConfig)
+from tpzoo.models.config import (LlamaConfig, MistralConfig, MixtralConfig, ModelConfig, Qwen2Config, Qwen2MoeConfig,
+                                 Qwen3Config, TransformerConfig)
 
 DATA_KINDS = ("causal-lm", "masked-lm")
 FINETUNE_KINDS = ("causal-lm", "classification")
@@ -116,6 +116,7 @@ _QWEN3 = dict(_QWEN2, model_type="qwen3")
 _QWEN_REAL = dict(layernorm_epsilon=1e-6, vocab_size=151936, rotary_base=1000000.0)  # Qwen2.5's and Qwen3's
 _MISTRAL = dict(_LLAMA, model_type="mistral")
 _MIXTRAL = dict(_LLAMA, model_type="mixtral")
+_QWEN2_MOE = dict(_LLAMA, model_type="qwen2_moe")
 # The tiny presets use the 512-token vocabulary of the bundled demo tokenizer.
 _TINY = dict(vocab_size=512, max_position_embeddings=256)
 # Post-LN BERT sits on the unigram plateau (MLM loss = unigram entropy) for hundreds of steps and does not
@@ -188,6 +189,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                     num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000,
                                     max_position_embeddings=32768, rotary_base=1000000.0, num_experts=8,
                                     moe_router_topk=2)}),
+    Family("qwen2_moe", "tpzoo.models.qwen2_moe", Qwen2MoeConfig, data="causal-lm", finetune="causal-lm",
+           default_preset="qwen2-moe-tiny", train_defaults=DECODER_DEFAULTS, presets={
+               "qwen2-moe-tiny": dict(_QWEN2_MOE, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,
+                                      num_query_groups=2, ffn_hidden_size=128, num_experts=4, moe_router_topk=2,
+                                      moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=128),
+               # Qwen1.5-MoE-A2.7B's shape: 60 experts of 1408, top 4, a shared expert of 5632
+               "qwen1.5-moe-a2.7b": dict(_QWEN2_MOE, **_QWEN_REAL, num_layers=24, hidden_size=2048,
+                                         num_attention_heads=16, num_query_groups=16, ffn_hidden_size=5632,
+                                         max_position_embeddings=8192, num_experts=60, moe_router_topk=4,
+                                         moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=5632)}),
 )}
 PRESETS: dict[str, dict[str, Any]] = {name: fields for f in FAMILIES.values() for name, fields in f.presets.items()}
 SOURCES: dict[str, str] = {}  # family name -> "module:NAME" it came from, for the families from outside tpzoo

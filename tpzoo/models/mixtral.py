@@ -41,7 +41,11 @@ class MixtralModel(CausalLM):
         c = self.config
         return MoE(c.hidden_size, c.num_experts, c.moe_router_topk, c.expert_ffn_size, activation=c.activation,
                    aux_loss_coeff=c.moe_aux_loss_coeff, z_loss_coeff=c.moe_z_loss_coeff, init_std=c.init_method_std,
-                   out_init_std=self.output_init_std())
+                   out_init_std=self.output_init_std(), **self.moe_options())
+
+    def moe_options(self) -> dict[str, Any]:
+        """The ``MoE`` options a family adds (Mixtral: none; its routing renormalised, no shared expert)."""
+        return {}
 
 
 class MixtralForSequenceClassification(SequenceClassifier, MixtralModel):
@@ -51,9 +55,12 @@ class MixtralForSequenceClassification(SequenceClassifier, MixtralModel):
 
 
 def num_parameters(c: MixtralConfig, head: str | None = None) -> int:
-    """Llama's count with each layer's MLP [3 f h] replaced by N experts [3 f_e h] and the router [N h]."""
+    """Llama's count with each layer's MLP [3 f h] replaced by N experts [3 f_e h] and the router [N h] (and a shared
+    expert [3 f_s h] with its gate [h], where the config has one)."""
     dense_mlp = 3 * c.ffn_size * c.hidden_size
     moe = c.num_experts * (3 * c.expert_ffn_size * c.hidden_size + c.hidden_size)
+    shared = getattr(c, "moe_shared_expert_intermediate_size", None)
+    moe += (3 * shared + 1) * c.hidden_size if shared else 0
     return llama_parameters(c, head) + c.num_layers * (moe - dense_mlp)
 
 
@@ -90,18 +97,23 @@ def _stacked(tpzoo: str, per_expert: list[Rule]) -> Rule:
     return Rule(tpzoo, tuple(name for r in per_expert for name in r.hf), to_tpzoo, to_hf)
 
 
-def rules(c: MixtralConfig, arch: str) -> list[Rule]:
-    """Llama's rules but the MLPs': per layer the router (``block_sparse_moe.gate``) and the experts stacked, gate (w1)
-    and up (w3) interleaved as the MLP's, down (w2)."""
+def moe_rules(c: MixtralConfig, arch: str, block: str, gate: str, up: str, down: str) -> list[Rule]:
+    """Llama's rules but the MLPs': per layer the router (``<block>.gate``) and the experts stacked, gate and up
+    interleaved as the MLP's, down (Hugging Face's names of each expert's: ``gate``, ``up``, ``down``)."""
     out = [r for r in llama_rules(c, arch) if ".mlp." not in r.tpzoo]
     for i in range(c.num_layers):
-        t, h = f"layers.{i}.mlp.", f"model.layers.{i}.block_sparse_moe."
+        t, h = f"layers.{i}.mlp.", f"model.layers.{i}.{block}."
         experts = range(c.num_experts)
         out += [same(f"{t}router.weight", f"{h}gate.weight"),
                 _stacked(f"{t}experts.dense_h_to_4h",
-                         [gated("", f"{h}experts.{e}.w1.weight", f"{h}experts.{e}.w3.weight") for e in experts]),
-                _stacked(f"{t}experts.dense_4h_to_h", [same("", f"{h}experts.{e}.w2.weight") for e in experts])]
+                         [gated("", f"{h}experts.{e}.{gate}.weight", f"{h}experts.{e}.{up}.weight") for e in experts]),
+                _stacked(f"{t}experts.dense_4h_to_h", [same("", f"{h}experts.{e}.{down}.weight") for e in experts])]
     return out
+
+
+def rules(c: MixtralConfig, arch: str) -> list[Rule]:
+    """Mixtral's: ``block_sparse_moe``, each expert's gate w1, up w3, down w2."""
+    return moe_rules(c, arch, "block_sparse_moe", "w1", "w3", "w2")
 
 
 ARCHITECTURES = {"MixtralForCausalLM": ("MixtralModel", {}),

@@ -33,6 +33,7 @@ from tpzoo.sharding_plan import prefixed
 
 SCORES = ("softmax", "sigmoid")
 ROUTER_LOSSES = ("load_balancing_loss", "z_loss")  # the names of ``MoE.losses``, as the metrics log them
+EXPERT_LOAD = "tokens_per_expert"  # ``MoE.losses``' [N]: the token slots routed to each expert
 # the router and the shared expert's gate are left to the plan's default: replicated, their gradients partial sums
 # in the sequence-parallel region (where they see this rank's tokens)
 MOE_PLAN = {"experts": "experts", **prefixed("shared_expert", MLP_PLAN)}
@@ -129,7 +130,8 @@ class MoE(nn.Module):
     In training, ``aux_loss_coeff`` and ``z_loss_coeff`` add the router's losses of each sequence (``router_losses``)
     to the training loss's gradient with weight ``sequence_weight`` (the weight the training loss gives a sequence:
     set by the engine, None = 1 / b, the mean over the forward's sequences); ``losses`` adds up their sums over the
-    sequences of every training forward (not a recompute's) until it is emptied, to log (``ROUTER_LOSSES``)."""
+    sequences of every training forward (not a recompute's) until it is emptied, to log (``ROUTER_LOSSES``), and the
+    token slots routed to each expert ([N], ``EXPERT_LOAD``: its load)."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, ffn_hidden_size: int, *,
                  activation: str = "swiglu", score: str = "softmax", normalize: bool = True,
@@ -167,9 +169,10 @@ class MoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights, indices, logits
 
-    def router_losses(self, logits: Tensor, indices: Tensor, batch: int) -> tuple[Tensor, Tensor]:
+    def router_losses(self, logits: Tensor, indices: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
         """(load balance, z-loss), each summed over the ``batch`` sequences of router ``logits`` [T, N] and chosen
-        ``indices`` [T, k] (T = batch x s tokens), per sequence over its s tokens:
+        ``indices`` [T, k] (T = batch x s tokens), per sequence over its s tokens, and the load: the slots of the
+        whole sequences routed to each expert [N] (float, no gradient):
 
             load balance   N sum_e f_e P_e   f_e: the share of the sequence's s k routed slots that chose e (no
                            gradient), P_e: the mean of p_e, p the scores (sigmoid ones divided by their sum); 1 when
@@ -188,16 +191,16 @@ class MoE(nn.Module):
         count, prob, z_sum = sums.split([n, n, 1], -1)                                 # [b, N], [b, N], [b, 1]
         tokens = count.sum(-1, keepdim=True) / self.top_k                              # s, whole sequences
         balance = n * (count / (tokens * self.top_k) * prob / tokens).sum(-1)
-        return balance.sum(), (z_sum / tokens).sum()
+        return balance.sum(), (z_sum / tokens).sum(), count.sum(0).detach()
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])                                  # [T, h]
         weights, indices, logits = self.route(flat)
         out = self.experts(flat, weights, indices).view_as(x)
         if self.training:
-            balance, z = self.router_losses(logits, indices, x.shape[0])
+            balance, z, load = self.router_losses(logits, indices, x.shape[0])
             if torch._C._current_graph_task_id() == -1:  # not a recompute in backward (the forward counted them)
-                for name, value in zip(ROUTER_LOSSES, (balance, z)):
+                for name, value in zip((*ROUTER_LOSSES, EXPERT_LOAD), (balance, z, load)):
                     self.losses[name] = self.losses.get(name, 0.0) + value.detach()
             if self.aux_loss_coeff or self.z_loss_coeff:
                 weight = self.sequence_weight if self.sequence_weight is not None else 1.0 / x.shape[0]

@@ -10,8 +10,11 @@ vocabulary cut back to its real size V (no padding rows), so it does not depend 
     VocabParallelBias            r V'/tp ...       [V'/tp]       [V]
     anything else                replicated                      as is
 
+A mixture of experts' expert weights under expert parallelism (``param_facts``: ``ep_split``) hold this ep rank's
+N/ep experts of the N: the full tensor is the ep group's concatenated along dim 0 (after the tp gather).
+
 ``full_state_dict`` gathers (every tp rank must call it, and gets the result; under FSDP, where each
-value is a DTensor sharded over dp, every dp rank too: the dp pieces are gathered first);
+value is a DTensor sharded over dp, every dp rank too: the dp pieces are gathered first; under ep every ep rank);
 ``load_full_state_dict`` keeps this rank's slice (no communication; under FSDP its dp rows of it).
 Checkpoints and the Hugging Face converter go through these two.
 """
@@ -56,10 +59,16 @@ def tp_partitions(model: nn.Module, tp: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int]], mesh: ParallelMesh
-                ) -> dict[str, Tensor]:
-    """Shards -> full tensors (collective over tp, in ``tensors``' order; every tp rank gets them). A
-    DTensor (FSDP: the tp shard sharded over dp) is gathered over its mesh first (``full_tensor``)."""
+def expert_names(model: nn.Module) -> set[str]:
+    """The names of the expert weights split over ep (``param_facts``: ``ep_split``)."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if facts(p).ep_split}
+
+
+def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int]], mesh: ParallelMesh,
+                experts: set[str] = frozenset()) -> dict[str, Tensor]:
+    """Shards -> full tensors (collective over tp, and ep for ``experts``, in ``tensors``' order; every rank of
+    them gets them). A DTensor (FSDP: the tp shard sharded over dp) is gathered over its mesh first
+    (``full_tensor``)."""
     out = {}
     for name, t in tensors.items():
         if isinstance(t, DTensor):
@@ -67,6 +76,8 @@ def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int
         if name in partitions:
             dim, size = partitions[name]
             t = all_gather(t.detach(), dim, mesh.tp_group).narrow(dim, 0, size)
+        if name in experts and mesh.ep_size > 1:
+            t = all_gather(t.detach(), 0, mesh.ep_group)
         out[name] = t.detach().clone()
     return out
 
@@ -74,14 +85,14 @@ def gather_full(tensors: dict[str, Tensor], partitions: dict[str, tuple[int, int
 def full_state_dict(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """The model's state dict with every shard gathered and padding dropped (see module docstring)."""
     mesh = mesh or model_mesh(model)
-    return gather_full(model.state_dict(), tp_partitions(model, mesh.tp_size), mesh)
+    return gather_full(model.state_dict(), tp_partitions(model, mesh.tp_size), mesh, expert_names(model))
 
 
 def full_grads(model: nn.Module, mesh: ParallelMesh | None = None) -> dict[str, Tensor]:
     """Each parameter's gradient gathered like ``full_state_dict`` (parameters without one are left out)."""
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     mesh = mesh or model_mesh(model)
-    return gather_full(grads, tp_partitions(model, mesh.tp_size), mesh)
+    return gather_full(grads, tp_partitions(model, mesh.tp_size), mesh, expert_names(model))
 
 
 def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor:
@@ -104,11 +115,13 @@ def dp_rows(n: int, mesh: ParallelMesh) -> tuple[int, int]:
     return min(mesh.dp_rank * chunk, n), min((mesh.dp_rank + 1) * chunk, n)
 
 
-def full_shape(local: Sequence[int], partition: tuple[int, int] | None) -> tuple[int, ...]:
-    """The full (unpadded) shape of a tensor shaped like a parameter whose shard has shape ``local``."""
+def full_shape(local: Sequence[int], partition: tuple[int, int] | None, ep: int = 1) -> tuple[int, ...]:
+    """The full (unpadded) shape of a tensor shaped like a parameter whose shard has shape ``local`` (``ep``: an
+    expert weight's ep size, which dim 0 is split over)."""
     shape = list(local)
     if partition is not None:
         shape[partition[0]] = partition[1]
+    shape[0] *= ep
     return tuple(shape)
 
 
@@ -127,15 +140,20 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
         raise KeyError(f"state dict does not fit {type(model).__name__}: missing {missing[:8]}"
                        f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
                        f"{' ...' if len(unexpected) > 8 else ''}")
-    partitions = tp_partitions(model, mesh.tp_size)
+    partitions, experts = tp_partitions(model, mesh.tp_size), expert_names(model)
     kept = list(missing)
     for name, target in own.items():
         if name not in state:
             continue
         value, partition = state[name], partitions.get(name)
-        if not strict and tuple(value.shape) != full_shape(target.shape, partition):
+        ep = mesh.ep_size if name in experts else 1
+        if not strict and tuple(value.shape) != full_shape(target.shape, partition, ep):
             kept.append(name)
             continue
+        if ep > 1:  # this ep rank's experts
+            if value.shape[0] != target.shape[0] * ep:
+                raise ValueError(f"{name}: {target.shape[0] * ep} experts expected, got shape {tuple(value.shape)}")
+            value = value.narrow(0, mesh.ep_rank * target.shape[0], target.shape[0])
         if partition is not None:
             dim, size = partition
             if value.shape[dim] != size:

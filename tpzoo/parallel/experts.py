@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
+from tpzoo.parallel.param_facts import facts, mark
+
 
 def _expert_major(matrix: Tensor) -> Tensor:
     """The permutation taking rows laid out source by source, expert by expert within each (``matrix`` [ep, E]
@@ -59,13 +61,16 @@ class AllToAllDispatch:
 
 def expert_parallel(experts: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """``experts`` (a ``tpzoo.models.moe.Experts`` holding all N experts) cut to this rank's N/ep of the ep ``group``
-    and given ``AllToAllDispatch``; in place, returned. ValueError when ep does not divide N."""
+    (its weights keep their facts and are marked ``ep_split``) and given ``AllToAllDispatch``; in place, returned.
+    ValueError when ep does not divide N."""
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
     n = experts.num_experts
     if n % ep:
         raise ValueError(f"expert parallelism: ep={ep} does not divide the {n} experts; choose an ep dividing {n}")
     held = slice(rank * n // ep, (rank + 1) * n // ep)
     for name in ("dense_h_to_4h", "dense_4h_to_h"):
-        setattr(experts, name, nn.Parameter(getattr(experts, name).detach()[held].clone()))
+        weight = getattr(experts, name)
+        cut = nn.Parameter(weight.detach()[held].clone(), requires_grad=weight.requires_grad)
+        setattr(experts, name, mark(cut, **{**vars(facts(weight)), "ep_split": True}))
     experts.dispatch = AllToAllDispatch(group)
     return experts

@@ -11,6 +11,14 @@ tp=2, pp=2, dp=2:
     dp groups: {0,2} {1,3} {4,6} {5,7}   (same pp stage and tp rank: hold the same shard)
     pp groups: {0,4} {1,5} {2,6} {3,7}   (same dp replica and tp rank: one pipeline)
 
+Expert parallelism (``init_mesh(ep=)``, Megatron-LM's ``--expert-model-parallel-size``) is carved out of dp: the
+dp ranks of a stage split into dp / ep expert-data-parallel replicas of ep consecutive dp ranks each, and a mixture
+of experts' N experts spread over each ep group (``tpzoo.parallel.experts``). World size 8, tp 2, pp 1, dp 4, ep 2:
+
+    dp groups  {0,2,4,6} {1,3,5,7}
+    ep groups  {0,2} {4,6} {1,3} {5,7}       (consecutive dp ranks: together they hold every expert)
+    edp groups {0,4} {2,6} {1,5} {3,7}       (hold the same experts: their gradients are summed over it)
+
 ``init_mesh`` builds it as a ``torch.distributed`` DeviceMesh and remembers it; layers and
 models that are given no group ask ``get_mesh()``. Nothing else in tpzoo keeps global state.
 """
@@ -47,6 +55,7 @@ class ParallelMesh:
     device_mesh: DeviceMesh
     device: torch.device
     rng: RNGStatesTracker = field(default_factory=RNGStatesTracker)
+    expert_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # (ep, edp) when ep > 1
 
     def size(self, dim: str) -> int:
         return self.device_mesh.size(DIMS.index(dim))
@@ -93,6 +102,24 @@ class ParallelMesh:
     def dp_group(self) -> dist.ProcessGroup:
         return self.group("dp")
 
+    @property
+    def ep_size(self) -> int:
+        return 1 if self.expert_groups is None else dist.get_world_size(self.expert_groups[0])
+
+    @property
+    def ep_group(self) -> dist.ProcessGroup | None:
+        """The dp ranks among which a mixture of experts' experts are split (None when ep is 1)."""
+        return None if self.expert_groups is None else self.expert_groups[0]
+
+    @property
+    def ep_rank(self) -> int:
+        return 0 if self.expert_groups is None else dist.get_rank(self.expert_groups[0])
+
+    @property
+    def edp_group(self) -> dist.ProcessGroup:
+        """The dp ranks holding the same experts (every dp rank when ep is 1): expert gradients are summed over it."""
+        return self.dp_group if self.expert_groups is None else self.expert_groups[1]
+
     @functools.cached_property
     def tp_dp_mesh(self) -> DeviceMesh:
         """This pp stage's ranks as a 2-D (tp, dp) DeviceMesh, tp first: a tensor sharded on both (FSDP's
@@ -101,8 +128,21 @@ class ParallelMesh:
         return DeviceMesh.from_group([self.tp_group, self.dp_group], self.device_mesh.device_type, mesh=ranks,
                                      mesh_dim_names=("tp", "dp"))
 
+    @functools.cached_property
+    def tp_ep_mesh(self) -> DeviceMesh:
+        """This rank's tp and ep groups as a 2-D (tp, ep) DeviceMesh, tp first: an expert weight (the tp shard of this
+        rank's experts) is the tp chunk, then the ep chunk (dim 0) of the full tensor (``tpzoo.checkpoint.tensors``).
+        Only at ep > 1."""
+        if self.expert_groups is None:
+            raise RuntimeError("tp_ep_mesh: this mesh has no expert parallelism (ep 1)")
+        ep_ranks = dist.get_process_group_ranks(self.ep_group)  # this tp rank's, ep position by position
+        ranks = torch.tensor([[r - self.tp_rank + t for r in ep_ranks] for t in range(self.tp_size)])  # tp innermost
+        return DeviceMesh.from_group([self.tp_group, self.ep_group], self.device_mesh.device_type, mesh=ranks,
+                                     mesh_dim_names=("tp", "ep"))
+
     def __repr__(self) -> str:
-        return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}, "
+        ep = f", ep={self.ep_size}" if self.ep_size > 1 else ""
+        return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}{ep}, "
                 f"rank={dist.get_rank()}: pp_rank={self.pp_rank}, dp_rank={self.dp_rank}, "
                 f"tp_rank={self.tp_rank}, device={self.device})")
 
@@ -163,6 +203,19 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
+def _axis_groups(ranks: torch.Tensor, timeout: timedelta, dims: tuple[int, ...] | None = None
+                 ) -> list[dist.ProcessGroup]:
+    """This rank's group along each axis (of ``dims``, default all) of ``ranks`` (the world's ranks laid out on a
+    grid), each with ``timeout``: every rank makes every group (``new_group`` is collective)."""
+    mine = []
+    for dim in range(ranks.dim()) if dims is None else dims:
+        for slice_ranks in ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist():
+            group = dist.new_group(slice_ranks, timeout=timeout)
+            if dist.get_rank() in slice_ranks:
+                mine.append(group)
+    return mine
+
+
 def _build_device_mesh(shape: tuple[int, int, int], device_type: str, timeout: timedelta) -> DeviceMesh:
     """A DeviceMesh over explicitly made groups, one per axis slice, each with ``timeout``.
 
@@ -171,39 +224,55 @@ def _build_device_mesh(shape: tuple[int, int, int], device_type: str, timeout: t
     ``destroy_process_group``; groups from ``new_group`` wrapped by ``from_group`` never did (0 of 24).
     """
     ranks = torch.arange(dist.get_world_size()).reshape(shape)
-    mine = []
-    for dim in range(len(shape)):
-        for slice_ranks in ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist():
-            group = dist.new_group(slice_ranks, timeout=timeout)  # collective: every rank makes every group
-            if dist.get_rank() in slice_ranks:
-                mine.append(group)
-    return DeviceMesh.from_group(mine, device_type, mesh=ranks, mesh_dim_names=DIMS)
+    return DeviceMesh.from_group(_axis_groups(ranks, timeout), device_type, mesh=ranks, mesh_dim_names=DIMS)
 
 
-def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, device_type: str | None = None,
+def _expert_groups(shape: tuple[int, int, int], ep: int, timeout: timedelta
+                   ) -> tuple[dist.ProcessGroup, dist.ProcessGroup] | None:
+    """(ep group, edp group) of this rank: the dp axis of (pp, dp, tp) split into (edp, ep), ep inner; None at ep 1."""
+    if ep == 1:
+        return None
+    pp, dp, tp = shape
+    ranks = torch.arange(dist.get_world_size()).reshape(pp, dp // ep, ep, tp)
+    edp_group, ep_group = _axis_groups(ranks, timeout, dims=(1, 2))
+    return ep_group, edp_group
+
+
+def check_ep(ep: int, dp: int) -> None:
+    """ValueError unless the expert-parallel size ``ep`` divides ``dp`` (the experts' ranks are carved out of dp)."""
+    _check_size("ep", ep)
+    if dp % ep:
+        raise ValueError(f"expert parallelism ep={ep} must divide the data-parallel size dp={dp} (the expert ranks "
+                         f"are carved out of dp); choose an ep dividing {dp}")
+
+
+def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, ep: int = 1, device_type: str | None = None,
               timeout: timedelta = DEFAULT_TIMEOUT) -> ParallelMesh:
     """Build the ``pp x dp x tp`` mesh over all ranks and make it the current one.
 
     Starts the process group if none is running: under torchrun from its environment, else as a
     lone process (world size 1). Backend nccl for CUDA, gloo otherwise; ``device_type`` defaults
-    to "cuda" when a GPU is visible. ``dp`` defaults to world_size / (tp x pp). ``timeout`` bounds
-    every collective so that a dead peer ends the run with an error instead of a hang.
+    to "cuda" when a GPU is visible. ``dp`` defaults to world_size / (tp x pp). ``ep``: experts split over groups
+    of ep dp ranks (it must divide dp; module docstring). ``timeout`` bounds every collective so that a dead peer
+    ends the run with an error instead of a hang.
     """
     global _mesh
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep)):
         _check_size(name, value)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     if not dist.is_initialized():
         # sizes that cannot fit fail before any connection: a rank that fails while its peers still
         # connect leaves them a gloo "connection closed by peer" error instead of the one line
-        mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp)
+        check_ep(ep, mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp)[1])
     try:
         if not dist.is_initialized():
             _start_process_group(device_type, timeout)
         shape = mesh_shape(dist.get_world_size(), tp, pp, dp)
+        check_ep(ep, shape[1])
         device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else \
             torch.device("cpu")
-        _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device)
+        _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device,
+                             expert_groups=_expert_groups(shape, ep, timeout))
     except RuntimeError as e:  # a peer that never joined (stopped, dead): named by a roll call, as in a step
         store = launch_store()
         if store is None or isinstance(e, PeerFailure):

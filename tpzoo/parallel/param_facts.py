@@ -7,6 +7,9 @@ by one function (``mark``) where the parameter is made and read by one (``facts`
                    bias acting on a sequence shard under sequence parallelism): summed over tp after backward
     pp_tied        one of two copies of a weight held by two pipeline stages (the word embedding and the
                    last stage's tied output layer): their gradients are summed, the copy counted once
+    ep_split       a mixture of experts' stacked expert weights [N/ep, ...], this ep rank's experts of the N
+                   (``tpzoo.parallel.experts``): the full tensor is the ep group's concatenated along dim 0;
+                   summed over the expert-data-parallel group, counted on every ep rank
 
 The tensor-parallel layers mark their shards; ``tpzoo.parallel.parallelize`` marks every other parameter
 from the model's sharding plan (and ``tpzoo.models.build_model`` the pipeline's tied copies), so a model
@@ -28,6 +31,7 @@ class ParamFacts:
     tp_full_size: int | None = None
     tp_partial: bool = False
     pp_tied: bool = False
+    ep_split: bool = False
 
 
 def facts(param: nn.Parameter) -> ParamFacts:

@@ -9,7 +9,8 @@ at every tp. Linear layers follow Megatron-LM (Shoeybi et al. 2019, sec. 3):
     column        Y = X A + b,  A = [A_1 ... A_p]: rank r keeps rows r out/tp ... of A [out, in] and b;
                   X arrives whole (or, in the sequence region, as [b, s/tp, in]: all-gathered)
     grouped_qkv   column, after checking that tp divides the attention's heads and query groups
-    experts       every expert MLP of a mixture of experts split as column and row, one all-reduce for all
+    experts       every expert MLP of a mixture of experts split as column and row, one all-reduce for all; at
+                  ep > 1 each rank keeps N/ep experts, the tokens sent to them (``tpzoo.parallel.experts``)
     row           Y = sum_r X_r A_r + b, A = [A_1; ...; A_p]: rank r keeps columns r in/tp ...; the sum is
                   all-reduced (in the sequence region reduce-scattered to [b, s/tp, out]), b added once
     vocab         rows of the vocabulary padded to V' (a multiple of vocab_multiple x tp): rank r keeps
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from tpzoo.parallel.collectives import (copy_to_tp_region, gather_from_sequence_parallel_region, reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
+from tpzoo.parallel.experts import expert_parallel
 from tpzoo.parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelOutput,
                                    padded_vocab_size)
 from tpzoo.parallel.param_facts import mark
@@ -132,6 +134,8 @@ def experts(module: nn.Module, site: Site) -> nn.Module:
                              f"tensor-parallel size tp={site.tp}; choose a size that tp divides, or another tp")
         shard = weight.detach().chunk(site.tp, dim)[mesh.tp_rank].clone()
         setattr(module, name, mark(nn.Parameter(shard), tp_split_dim=dim))
+    if mesh.ep_size > 1:  # then this rank's N/ep experts, the tokens sent to them by all-to-all over ep
+        expert_parallel(module, mesh.ep_group)
     if site.tp == 1:
         return module
     group = mesh.tp_group

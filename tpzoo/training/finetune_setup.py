@@ -42,7 +42,7 @@ from tpzoo.models.base import reads_token_types
 from tpzoo.models.config import ModelConfig
 from tpzoo.models.families import Family, family, model_class
 from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
-from tpzoo.parallel import ParallelMesh, init_mesh, manual_seed
+from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.parallel.lora import add_adapters
 from tpzoo.data.batches import num_batches
 from tpzoo.training.finetune_args import FinetuneConfig
@@ -233,7 +233,7 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     choice = dataclasses.replace(job.model, model=saved.model_type, preset=None, seq_length=tune.seq_length)
     config = model_config(choice, saved, **changes)  # the checkpoint's, with the dropout flags given
     overrides = {k: v for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
-    mesh = init_mesh(parallel.tp, parallel.pp, parallel.dp, timeout=parallel.timeout)
+    mesh = parallel.mesh()
     manual_seed(t.seed, mesh)
     build = functools.partial(load_model, tune.load, model_class=target if target != class_name else None,
                               config_overrides=overrides)

@@ -21,7 +21,8 @@ scale when it is not 1.
 
 ``writers`` (from ``tpzoo.training.monitor``: TensorBoard, W&B; closed by ``close``) get each line's
 numbers as scalars, tags ``train/<name>``, ``valid/<name>`` for the val_ fields and eval extras, a name
-holding ``/`` (``time/optimizer``) as it is; ``shown(key)`` False keeps a field out of them
+holding ``/`` (``time/optimizer``) as it is, a table of numbers (``tokens_per_expert``: [layer][expert]) one scalar
+per cell (``tokens_per_expert/layer0/expert1``); ``shown(key)`` False keeps a field out of them
 (``--no-log-loss-scale-to-tensorboard`` ...).
 ``board_interval``: the writers also get the train numbers of every iteration divisible by it (with
 the tokens/s of the current window), between the lines.
@@ -79,8 +80,8 @@ def format_line(record: dict[str, Any], train_iters: int) -> str:
     if record.get("skipped"):
         parts.append("SKIPPED (no update)")
     parts += [f"{key.replace('_', ' ')} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
-              for key, value in record.items()
-              if key not in formats and key not in ("iteration", "skipped")]  # callers' extras
+              for key, value in record.items()  # callers' extras, but tables (in metrics.jsonl and TensorBoard)
+              if key not in formats and key not in ("iteration", "skipped") and not isinstance(value, list)]
     return " | ".join(parts)
 
 
@@ -216,8 +217,11 @@ class Metrics:
                 continue
             tag = (key if "/" in key else f"valid/{key[4:]}" if key in valid else f"valid/{key}" if key in extra
                    else f"train/{key}")
+            cells = ([(f"{key}/layer{i}/expert{j}", v) for i, row in enumerate(value) for j, v in enumerate(row)]
+                     if isinstance(value, list) else [(tag, value)])
             for writer in self.writers:
-                writer.add_scalar(tag, float(value), step)
+                for name, number in cells:
+                    writer.add_scalar(name, float(number), step)
 
     def close(self) -> None:
         for handle in (self.bar, *self.writers, self.file):

@@ -89,6 +89,7 @@ class ModelFlags:
     moe_ffn_hidden_size: int | None = config_field("moe_ffn_hidden_size")
     moe_aux_loss_coeff: float | None = config_field("moe_aux_loss_coeff")
     moe_z_loss_coeff: float | None = config_field("moe_z_loss_coeff")
+    moe_shared_expert_intermediate_size: int | None = config_field("moe_shared_expert_intermediate_size")
     ffn_hidden_size: int | None = config_field("ffn_hidden_size")
     max_position_embeddings: int | None = config_field("max_position_embeddings")
     hidden_dropout: float | None = config_field("hidden_dropout")
@@ -133,6 +134,20 @@ def model_config(choice: ModelChoice, base: ModelConfig | None = None, **changes
         raise ValueError(f"--seq-length {choice.seq_length} exceeds --max-position-embeddings "
                          f"{config.max_position_embeddings}; lower the first or raise the second")
     return config
+
+
+def check_expert_parallel(choice: ModelChoice, ep: int) -> None:
+    """ValueError unless ``ep`` (--expert-model-parallel-size) is 1 or splits the experts of the model ``choice``
+    builds: a family with a mixture of experts whose ``num_experts`` (the preset's or --num-experts) ep divides."""
+    if ep == 1:
+        return
+    experts = getattr(model_config(choice), "num_experts", None)
+    if experts is None:
+        raise ValueError(f"--expert-model-parallel-size {ep}: --model {choice.model} has no experts to split; drop "
+                         f"it, or train a mixture of experts (--model mixtral)")
+    if experts % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts (--num-experts); "
+                         f"choose an ep dividing {experts}")
 
 
 def pretrain_options(choice: ModelChoice, saved: tuple[str, Mapping[str, Any]] | None = None,

@@ -144,8 +144,11 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 def step_stats(logging: LoggingConfig, result: Any, device: torch.device, world_size: int) -> dict[str, float]:
     """The numbers the logging flags add to a train line from the step's ``result`` (a ``StepResult``):
-    ``params_norm``, ``num_zeros``, memory, ``world_size``; and a mixture of experts' router losses, always."""
-    stats: dict[str, float] = dict(getattr(result, "router_losses", {}))
+    ``params_norm``, ``num_zeros``, memory, ``world_size``; and a mixture of experts' router losses and tokens per
+    expert per layer (``tokens_per_expert``, [layer][expert]), always."""
+    stats: dict[str, Any] = dict(getattr(result, "router_losses", {}))
+    if getattr(result, "expert_tokens", None):
+        stats["tokens_per_expert"] = result.expert_tokens
     if result.params_norm is not None:
         stats["params_norm"] = result.params_norm
     if result.num_zeros is not None:

@@ -5,7 +5,7 @@ tpzoo's before the sections are made). All of them belong to one launch: a resum
 the ``tpzoo.parallel.ParallelPlan`` (``plan_of``). Imports without torch.
 
     parallel, precision, speed = (section_of(c, flags) for c in (ParallelConfig, PrecisionConfig, SpeedConfig))
-    plan = plan_of(parallel, precision, speed, seed, init_mesh(parallel.tp, parallel.pp, parallel.dp))
+    plan = plan_of(parallel, precision, speed, seed, parallel.mesh())
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class ParallelConfig:
                              ("--data-parallel-size", "--dp"))
     vpp: int | None = _launch(None, optional(at_least(1)), "model chunks per pp rank (interleaved schedules; "
                               "default: 2 for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
+    ep: int = _launch(1, at_least(1), "a mixture of experts' experts split over groups of ep dp ranks, tokens sent to "
+                      "them by all-to-all (it divides dp and the experts; docs/moe.md)",
+                      ("--expert-model-parallel-size", "--ep"))
     pipeline_schedule: str = _launch("1f1b", one_of(*SCHEDULES), "", "--pipeline-schedule")
     sequence_parallel: bool = _launch(False, boolean, "", "--sequence-parallel")
     use_distributed_optimizer: bool = _launch(False, boolean, "ZeRO-2 over dp: optimizer state and main weights "
@@ -69,10 +72,20 @@ class ParallelConfig:
         if self.use_torch_fsdp2 and self.use_distributed_optimizer:
             raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
                              "--use-distributed-optimizer or --use-torch-fsdp2")
+        if self.use_torch_fsdp2 and self.ep > 1:
+            raise ValueError(f"--use-torch-fsdp2 with --expert-model-parallel-size {self.ep} is not built yet (the "
+                             f"expert weights would be sharded over their own group); use --use-distributed-optimizer "
+                             f"or drop --expert-model-parallel-size")
         if self.use_torch_fsdp2 and self.pp > 1 and self.pipeline_schedule == "interleaved-zero-bubble":
             raise ValueError(f"--use-torch-fsdp2 cannot run --pipeline-schedule interleaved-zero-bubble at pp "
                              f"{self.pp} (its split weight gradients miss FSDP's gathered weights); use "
                              f"interleaved-1f1b or drop --use-torch-fsdp2")
+
+    def mesh(self) -> ParallelMesh:
+        """``init_mesh`` of these sizes (ep included) and timeout: collective, starts the process group if none is."""
+        from tpzoo.parallel import init_mesh
+
+        return init_mesh(self.tp, self.pp, self.dp, ep=self.ep, timeout=self.timeout)
 
     @property
     def timeout(self) -> timedelta:
@@ -84,7 +97,12 @@ class ParallelConfig:
         the world size are left to ``init_mesh``, which names them), and --local-rank (torch.distributed.launch's),
         set as LOCAL_RANK when the launcher did not, a ValueError naming both when they differ."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if self.use_torch_fsdp2 and (self.dp or world // (self.tp * self.pp)) == 1:
+        dp = self.dp or world // (self.tp * self.pp)
+        if dp % self.ep:
+            raise ValueError(f"--expert-model-parallel-size {self.ep} must divide the data-parallel size {dp} (world "
+                             f"size {world}, tp {self.tp}, pp {self.pp}): the expert ranks are carved out of dp; "
+                             f"choose an ep dividing {dp}")
+        if self.use_torch_fsdp2 and dp == 1:
             raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {self.tp}, "
                              f"pp {self.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
         if self.local_rank is not None:

@@ -3,7 +3,7 @@ and handed down, so that nothing below the commands reads the parsed flags.
 
     job = RunConfig.of(vars(args))              # ValueError naming the field or flag a section refuses
     job.parallel.tp, job.training.lr, job.logging.log_throughput, job.stopping.exit_interval ...
-    mesh = init_mesh(job.parallel.tp, job.parallel.pp, job.parallel.dp, timeout=job.parallel.timeout)
+    mesh = job.parallel.mesh()                  # init_mesh of the parallel section
     plan, engine_config = job.plan(mesh), job.engine()
 
 The sections (``SECTIONS``) and their flag groups: ``ParallelConfig`` (parallel), ``PrecisionConfig`` (precision and
@@ -27,7 +27,7 @@ from tpzoo.fields import (add_section, at_least, boolean, check_fields, option, 
                           section_of)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
 from tpzoo.training.logging_args import LoggingConfig
-from tpzoo.training.model_args import ModelChoice
+from tpzoo.training.model_args import ModelChoice, check_expert_parallel
 from tpzoo.training.optimizer_args import TrainingConfig
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
 
@@ -72,6 +72,9 @@ class RunConfig:
     checkpoint: CheckpointConfig
     logging: LoggingConfig
     stopping: StoppingConfig
+
+    def __post_init__(self) -> None:
+        check_expert_parallel(self.model, self.parallel.ep)  # ep against the model's experts
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> RunConfig:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from tpzoo.models.sharding import TIED_COPY, full_shape, tp_partitions
+from tpzoo.models.sharding import TIED_COPY, expert_names, full_shape, tp_partitions
 
 if TYPE_CHECKING:
     from tpzoo.engine import Engine
@@ -58,9 +58,9 @@ def parameter_count(engine: Engine) -> int:
     a default one: a BERT without its binary head, a classifier, LoRA adapters are counted as built."""
     mesh, n = engine.mesh, 0
     for chunk in engine.chunks:
-        partitions = tp_partitions(chunk.model, mesh.tp_size)
-        n += sum(math.prod(full_shape(p.shape, partitions.get(name)))  # a DTensor's (FSDP) shape is its global one
-                 for name, p in chunk.model.named_parameters() if name != TIED_COPY)
+        partitions, experts = tp_partitions(chunk.model, mesh.tp_size), expert_names(chunk.model)
+        n += sum(math.prod(full_shape(p.shape, partitions.get(name), mesh.ep_size if name in experts else 1))
+                 for name, p in chunk.model.named_parameters() if name != TIED_COPY)  # a DTensor's: its global shape
     if mesh.pp_size > 1:
         total = torch.tensor(n, dtype=torch.int64, device=mesh.device)
         dist.all_reduce(total, group=mesh.pp_group)
