@@ -139,18 +139,19 @@ def _llama_from_hf(hf: Any, arch: str) -> LlamaConfig:
 
 
 def llama_like_spec(model: type[CausalLM], classifier: type[CausalLM], hf_config: str,
-                    config_from: Callable[[Any, str], LlamaConfig], **own_to_hf: Callable[[LlamaConfig], Any]
-                    ) -> FamilySpec:
-    """The ``FamilySpec`` of a Llama-like family: its decoder ``model`` and its ``classifier``, Llama's parameter count
-    and rules, Hugging Face's ``<Name>ForCausalLM`` and ``<Name>ForSequenceClassification`` of config class
-    ``hf_config``, read by ``config_from`` and written with ``own_to_hf`` (Hugging Face field -> its value of a
-    config)."""
+                    config_from: Callable[[Any, str], LlamaConfig], *, to_hf: Callable[[Any, str], Any] | None = None,
+                    count: Callable[..., int] = num_parameters, hf_rules: Callable[..., list[Rule]] = rules,
+                    **own_to_hf: Callable[[LlamaConfig], Any]) -> FamilySpec:
+    """The ``FamilySpec`` of a Llama-like family: its decoder ``model`` and its ``classifier``, the parameter
+    ``count`` and ``hf_rules`` (Llama's unless given), Hugging Face's ``<Name>ForCausalLM`` and
+    ``<Name>ForSequenceClassification`` of config class ``hf_config``, read by ``config_from`` and written by
+    ``to_hf`` (default: Llama's fields and ``own_to_hf``, Hugging Face field -> its value of a config)."""
     name, hf_name = model.__name__, hf_config.removesuffix("Config")
-    to_hf = lambda c, arch: config_to_hf(c, hf_config, arch, **{k: f(c) for k, f in own_to_hf.items()})  # noqa: E731
+    to_hf = to_hf or (lambda c, arch: config_to_hf(c, hf_config, arch, **{k: f(c) for k, f in own_to_hf.items()}))
     archs = {f"{hf_name}ForCausalLM": (name, {}), f"{hf_name}ForSequenceClassification": (classifier.__name__, {})}
     return FamilySpec(models={name: model, classifier.__name__: classifier}, pretrain_model=name,
-                      finetune_model=name, classifier_model=classifier.__name__, num_parameters=num_parameters,
-                      hf=HFAdapter(model.model_type, archs, config_from, to_hf, rules))
+                      finetune_model=name, classifier_model=classifier.__name__, num_parameters=count,
+                      hf=HFAdapter(model.model_type, archs, config_from, to_hf, hf_rules))
 
 
 SPEC = llama_like_spec(LlamaModel, LlamaForSequenceClassification, "LlamaConfig", _llama_from_hf)

@@ -20,9 +20,9 @@ from torch import nn
 
 from tpzoo.models.causal_lm import CLASSIFIER_PLAN, DECODER_PLAN, CausalLM, SequenceClassifier
 from tpzoo.models.config import MixtralConfig
-from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import Rule, gated, require, same
-from tpzoo.models.llama import config_from_hf, config_to_hf, num_parameters as llama_parameters, rules as llama_rules
+from tpzoo.models.llama import (config_from_hf, config_to_hf, llama_like_spec, num_parameters as llama_parameters,
+                                rules as llama_rules)
 from tpzoo.models.moe import MOE_PLAN, MoE
 from tpzoo.sharding_plan import ShardingPlan, prefixed
 
@@ -116,10 +116,5 @@ def rules(c: MixtralConfig, arch: str) -> list[Rule]:
     return moe_rules(c, arch, "block_sparse_moe", "w1", "w3", "w2")
 
 
-ARCHITECTURES = {"MixtralForCausalLM": ("MixtralModel", {}),
-                 "MixtralForSequenceClassification": ("MixtralForSequenceClassification", {})}
-SPEC = FamilySpec(models={"MixtralModel": MixtralModel,
-                          "MixtralForSequenceClassification": MixtralForSequenceClassification},
-                  pretrain_model="MixtralModel", finetune_model="MixtralModel",
-                  classifier_model="MixtralForSequenceClassification", num_parameters=num_parameters,
-                  hf=HFAdapter("mixtral", ARCHITECTURES, _from_hf, _to_hf, rules))
+SPEC = llama_like_spec(MixtralModel, MixtralForSequenceClassification, "MixtralConfig", _from_hf, to_hf=_to_hf,
+                       count=num_parameters, hf_rules=rules)

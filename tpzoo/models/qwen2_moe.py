@@ -18,9 +18,8 @@ from typing import Any
 
 from tpzoo.models.causal_lm import CLASSIFIER_PLAN, DECODER_PLAN, SequenceClassifier
 from tpzoo.models.config import Qwen2MoeConfig
-from tpzoo.models.families import FamilySpec, HFAdapter
 from tpzoo.models.hf_rules import Rule, gated, require, same
-from tpzoo.models.llama import config_from_hf, config_to_hf
+from tpzoo.models.llama import config_from_hf, config_to_hf, llama_like_spec
 from tpzoo.models.mixtral import MixtralModel, moe_rules, num_parameters
 from tpzoo.models.moe import MOE_PLAN
 from tpzoo.sharding_plan import ShardingPlan, prefixed
@@ -83,10 +82,5 @@ def rules(c: Qwen2MoeConfig, arch: str) -> list[Rule]:
     return out
 
 
-ARCHITECTURES = {"Qwen2MoeForCausalLM": ("Qwen2MoeModel", {}),
-                 "Qwen2MoeForSequenceClassification": ("Qwen2MoeForSequenceClassification", {})}
-SPEC = FamilySpec(models={"Qwen2MoeModel": Qwen2MoeModel,
-                          "Qwen2MoeForSequenceClassification": Qwen2MoeForSequenceClassification},
-                  pretrain_model="Qwen2MoeModel", finetune_model="Qwen2MoeModel",
-                  classifier_model="Qwen2MoeForSequenceClassification", num_parameters=num_parameters,
-                  hf=HFAdapter("qwen2_moe", ARCHITECTURES, _from_hf, _to_hf, rules))
+SPEC = llama_like_spec(Qwen2MoeModel, Qwen2MoeForSequenceClassification, "Qwen2MoeConfig", _from_hf, to_hf=_to_hf,
+                       count=num_parameters, hf_rules=rules)
