@@ -66,3 +66,27 @@ def test_loss_parts_go_to_metrics_jsonl_and_tensorboard(tmp_path):
     tags = {tag: value for tag, value, step in writer.scalars if step == 2}
     assert (tags["train/mlm_loss"], tags["train/sop_loss"], tags["valid/loss"], tags["valid/mlm_loss"]) == \
         (4.7, 0.7, 5.6, 4.9)
+
+
+def test_expert_load_goes_to_metrics_jsonl_as_a_table_and_to_tensorboard_cell_by_cell(tmp_path, capsys):
+    writer = Recorder()
+    metrics = Metrics(tmp_path, train_iters=1, log_interval=1, interactive=False, writers=[writer])
+    metrics.log(1, loss=5.5, lr=1e-3, grad_norm=1.0, stats={"tokens_per_expert": [[3, 1], [2, 2]]}, last=True)
+    metrics.close()
+    (line,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["tokens_per_expert"] == [[3, 1], [2, 2]]
+    tags = {tag: value for tag, value, _ in writer.scalars}
+    assert [tags[f"tokens_per_expert/layer{i}/expert{e}"] for i in (0, 1) for e in (0, 1)] == [3, 1, 2, 2]
+    assert "tokens_per_expert" not in capsys.readouterr().out  # the printed line leaves the table out
+
+
+def test_flops_per_token_count_the_parameters_a_token_goes_through():
+    """A mixture of experts' token goes through k of its N experts: Mixtral-8x7B's 2 of 8 leave 12,879,925,248 of
+    its 46,702,792,704 parameters (the 12.9B "active" its card gives)."""
+    from tpzoo.models import get_preset, num_parameters
+    from tpzoo.training.metrics import active_parameters, flops_per_token
+
+    mixtral, dense = get_preset("mixtral-8x7b"), get_preset("mistral-7b")
+    assert (num_parameters(mixtral), active_parameters(mixtral)) == (46_702_792_704, 12_879_925_248)
+    assert active_parameters(dense) == num_parameters(dense)
+    assert flops_per_token(mixtral, 4096) == 6 * 12_879_925_248 + 12 * 32 * 4096 * 4096

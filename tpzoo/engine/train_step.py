@@ -319,7 +319,7 @@ class Engine:
             zeros = numbers[len(sums) + 2:]  # [count] when measured
             read, load = read[:len(read) - loads.numel()], read[len(read) - loads.numel():]
             experts = self.load_shape[1]
-            tokens = [[round(v) for v in load[i:i + experts]] for i in range(0, len(load), experts)]
+            tokens = [[round(v) for v in load[i:i + experts]] for i in range(0, len(load), experts or 1)]
             loss, losses = named_losses(read, self.loss_keys(batch))
             router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], mesh.dp_size)
             skipped = bool(overflow) or not math.isfinite(norm)

@@ -63,10 +63,19 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return next((peaks.get(precision) for fragment, peaks in PEAK_FLOPS if fragment in name), None)
 
 
+def active_parameters(config: ModelConfig) -> int:
+    """The parameters one token goes through: all of them, less in a mixture of experts the N - k experts each layer's
+    router leaves out (SwiGLU experts: 3 f h each). Mixtral-8x7B: 12,879,925,248 of 46,702,792,704."""
+    experts = getattr(config, "num_experts", None)
+    idle = experts and config.num_layers * (experts - config.moe_router_topk) * 3 * config.expert_ffn_size * \
+        config.hidden_size
+    return num_parameters(config) - (idle or 0)
+
+
 def flops_per_token(config: ModelConfig, seq_length: int) -> float:
-    """Training FLOPs per token (forward + backward): 6 x parameters + 12 x layers x hidden x seq
-    for the attention scores (PaLM's count; the full, not the causal, score matrix)."""
-    return 6.0 * num_parameters(config) + 12.0 * config.num_layers * config.hidden_size * seq_length
+    """Training FLOPs per token (forward + backward): 6 x the parameters a token goes through (``active_parameters``)
+    + 12 x layers x hidden x seq for the attention scores (PaLM's count; the full, not the causal, score matrix)."""
+    return 6.0 * active_parameters(config) + 12.0 * config.num_layers * config.hidden_size * seq_length
 
 
 def format_line(record: dict[str, Any], train_iters: int) -> str:
