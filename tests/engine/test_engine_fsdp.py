@@ -192,7 +192,13 @@ def test_engine_fsdp_keeps_the_engine_guarantees(fsdp_ranks, name):
 @pytest.mark.parametrize("schedule, changes, pp, message", REFUSED, ids=["distributed-optimizer", "zero-bubble"])
 def test_engine_fsdp_misuse_refused(schedule, changes, pp, message):
     with pytest.raises(ValueError, match=message):
-        check_fsdp(EngineConfig(schedule=schedule, **changes), SimpleNamespace(pp_size=pp))
+        check_fsdp(EngineConfig(schedule=schedule, **changes), SimpleNamespace(pp_size=pp, ep_size=1))
+
+
+@pytest.mark.tier("unit")
+def test_engine_fsdp_with_expert_parallelism_refused():
+    with pytest.raises(ValueError, match=r"FSDP with expert parallelism \(ep=2\) is not built yet"):
+        check_fsdp(EngineConfig(), SimpleNamespace(pp_size=1, ep_size=2))
 
 
 @pytest.mark.tier("unit")

@@ -60,7 +60,7 @@ def test_the_resume_rules_derive_from_the_sections_roles():
     splits = ("train_data_path", "valid_data_path", "test_data_path")
     fusions = ("masked_softmax", "bias_gelu", "bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
     assert LAUNCH_FLAGS == {
-        "tp", "pp", "dp", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
+        "tp", "pp", "dp", "ep", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
         "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile", "load", "save",
         "distributed_timeout_minutes", "exit_signal_handler", "exit_interval", "exit_duration_in_mins",
         "max_skipped_steps", "timing_log_level", "timing_log_option", "tensorboard_queue_size", "default_model",
