@@ -144,7 +144,7 @@ def check_expert_parallel(choice: ModelChoice, ep: int) -> None:
     experts = getattr(model_config(choice), "num_experts", None)
     if experts is None:
         raise ValueError(f"--expert-model-parallel-size {ep}: --model {choice.model} has no experts to split; drop "
-                         f"it, or train a mixture of experts (--model mixtral)")
+                         f"it, or train a mixture of experts (--model mixtral or qwen2_moe)")
     if experts % ep:
         raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts (--num-experts); "
                          f"choose an ep dividing {experts}")
