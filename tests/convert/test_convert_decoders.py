@@ -6,8 +6,9 @@ checks, and each its own exact round trip of the experts' saved layout):
 exact state-dict round trips, by the library and by ``python -m tpzoo.convert`` (its main); the
 configs tpzoo refuses; and on 4 gloo ranks (one spawn, each check its own case, see ``cases``) logits
 (both attention backends), loss and greedy generation equal Hugging Face's at tp 1, 2 and 4, where tp
-4 of 2 kv heads is refused (kv heads are split across tp ranks, never replicated), and each family's
-trait is read from the Hugging Face config and needed for that equality.
+4 of 2 kv heads is refused (kv heads are split across tp ranks, never replicated), the mixtures of experts' logits
+also with their experts split over ep 2 (at tp 1 and 2), and each family's trait is read from the Hugging Face
+config and needed for that equality.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ VARIANTS = {"gqa": GQA_LM, "tied-mha": GQA_LM_TIED_MHA, "llama3": SCALED_ROPE_LM
             "qwen3": QK_NORM_LM, "mistral": WINDOW_LM}
 # the ranks' checks: the dense variants, Mixtral's mixtures of experts and Qwen2-MoE's with a shared expert
 SPAWNED = {**VARIANTS, "moe": MOE_LM, "shared-moe": SHARED_MOE_LM}
+EXPERT_TPS = {"moe": (1, 2), "shared-moe": (1, 2)}  # the tp of each ep 2 check of a mixture of experts
 # each mixture-of-experts family's saved layout: the case, the layer's block, each expert's gate, up and down names
 MOE_LAYOUTS = {"mixtral": (MOE_LM, "block_sparse_moe", ("w1", "w3", "w2")),
                "qwen2_moe": (SHARED_MOE_LM, "mlp", ("gate_proj", "up_proj", "down_proj"))}
@@ -58,6 +60,7 @@ def case_names() -> list[str]:
     for v in SPAWNED:
         names += [f"{v}-tp{tp}-refused" if refused(v, tp) else f"{v}-tp{tp}-{a}" for tp in TPS
                   for a in (ATTENTION[:1] if refused(v, tp) else ATTENTION)]
+        names += [f"{v}-tp{tp}-ep2" for tp in EXPERT_TPS.get(v, ())]
         names += [f"{v}-trait"] * (v in TRAITS) + [f"{v}-generate-tp{tp}" for tp in (1, 2)] + [f"{v}-to-hf-tp2"]
     return names
 
@@ -237,6 +240,7 @@ def decoder_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, to
 
     log = CaseLog()
     meshes = {tp: init_mesh(tp=tp) for tp in TPS}
+    expert_meshes = {tp: init_mesh(tp=tp, ep=2) for tp in (1, 2)}  # the 4 / tp dp ranks in groups of 2
     labels = torch.cat([ids[:, 1:], torch.full((B, 1), -100)], 1)
     for variant in SPAWNED:
         folder, ref, models = Path(tmp) / variant, expected[variant], {}
@@ -257,6 +261,11 @@ def decoder_checks(tmp: str, ids: torch.Tensor, expected: dict[str, dict[str, to
                         log.check(model(ids), ref["logits"], f"tp={tp} {attention} logits", "logits")
                         log.check(mean_loss(model(ids, labels=labels), labels), ref["loss"],
                                   f"tp={tp} {attention} loss", "loss")
+        for tp in EXPERT_TPS.get(variant, ()):  # each rank's experts half of them, its tokens sent over ep
+            with log.case(f"{variant}-tp{tp}-ep2"):
+                model = from_hf(folder, ParallelPlan(expert_meshes[tp], kernels="torch")).eval()
+                with torch.no_grad():
+                    log.check(model(ids), ref["logits"], f"tp={tp} ep=2 logits", "logits")
         if variant in TRAITS:  # the config holds the family's trait; without it the logits are not Hugging Face's
             with log.case(f"{variant}-trait"):
                 model = from_hf(folder, meshes[1]).eval()
