@@ -154,8 +154,9 @@ class MainParams:
             torch._foreach_copy_([p for p, _ in self._mine], [main for _, main in self._mine])
         if not self.zero:
             return
-        for group in {id(g): g for g in self.groups}.values():
-            for r in range(dist.get_world_size(group) if dist.get_world_size(group) > 1 else 0):
+        shared = [g for g in {id(g): g for g in self.groups}.values() if dist.get_world_size(g) > 1]  # at ep = dp
+        for group in shared:                                                  # the experts' groups are 1 rank
+            for r in range(dist.get_world_size(group)):
                 theirs = [p for p, o, g in zip(self.model, self.owner, self.groups) if o == r and g is group]
                 flat = torch._utils._flatten_dense_tensors([p.detach() for p in theirs])
                 dist.broadcast(flat, src=dist.get_global_rank(group, r), group=group)
