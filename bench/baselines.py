@@ -165,6 +165,7 @@ REFERENCES: dict[str, Reference] = {
     "qwen2": Reference("Qwen2ForCausalLM"),
     "qwen3": Reference("Qwen3ForCausalLM"),
     "mistral": Reference("MistralForCausalLM"),
+    "mixtral": Reference("MixtralForCausalLM"),
 }
 
 

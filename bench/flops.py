@@ -9,7 +9,9 @@ from baselines import REFERENCES
 from torch import nn
 
 from tpzoo.convert.mapping import config_to_hf
+from tpzoo.models import num_parameters
 from tpzoo.models.config import ModelConfig
+from tpzoo.training.metrics import active_parameters
 
 # peak dense bf16 FLOP/s by device name, the first name found in torch.cuda.get_device_name() counts
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("B200", 2250e12),
@@ -39,8 +41,11 @@ def flops_per_token(config: ModelConfig, seq_length: int) -> int:
     12 L h s: per layer, the scores Q K^T and the sum P V take 2 s h FLOPs per token each forward, x 3
     with backward; h = query heads x head size, so grouped-query attention (fewer kv heads) changes N
     only. Bidirectional (BERT) and causal attention both count the full s x s scores (causal attention
-    needs about half; the convention counts it whole)."""
-    return 6 * parameter_counts(config)[1] + 12 * config.num_layers * config.hidden_size * seq_length
+    needs about half; the convention counts it whole). A mixture of experts counts the experts a token
+    goes through: N less the N - k experts of each layer its router leaves out
+    (``tpzoo.training.metrics.active_parameters``)."""
+    idle = num_parameters(config) - active_parameters(config)
+    return 6 * (parameter_counts(config)[1] - idle) + 12 * config.num_layers * config.hidden_size * seq_length
 
 
 def peak_flops() -> float | None:

@@ -4,14 +4,16 @@ benchmarks, each part in a time box of its own, into one results file whose figu
     bash bench/gpu.sh --parts checks --out DIR   # on the GPU machine, from the repository root: DIR/gpu-results.md
     bash bench/gpu.sh --parts models --out DIR   # the second device call: the model benchmarks
     bash bench/gpu.sh --parts memory --out DIR   # a third (a later session's): memory per rank, LoRA
+    bash bench/gpu.sh --parts experts --out DIR  # a fourth: the mixture of experts against Hugging Face's
     bash bench/gpu.sh --dry-run                  # anywhere: each part's command and time box, each checked to start
 
 Parts (``PARTS``), in this order: ``suite`` (``pytest -m gpu``: the user's journeys and every kernel against
 float64; its test files in parallel processes where pytest-xdist is installed), ``kernels`` (bench/kernels.py, the
 full table), ``models:<preset>`` (bench/models.py, one part per headline model of its TARGETS, tpzoo eager and
-compiled against the target's reference), ``memory:fsdp`` and ``memory:lora`` (bench/memory.py: docs/benchmarks.md's
-GPT-2 XL and llama-1b LoRA commands). ``GROUPS`` gathers them into three groups, ``checks``, ``models`` and ``memory``,
-each of whose boxes add up to at most 540 s: one device call may run 600 s, the install comes on top (the first run on
+compiled against the target's reference; mixtral-1b against Hugging Face's Mixtral eager and compiled),
+``memory:fsdp`` and ``memory:lora`` (bench/memory.py: docs/benchmarks.md's GPT-2 XL and llama-1b LoRA commands).
+``GROUPS`` gathers them into four groups, ``checks``, ``models``, ``memory`` and ``experts``, each of whose boxes add
+up to at most 540 s: one device call may run 600 s, the install comes on top (the first run on
 an H100, 2026-11-26, took longer than one call for the whole: its boxes are sized from it). A part runs in a
 process group of its own; at its box it is sent SIGTERM, then SIGKILL, so a slow part costs its box and no more.
 Its output streams to DIR/<part>.log and its end (the tables) into the results file with its status (passed;
@@ -57,7 +59,7 @@ class Part:
 
 def _models(preset: str, reference: str | None, box_s: int, torch_kernels: bool = False) -> Part:
     """bench/models.py on one preset: tpzoo eager and compiled, with ``torch_kernels`` also compiled with torch's
-    norms and GELU in place of the Triton kernels, and the ``reference`` contender."""
+    norms and GELU in place of the Triton kernels, and the ``reference`` contenders (comma-separated)."""
     contenders = ",".join(["tpzoo", "tpzoo-compile", *["tpzoo-torch-compile"] * torch_kernels,
                            *([reference] if reference else [])])
     return Part(f"models:{preset}", (PY, "bench/models.py", "--models", preset, "--contenders", contenders,
@@ -75,13 +77,16 @@ PARTS = (
     _models("bert-large", "hf-compile", 150, torch_kernels=True),
     _models("llama-1b", "hf-compile", 165),
     _models("gpt2-xl", None, 105),
+    # a mixture of experts (the grouped multiply) against Hugging Face's Mixtral, eager and compiled: not yet measured
+    _models("mixtral-1b", "hf,hf-compile", 240),
     Part("memory:fsdp", (PY, "bench/memory.py", "--preset", "gpt2-xl", "--dp", "1", "--modes", "plain", "fsdp",
                          "--recompute"), 240, (PY, "bench/memory.py", "--help")),
     Part("memory:lora", (PY, "bench/memory.py", "--preset", "llama-1b", "--dp", "1", "--modes", "plain", "lora"), 240,
          (PY, "bench/memory.py", "--help")),
 )
-GROUPS = {"checks": ("suite", "kernels"), "models": tuple(p.name for p in PARTS if p.name.startswith("models:")),
-          "memory": ("memory:fsdp", "memory:lora")}
+GROUPS = {"checks": ("suite", "kernels"), "models": ("models:gpt2", "models:bert-large", "models:llama-1b",
+                                                    "models:gpt2-xl"),
+          "memory": ("memory:fsdp", "memory:lora"), "experts": ("models:mixtral-1b",)}
 assert sorted(n for names in GROUPS.values() for n in names) == sorted(p.name for p in PARTS)
 assert all(sum(p.box_s for p in PARTS if p.name in names) <= GROUP_BOX_S for names in GROUPS.values())
 

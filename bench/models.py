@@ -1,6 +1,7 @@
 """Training-step speed of tpzoo against what a user picks instead, in one run on one device.
 
-    python bench/models.py          # CUDA: gpt2, gpt2-xl, bert-large, llama-1b; CPU: a tiny smoke run of each family
+    python bench/models.py          # CUDA: gpt2, gpt2-xl, bert-large, llama-1b, mixtral-1b; CPU: a tiny smoke run of
+                                    # each family
     python bench/models.py --models gpt2 --micro-batch-size 16 --contenders tpzoo-compile,plain-compile
 
 Contenders (``--contenders``), every one from tpzoo's initial weights (converted with tpzoo.convert)
@@ -45,6 +46,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import date
 from typing import Callable
@@ -56,6 +58,7 @@ from flops import flops_per_token, parameter_counts, peak_flops
 from torch import nn
 
 from tpzoo.convert import architectures, tpzoo_to_hf
+from tpzoo.convert.hf import write_hf
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.models import full_state_dict, get_preset
 from tpzoo.models.compile import BACKEND_ENV
@@ -74,12 +77,12 @@ COLUMNS = ("model", "shape", "contender", "ms/step", "median ms", "tokens/s", "M
 # preset -> (micro-batch size, sequence length): the issue's shapes on CUDA, tiny ones on the CPU; other
 # presets: DEFAULT_SHAPE (the sequence no longer than the model's positions)
 SHAPES = {"gpt2": (8, 1024), "gpt2-xl": (8, 1024), "bert-large": (64, 128), "llama-1b": (4, 2048),
-          **{name: (2, 64) for name in ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny",
-                                        "mistral-tiny")}}
+          "mixtral-1b": (4, 2048), **{name: (2, 64) for name in ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny",
+                                                                  "qwen3-tiny", "mistral-tiny", "mixtral-tiny")}}
 DEFAULT_SHAPE = (8, 1024) if CUDA else (2, 64)
 KNOWN_MODELS = [name for name, fields in PRESETS.items() if fields["model_type"] in REFERENCES]
-DEFAULT_MODELS = (("gpt2", "gpt2-xl", "bert-large", "llama-1b") if CUDA else
-                  ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"))
+DEFAULT_MODELS = (("gpt2", "gpt2-xl", "bert-large", "llama-1b", "mixtral-1b") if CUDA else
+                  ("gpt-tiny", "bert-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny", "mixtral-tiny"))
 STATE_BYTES = 16          # per parameter: weights, gradients, AdamW's two moments (fp32; or bf16 + fp32 main)
 LOSS_RTOL = {"bf16": 1e-2, "fp32": 1e-4}
 LR = 1e-4
@@ -142,12 +145,14 @@ def load_weights(setup: Setup) -> None:
 
 def tpzoo_step(setup: Setup, compile: bool, kernels: str | None = None) -> Callable[[], float]:
     """One Engine.train_step over the batch (m = 1 micro-batch) under the setup's plan with ``compile`` and
-    ``kernels`` (None: the plan's); returns the loss before the update."""
+    ``kernels`` (None: the plan's), a mixture of experts' experts as one grouped multiply (``--moe-grouped-gemm``);
+    returns the loss before the update."""
     cls, options = setup.model
     b = setup.batch["input_ids"].shape[0]
     engine = Engine(functools.partial(build_model, cls, setup.config, **options), setup.config,
                     EngineConfig(micro_batch_size=b, global_batch_size=b, lr=LR, precision=setup.precision),
-                    dataclasses.replace(setup.plan, compile=compile, kernels=kernels or setup.plan.kernels))
+                    dataclasses.replace(setup.plan, compile=compile, kernels=kernels or setup.plan.kernels,
+                                        grouped_gemm=hasattr(setup.config, "num_experts")))
     return lambda: engine.train_step(setup.batch).loss
 
 
@@ -157,15 +162,17 @@ def torch_step(setup: Setup, which: str, compile: bool) -> Callable[[], float]:
     ref, (cls, options) = REFERENCES[setup.config.model_type], setup.model
     hf_config, hf_state, tied = tpzoo_to_hf(cls, options, setup.config, setup.state)
     hf_config.use_cache = False
-    with torch.device(setup.plan.mesh.device):
-        if which == "hf":
-            model = getattr(transformers, ref.hf_architecture)(hf_config)
-            model.load_state_dict(hf_state)
-            inputs = hf_inputs(family(setup.config.model_type).data, setup.batch)
-        else:
+    if which == "hf":  # opened as a user opens it: from_pretrained of the folder to-hf writes (its checkpoints' layout)
+        with tempfile.TemporaryDirectory() as folder:
+            write_hf(folder, hf_config, hf_state, tied)
+            model = getattr(transformers, ref.hf_architecture).from_pretrained(folder, torch_dtype=torch.float32)
+        model = model.to(setup.plan.mesh.device)
+        inputs = hf_inputs(family(setup.config.model_type).data, setup.batch)
+    else:
+        with torch.device(setup.plan.mesh.device):
             model = ref.plain(setup.config)
             load_hf(model, hf_state, ref.renames, tied)
-            inputs = dict(input_ids=setup.batch["input_ids"], labels=setup.batch["labels"])
+        inputs = dict(input_ids=setup.batch["input_ids"], labels=setup.batch["labels"])
     model.train()
     run = torch.compile(model) if compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, fused=True)

@@ -116,6 +116,12 @@ CASES: dict[str, Case] = {case.name: case for case in (
     # with the router's per-sequence losses in the training loss (load balance and z-loss)
     Case("mixtral-aux", "mixtral-tiny", "MixtralModel", "causal-lm", "lm",
          changes={"num_query_groups": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01}),
+    # Megatron-LM's MoE options: sigmoid scores, the load balance over each micro-batch, a capacity factor dropping
+    # tokens (the engine test runs it with the experts as one grouped multiply)
+    Case("mixtral-options", "mixtral-tiny", "MixtralModel", "causal-lm", "lm",
+         changes={"num_query_groups": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01,
+                  "moe_router_score_function": "sigmoid", "moe_router_load_balancing_type": "aux_loss",
+                  "moe_expert_capacity_factor": 1.0}),
     # Qwen2-MoE: biases on q, k and v, 4 experts of 48, top 2, their scores not renormalised, a gated shared expert
     Case("qwen2_moe", "qwen2-moe-tiny", "Qwen2MoeModel", "causal-lm", "lm",
          changes={"num_query_groups": 2, "moe_ffn_hidden_size": 48, "moe_shared_expert_intermediate_size": 80},
@@ -140,6 +146,7 @@ SCALED_ROPE_LM = CASES["llama3"]            # Llama 3.x's scaled rotary frequenc
 MOE_LM = CASES["mixtral"]                   # mixtures of experts in place of the MLPs
 SHARED_MOE_LM = CASES["qwen2_moe"]          # and a gated shared expert beside them, scores not renormalised
 MOE_AUX_LM = CASES["mixtral-aux"]           # and their router's losses in the training loss
+MOE_OPTIONS_LM = CASES["mixtral-options"]   # and sigmoid scores, the balance per micro-batch, a capacity factor
 
 # the roles: what a test needs, whichever family plays it
 CAUSAL_LM = CASES["gpt"]                    # a causal LM: learned positions, tied output layer

@@ -127,6 +127,19 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-ep-not-dividing-the-experts": ("pretrain", T + f" --model {MOE_LM.family} --num-experts 3 "
                                              "--moe-router-topk 2 --expert-model-parallel-size 2 --dp 2",
                                              "--expert-model-parallel-size 2 does not divide the 3 experts"),
+    "pretrain-grouped-gemm-on-a-dense-family": ("pretrain", T + f" --model {CAUSAL_LM.family} --moe-grouped-gemm",
+                                                f"--moe-grouped-gemm: --model {CAUSAL_LM.family} has no experts to "
+                                                f"group; drop it"),
+    "pretrain-capacity-factor-on-a-dense-family": ("pretrain", T + f" --model {CAUSAL_LM.family} "
+                                                   "--moe-expert-capacity-factor 1.5",
+                                                   "--moe-expert-capacity-factor does not apply to --model "
+                                                   f"{CAUSAL_LM.family}"),
+    "pretrain-moe-allgather-dispatcher": ("pretrain", T + f" --model {MOE_LM.family} --moe-token-dispatcher-type "
+                                          "allgather", "invalid choice: 'allgather' (choose from 'alltoall')"),
+    "pretrain-moe-no-balance-with-its-coefficient": ("pretrain", T + f" --model {MOE_LM.family} "
+                                                     "--moe-router-load-balancing-type none --moe-aux-loss-coeff 0.01",
+                                                     "--moe-router-load-balancing-type none adds no load-balancing "
+                                                     "loss for --moe-aux-loss-coeff 0.01 to weigh"),
     "pretrain-ep-with-fsdp": ("pretrain", T + f" --model {MOE_LM.family} --ep 2 --dp 2 --use-torch-fsdp2",
                               "--use-torch-fsdp2 with --expert-model-parallel-size 2 is not built yet"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",

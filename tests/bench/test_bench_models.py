@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from doc_helpers import ROOT, clean_env, commands
-from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, GQA_LM_1B, MAIN, MASKED_LM_LARGE
+from families import CASES, CAUSAL_LM, CAUSAL_LM_SMALL, GQA_LM_1B, MAIN, MASKED_LM_LARGE, MOE_LM
 
 from tpzoo.models import get_preset
 
@@ -59,7 +59,7 @@ def smoke() -> tuple[subprocess.CompletedProcess, dict]:
 
 @pytest.mark.tier("unit")
 def test_smoke_covers_every_family():
-    assert set(bench.DEFAULT_MODELS) == {CASES[name].preset for name in MAIN}
+    assert set(bench.DEFAULT_MODELS) == {CASES[name].preset for name in MAIN} | {MOE_LM.preset}
 
 
 def test_smoke_says_cpu_times_are_no_result(smoke):
@@ -148,10 +148,14 @@ def test_bad_flags_exit_2_naming_the_problem(capsys, flags, message):
 def test_flops_per_token_of_known_shapes():
     """6 N + 12 L h s with N the published parameter counts (Hugging Face's) less the lookup-only tables:
     GPT-2 124M (positions), TinyLlama-1.1B (grouped-query attention; untied input embedding), BERT-large
-    with its MLM head (positions and token types)."""
+    with its MLM head (positions and token types), and a mixture of experts counting the experts a token uses."""
     small = 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 768 * 1024
     assert bench.flops_per_token(get_preset(CAUSAL_LM_SMALL), 1024) == small
     assert bench.flops_per_token(get_preset(GQA_LM_1B), 2048) == 6 * (1_100_048_384 - 32000 * 2048) + \
         12 * 22 * 2048 * 2048
     assert bench.flops_per_token(get_preset(MASKED_LM_LARGE), 128) == 6 * (335_174_458 - (512 + 2) * 1024) + \
         12 * 24 * 1024 * 128
+    # mixtral-1b: 1,507,133,440 parameters, 601,163,776 a token goes through (2 of 8 experts); its input embedding
+    # is looked up only
+    assert bench.flops_per_token(get_preset("mixtral-1b"), 2048) == 6 * (601_163_776 - 32000 * 2048) + \
+        12 * 16 * 2048 * 2048

@@ -50,7 +50,8 @@ def test_without_cuda_the_docs_commands_refuse_in_one_line(tmp_path):
     shown = [c for c in commands("benchmarks.md") if "bench/gpu.sh" in c]
     assert shown == ["bash bench/gpu.sh --parts checks --out gpu-results",
                      "bash bench/gpu.sh --parts models --out gpu-results-models",
-                     "bash bench/gpu.sh --parts memory --out gpu-results-memory"], shown
+                     "bash bench/gpu.sh --parts memory --out gpu-results-memory",
+                     "bash bench/gpu.sh --parts experts --out gpu-results-experts"], shown
     for command in shown:
         done = gpu_sh(*command.split()[2:-1], str(tmp_path))
         assert done.returncode == 2, done.stdout + done.stderr
@@ -60,7 +61,7 @@ def test_without_cuda_the_docs_commands_refuse_in_one_line(tmp_path):
 
 @pytest.mark.tier("unit")
 @pytest.mark.parametrize("args, message", [
-    (["--parts", "kernels,warp"], "--parts: no part warp; choose from the groups checks,models,memory or the parts "
+    (["--parts", "kernels,warp"], "--parts: no part warp; choose from the groups checks,models,memory,experts or the parts "
                                   "suite,kernels,models:gpt2"),
     (["--box", "suite=0"], "--box suite=0: expected PART=SECONDS"),
     (["--box", "nothing=5"], "--box nothing=5: expected PART=SECONDS"),

@@ -150,11 +150,11 @@ def stage_layers(pp: int, schedule: str) -> tuple[int, ...] | None:
 
 def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activations: bool = False,
           sequence_parallel: bool = False, fsdp: bool = False, micro_batches: int | None = None,
-          **options) -> tuple[Engine, list]:
+          grouped_gemm: bool = False, **options) -> tuple[Engine, list]:
     """An engine on ``mesh`` with m = ``micro_batches`` per step, by default pp (the fewest that keep
     every schedule busy; the pipelines accumulate over them); returns (engine, step results)."""
     plan = ParallelPlan(mesh, kernels="torch", recompute_activations=recompute_activations,
-                        sequence_parallel=sequence_parallel, fsdp=fsdp)
+                        sequence_parallel=sequence_parallel, fsdp=fsdp, grouped_gemm=grouped_gemm)
     config = config_of(name, mesh.tp_size)
     engine = Engine(lambda plan, **stage: CASES[name].build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=G // (mesh.dp_size * (micro_batches or mesh.pp_size)),

@@ -4,8 +4,12 @@ run of ``test_engine`` (5 AdamW steps: losses, gradient norms and every final we
 with ZeRO-2 or FSDP and recompute (the router's losses counted once over the dp ranks and micro-batches), tensor
 parallelism with sequence parallelism (the other tp ranks' tokens of each sequence added), pipelines (each stage's
 layers adding theirs), and expert parallelism (ep 2 and 4 carved out of dp: each rank holds 4/ep experts, tokens
-reach them by all-to-all; with ZeRO-1 and -2, with tp and sequence parallelism, with a pipeline). The router losses
-each step logs are the same on every mesh. Each run is its own case (``-k 'ep2'``).
+reach them by all-to-all; with ZeRO-1 and -2, with tp and sequence parallelism, with a pipeline), and on 8 ranks
+(``EIGHT``, in the background: ep 2 and 4 beside tp 2 or pp 2 at dp 4, ep 4 at dp 8, all four axes at 2). The
+router losses each step logs are the same on every mesh. Megatron-LM's options (``families.MOE_OPTIONS_LM``: sigmoid scores, the
+load balance over each micro-batch, a capacity factor dropping tokens, the experts as one grouped multiply) on meshes
+with ep, tp and sequence parallelism, and a pipeline, against the single-process engine with the same micro-batches
+(the balance and the drops are per micro-batch). Each run is its own case (``-k 'ep2'``).
 
 The anchors' bugs (issue 28): with ep x tp > 1 a gradient norm that undercounts the experts (Megatron-LM #1628) or
 expert gradients doubled (DeepSpeed #5259, pytorch #160285) show in the gradient norms, which must equal the single
@@ -14,13 +18,15 @@ final weights; ``test_expert_gradients_counted_once`` compares the reduced exper
 
 from __future__ import annotations
 
+import background
 import pytest
 import torch
 from cases import CaseLog, assert_case
-from families import CASES, MOE_AUX_LM
+from families import CASES, MOE_AUX_LM, MOE_OPTIONS_LM
 from test_engine import (CLIP, TINY, TOL, G, S, config_of, global_batch, loss_parts, options_of, reference,
                          ref_key, run_case, run_name, train)
 
+from tpzoo.models import full_state_dict
 from tpzoo.models.sharding import full_grads
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
@@ -36,6 +42,17 @@ RUNS = {(1, 1, 4, 1): ("1f1b", True, False), (2, 1, 2, 1): ("1f1b", True, False)
         (1, 2, 2, 2): ("gpipe", False, False)}
 NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0], fsdp), mesh[3])
          for mesh, (schedule, on, fsdp) in RUNS.items()]
+# on 8 ranks, in the background: (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on)
+EIGHT = {(2, 1, 4, 2): ("1f1b", True), (1, 2, 4, 4): ("1f1b", False), (1, 1, 8, 4): ("1f1b", True),
+         (2, 2, 2, 2): ("interleaved-1f1b", True)}
+EIGHT_NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0]), mesh[3]) for mesh, (schedule, on) in
+               EIGHT.items()]
+OPTIONS = MOE_OPTIONS_LM.name
+MICRO = 4  # dp x m of every options run: micro-batches of G / 4 sequences, as the single process's
+# (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on), grouped multiply throughout
+OPTION_RUNS = {(1, 1, 4, 2): ("1f1b", False), (2, 1, 2, 2): ("1f1b", True), (1, 2, 2, 1): ("gpipe", False)}
+OPTION_NAMES = [run_name(OPTIONS, *mesh[:3], schedule, {**options_of(on, mesh[0]), "micro_batches": MICRO // mesh[2]},
+                         mesh[3]) for mesh, (schedule, on) in OPTION_RUNS.items()]
 GRADS_MESH = (2, 1, 2, 2)  # (tp, pp, dp, ep): ep x tp = 4, with sequence parallelism
 GRADS_CASE = "mixtral-expert-gradients-counted-once-tp2-pp1-dp2-ep2-sp"
 EXPERT_WEIGHTS = "experts.dense_"  # the stacked expert weights' names contain it
@@ -49,9 +66,16 @@ def expert_grads() -> dict:
     return {n: p.grad.numpy() for n, p in model.named_parameters() if EXPERT_WEIGHTS in n}
 
 
+def engine_reference(name: str) -> tuple:
+    """The single-process engine, MICRO micro-batches a step, as ``test_engine.reference`` returns a reference."""
+    engine, results = train(name, init_mesh(), "1f1b", micro_batches=MICRO, grouped_gemm=True)
+    state = {key: t.numpy() for key, t in full_state_dict(engine.chunks[0].model, engine.mesh).items()}
+    return [r.loss for r in results], state, [r.grad_norm for r in results], [r.losses for r in results]
+
+
 def references() -> dict:
     return {**{ref_key(NAME, tp): reference(NAME, tp) for tp in sorted({mesh[0] for mesh in RUNS})},
-            "expert-grads": expert_grads()}
+            "expert-grads": expert_grads(), ref_key(OPTIONS, 1): engine_reference(OPTIONS)}
 
 
 def check_expert_grads(log: CaseLog, want: dict) -> None:
@@ -81,13 +105,29 @@ def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]], dict[
         name = run_name(NAME, tp, pp, dp, schedule, options_of(on, tp, fsdp), ep)
         run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options_of(on, tp, fsdp),
                  lambda engine, results, name=name: logged(name, results))
+    for (tp, pp, dp, ep), (schedule, on) in OPTION_RUNS.items():
+        options = {**options_of(on, tp), "micro_batches": MICRO // dp, "grouped_gemm": True}
+        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), OPTIONS, schedule, options)
     check_expert_grads(log, refs["expert-grads"])
     return log, router, tokens
+
+
+def check_eight(refs: dict) -> CaseLog:
+    log = CaseLog()
+    for (tp, pp, dp, ep), (schedule, on) in EIGHT.items():
+        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options_of(on, tp))
+    return log
 
 
 @pytest.fixture(scope="module")
 def ranks() -> list[tuple[CaseLog, dict, dict]]:
     return spawn(check, 4, spawn(references, 1)[0], timeout=900)
+
+
+@background.fixture
+def eight_ranks(tmp_path_factory) -> list[CaseLog]:
+    refs = background.spawn(reference, 1, NAME, 2)[0]
+    return background.spawn(check_eight, 8, {ref_key(NAME, 2): refs}, timeout=1200)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +136,7 @@ def logs(ranks) -> list[CaseLog]:
 
 
 def test_every_mesh_has_a_case(logs):
-    assert logs[0].ran == [*NAMES, GRADS_CASE]
+    assert logs[0].ran == [*NAMES, *OPTION_NAMES, GRADS_CASE]
 
 
 def test_expert_gradients_counted_once(logs):
@@ -136,6 +176,15 @@ def test_every_mesh_logs_the_same_tokens_per_expert(ranks):
             assert tokens[name] == first[ref_key(NAME, mesh[0])], name
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + OPTION_NAMES)
 def test_moe_engine_equals_single_rank(logs, name):
     assert_case(logs, name)
+
+
+def test_every_eight_rank_mesh_has_a_case(eight_ranks):
+    assert eight_ranks[0].ran == EIGHT_NAMES
+
+
+@pytest.mark.parametrize("name", EIGHT_NAMES)
+def test_moe_engine_on_eight_ranks_equals_single_rank(eight_ranks, name):
+    assert_case(eight_ranks, name)

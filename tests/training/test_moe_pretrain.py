@@ -2,7 +2,9 @@
 ``pretrain.py --model mixtral --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 0.01
 --moe-z-loss-coeff 0.001`` trains on the demo corpus on one process, on 2 ranks at tp 2 with sequence parallelism
 and on 2 ranks at dp 2 with ``--expert-model-parallel-size 2`` (2 of the 4 experts a rank), logging the same losses
-and router losses (counted once a sequence on every mesh); the loss falls, the checkpoints record the experts (the
+and router losses (counted once a sequence on every mesh); with Megatron-LM's other MoE flags (``OPTIONS``: sigmoid
+scores, the balance per micro-batch, a capacity factor, the grouped multiply, the all-to-all dispatcher) the same
+losses on one process and at ep 2, other than without them; the loss falls, the checkpoints record the experts (the
 ep one all 4 of them), and ``python -m tpzoo.generate`` continues a prompt from the ep checkpoint in one process."""
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
        "--moe-z-loss-coeff", "0.001"]
 FLAGS = TINY + ["--model", MOE_LM.family, "--num-query-groups", "2", *MOE, "--train-iters", str(ITERS),
                 "--eval-interval", "0"]
+OPTIONS = ["--moe-router-score-function", "sigmoid", "--moe-router-load-balancing-type", "aux_loss",
+           "--moe-expert-capacity-factor", "1.0", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
 MESHES = {"one": ((1, 1, 1), []), "tp2-sp": ((2, 1, 1), ["--sequence-parallel"]),
           "dp2-ep2": ((1, 1, 2), ["--expert-model-parallel-size", "2"])}
+OPTION_MESHES = {"options-one": ((1, 1, 1), OPTIONS), "options-dp2-ep2": ((1, 1, 2), [*OPTIONS, "--ep", "2"])}
 
 
 @background.fixture
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("moe")
-    for name, (mesh, extra) in MESHES.items():
+    for name, (mesh, extra) in {**MESHES, **OPTION_MESHES}.items():
         pretrain(FLAGS + extra + ["--save", name, "--log-dir", name], root, mesh)
     return root
 
@@ -52,6 +57,20 @@ def test_the_loss_falls_the_same_on_every_mesh_and_the_checkpoints_record_the_ex
         assert record["model"]["class"] == MOE_LM.model and record["mesh"] == mesh, record["mesh"]
         assert (config["num_experts"], config["moe_router_topk"], config["moe_ffn_hidden_size"],
                 config["moe_aux_loss_coeff"], config["moe_z_loss_coeff"]) == (4, 2, 48, 0.01, 0.001)
+
+
+def test_the_options_train_the_same_on_one_process_and_at_ep_2(runs):
+    one, split, plain = (metrics(runs / name) for name in (*OPTION_MESHES, "one"))
+    assert sorted(one) == sorted(split) == list(range(1, ITERS + 1))
+    for key in ("loss", "load_balancing_loss", "z_loss"):
+        assert max(rel(split[i][key], one[i][key]) for i in one) < 1e-5, (key, [(one[i][key], split[i][key])
+                                                                               for i in one])
+    assert max(rel(one[i]["loss"], plain[i]["loss"]) for i in one) > 1e-4  # the options change the math (7.6e-4)
+    assert one[ITERS]["loss"] < one[1]["loss"] - 0.3, (one[1], one[ITERS])
+    config = json.loads((runs / "options-dp2-ep2" / f"iter_{ITERS:07d}" / "meta.json").read_text())["checkpoint"][
+        "model"]["config"]
+    assert (config["moe_router_score_function"], config["moe_router_load_balancing_type"],
+            config["moe_expert_capacity_factor"]) == ("sigmoid", "aux_loss", 1.0)
 
 
 def test_generate_continues_a_prompt_from_the_expert_parallel_checkpoint(runs):

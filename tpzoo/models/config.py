@@ -282,12 +282,26 @@ class MixtralConfig(MistralConfig):
                                        "(N sum_e f_e P_e, per sequence) in the training loss", "--moe-aux-loss-coeff")
     moe_z_loss_coeff: float = option(0.0, non_negative_number, "weight of the router's z-loss (per sequence) in the "
                                      "training loss", "--moe-z-loss-coeff")
+    moe_router_score_function: str = option("softmax", one_of("softmax", "sigmoid"), "the router's scores: softmax "
+                                            "(Mixtral's, Qwen2-MoE's) or sigmoid (DeepSeek-V3's)",
+                                            "--moe-router-score-function")
+    moe_router_load_balancing_type: str = option(
+        "seq_aux_loss", one_of("seq_aux_loss", "aux_loss", "none"), "the load-balancing loss over each sequence "
+        "(the same for any micro-batch size), over each micro-batch (Megatron-LM's default) or none (with "
+        "--moe-aux-loss-coeff 0)", "--moe-router-load-balancing-type")
+    moe_expert_capacity_factor: float | None = option(
+        None, optional(positive_number), "in training, each expert takes at most ceil(T k / N x this) of a "
+        "micro-batch's T k routed slots, its heaviest, the others dropped (changes the math; None: dropless)",
+        "--moe-expert-capacity-factor")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.moe_router_topk > self.num_experts:
             raise ValueError(f"moe_router_topk={self.moe_router_topk} is more than num_experts={self.num_experts}: "
                              f"a token goes through at most every expert; choose a top-k up to {self.num_experts}")
+        if self.moe_router_load_balancing_type == "none" and self.moe_aux_loss_coeff:
+            raise ValueError(f"--moe-router-load-balancing-type none adds no load-balancing loss for "
+                             f"--moe-aux-loss-coeff {self.moe_aux_loss_coeff} to weigh; drop one of them")
 
     @property
     def expert_ffn_size(self) -> int:

@@ -188,7 +188,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                "mixtral-8x7b": dict(_MIXTRAL, num_layers=32, hidden_size=4096, num_attention_heads=32,
                                     num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000,
                                     max_position_embeddings=32768, rotary_base=1000000.0, num_experts=8,
-                                    moe_router_topk=2)}),
+                                    moe_router_topk=2),
+               # a 1B-class Mixtral (Llama-3.2-1B's attention, 8 experts of 1536, top 2): bench/models.py's shape
+               "mixtral-1b": dict(_MIXTRAL, num_layers=16, hidden_size=2048, num_attention_heads=32,
+                                  num_query_groups=8, ffn_hidden_size=1536, vocab_size=32000,
+                                  max_position_embeddings=4096, num_experts=8, moe_router_topk=2)}),
     Family("qwen2_moe", "tpzoo.models.qwen2_moe", Qwen2MoeConfig, data="causal-lm", finetune="causal-lm",
            default_preset="qwen2-moe-tiny", train_defaults=DECODER_DEFAULTS, presets={
                "qwen2-moe-tiny": dict(_QWEN2_MOE, **_TINY, num_layers=4, hidden_size=128, num_attention_heads=4,

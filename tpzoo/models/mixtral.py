@@ -40,7 +40,9 @@ class MixtralModel(CausalLM):
     def build_mlp(self, layer_number: int) -> nn.Module:
         c = self.config
         return MoE(c.hidden_size, c.num_experts, c.moe_router_topk, c.expert_ffn_size, activation=c.activation,
-                   aux_loss_coeff=c.moe_aux_loss_coeff, z_loss_coeff=c.moe_z_loss_coeff, init_std=c.init_method_std,
+                   score=c.moe_router_score_function, aux_loss_coeff=c.moe_aux_loss_coeff,
+                   z_loss_coeff=c.moe_z_loss_coeff, load_balancing=c.moe_router_load_balancing_type,
+                   capacity_factor=c.moe_expert_capacity_factor, init_std=c.init_method_std,
                    out_init_std=self.output_init_std(), **self.moe_options())
 
     def moe_options(self) -> dict[str, Any]:
@@ -71,13 +73,22 @@ def _from_hf(hf: Any, arch: str) -> MixtralConfig:
                           moe_router_topk=hf.num_experts_per_tok, moe_aux_loss_coeff=coeff)
 
 
+def router_to_hf(c: MixtralConfig) -> dict[str, Any]:
+    """The router's fields of a Hugging Face config (its load-balancing coefficient: tpzoo's / k); a sigmoid router
+    is refused (Hugging Face's take a softmax). The capacity factor drops tokens in training only: the converted
+    model computes as tpzoo's evaluates, dropless."""
+    score = c.moe_router_score_function
+    require(score == "softmax", f"moe_router_score_function={score} (Hugging Face's routers take a softmax)")
+    k = c.moe_router_topk
+    return dict(num_experts_per_tok=k, output_router_logits=c.moe_aux_loss_coeff > 0,
+                router_aux_loss_coef=c.moe_aux_loss_coeff / k)
+
+
 def _to_hf(c: MixtralConfig, arch: str) -> Any:
     """The Hugging Face config: the expert width is its ``intermediate_size`` (Mixtral has no dense MLP)."""
-    k = c.moe_router_topk
     dense = c.replace(ffn_hidden_size=c.expert_ffn_size, moe_ffn_hidden_size=None)
     return config_to_hf(dense, "MixtralConfig", arch, sliding_window=c.window_size, num_local_experts=c.num_experts,
-                        num_experts_per_tok=k, output_router_logits=c.moe_aux_loss_coeff > 0,
-                        router_aux_loss_coef=c.moe_aux_loss_coeff / k)
+                        **router_to_hf(c))
 
 
 def _stacked(tpzoo: str, per_expert: list[Rule]) -> Rule:

@@ -20,7 +20,7 @@ from tpzoo.models.causal_lm import CLASSIFIER_PLAN, DECODER_PLAN, SequenceClassi
 from tpzoo.models.config import Qwen2MoeConfig
 from tpzoo.models.hf_rules import Rule, gated, require, same
 from tpzoo.models.llama import config_from_hf, config_to_hf, llama_like_spec
-from tpzoo.models.mixtral import MixtralModel, moe_rules, num_parameters
+from tpzoo.models.mixtral import MixtralModel, moe_rules, num_parameters, router_to_hf
 from tpzoo.models.moe import MOE_PLAN
 from tpzoo.sharding_plan import ShardingPlan, prefixed
 
@@ -62,12 +62,10 @@ def _from_hf(hf: Any, arch: str) -> Qwen2MoeConfig:
 
 def _to_hf(c: Qwen2MoeConfig, arch: str) -> Any:
     require(c.moe_shared_expert_intermediate_size is not None, "no shared expert (Hugging Face's Qwen2-MoE has one)")
-    k = c.moe_router_topk
-    return config_to_hf(c, "Qwen2MoeConfig", arch, num_experts=c.num_experts, num_experts_per_tok=k,
-                        moe_intermediate_size=c.expert_ffn_size, norm_topk_prob=c.norm_topk_prob,
-                        shared_expert_intermediate_size=c.moe_shared_expert_intermediate_size, decoder_sparse_step=1,
-                        mlp_only_layers=[], use_sliding_window=False, output_router_logits=c.moe_aux_loss_coeff > 0,
-                        router_aux_loss_coef=c.moe_aux_loss_coeff / k)
+    return config_to_hf(c, "Qwen2MoeConfig", arch, num_experts=c.num_experts, moe_intermediate_size=c.expert_ffn_size,
+                        norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],
+                        shared_expert_intermediate_size=c.moe_shared_expert_intermediate_size,
+                        use_sliding_window=False, **router_to_hf(c))
 
 
 def rules(c: Qwen2MoeConfig, arch: str) -> list[Rule]:

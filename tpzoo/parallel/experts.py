@@ -48,14 +48,14 @@ class AllToAllDispatch:
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group, self.ep = group, dist.get_world_size(group)
 
-    def __call__(self, rows: Tensor, counts: Tensor, run: Callable[[Tensor, list[int]], Tensor]) -> Tensor:
+    def __call__(self, rows: Tensor, counts: Tensor, run: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)      # [ep sources x N/ep local experts]
         matrix, sent = received.view(self.ep, -1), counts.view(self.ep, -1).sum(1)
-        send, recv, per_expert = sent.tolist(), matrix.sum(1).tolist(), matrix.sum(0).tolist()  # host sync
+        send, recv = sent.tolist(), matrix.sum(1).tolist()  # the host sync: the all-to-all's splits
         arrived = wait_tensor(all_to_all_single_autograd(rows, recv, send, self.group))
         order = _expert_major(matrix)
-        out = run(arrived[order], per_expert)[order.argsort()]          # back to source by source
+        out = run(arrived[order], matrix.sum(0))[order.argsort()]          # back to source by source
         return wait_tensor(all_to_all_single_autograd(out, send, recv, self.group))
 
 

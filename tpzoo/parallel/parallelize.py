@@ -82,8 +82,8 @@ def parallelize(module: nn.Module, plan: ParallelPlan | ParallelMesh | None, sha
 
 
 def _kernels(root: nn.Module, prefix: str, plan: ParallelPlan) -> nn.Module:
-    """Step 1: torch's LayerNorm, RMSNorm and GELU become tpzoo.kernels' (the same parameters); ``kernels`` and
-    ``attention_backend`` attributes take the plan's."""
+    """Step 1: torch's LayerNorm, RMSNorm and GELU become tpzoo.kernels' (the same parameters); ``kernels``,
+    ``attention_backend`` and ``grouped_gemm`` attributes take the plan's."""
     backend = resolve_attention_backend(plan.attention_backend)
     for path, sub in list(root.named_modules(prefix=prefix)):
         kernel = from_torch(sub, plan.kernels)
@@ -93,6 +93,8 @@ def _kernels(root: nn.Module, prefix: str, plan: ParallelPlan) -> nn.Module:
             sub.kernels = plan.kernels
         if hasattr(sub, "attention_backend"):
             sub.attention_backend = backend
+        if hasattr(sub, "grouped_gemm"):
+            sub.grouped_gemm = plan.grouped_gemm
     return root
 
 

@@ -4,8 +4,8 @@ A model's config says what the model is (sizes, kinds of blocks), its sharding p
 parallelism splits it (``tpzoo.sharding_plan``); this plan says how a run runs it: on which mesh (and
 so which tp shard each rank holds), whether activations between the sublayers are split along the
 sequence over tp, whether layers recompute their activations in backward, which kernels and
-attention backend compute it, whether torch.compile compiles its blocks, whether FSDP shards its
-weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn
+attention backend compute it (and a mixture of experts' experts: one grouped multiply or a loop),
+whether torch.compile compiles its blocks, whether FSDP shards its weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn
 from. ``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's
 sharding plan through ``tpzoo.parallel.parallelize``; a model never chooses any of it, so the same
 model code runs at any tp, with or without sequence parallelism.
@@ -39,6 +39,7 @@ class ParallelPlan:
     compile: bool = False                # torch.compile each transformer layer and the loss head (docs/kernels.md)
     fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3):
                                          # applied by the Engine; a model built or loaded outside one is whole
+    grouped_gemm: bool = False           # a mixture of experts' experts as one grouped multiply, not a loop
     # Megatron-LM's recompute (``recompute_units``): "full" layers by ``recompute_method`` and
     # ``recompute_num_layers``, or "selective": core attention only; None: recompute_activations decides
     recompute_granularity: str | None = None
@@ -48,7 +49,7 @@ class ParallelPlan:
     def __post_init__(self) -> None:
         if not isinstance(self.mesh, ParallelMesh):
             raise TypeError(f"ParallelPlan.mesh must be a ParallelMesh, got {type(self.mesh).__name__}")
-        for name in ("sequence_parallel", "recompute_activations", "compile", "fsdp"):
+        for name in ("sequence_parallel", "recompute_activations", "compile", "fsdp", "grouped_gemm"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"ParallelPlan.{name} must be True or False, got {getattr(self, name)!r}")
         if self.kernels not in (None, *KERNEL_BACKENDS):

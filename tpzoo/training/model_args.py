@@ -90,6 +90,9 @@ class ModelFlags:
     moe_aux_loss_coeff: float | None = config_field("moe_aux_loss_coeff")
     moe_z_loss_coeff: float | None = config_field("moe_z_loss_coeff")
     moe_shared_expert_intermediate_size: int | None = config_field("moe_shared_expert_intermediate_size")
+    moe_router_score_function: str | None = config_field("moe_router_score_function")
+    moe_router_load_balancing_type: str | None = config_field("moe_router_load_balancing_type")
+    moe_expert_capacity_factor: float | None = config_field("moe_expert_capacity_factor")
     ffn_hidden_size: int | None = config_field("ffn_hidden_size")
     max_position_embeddings: int | None = config_field("max_position_embeddings")
     hidden_dropout: float | None = config_field("hidden_dropout")
@@ -136,15 +139,19 @@ def model_config(choice: ModelChoice, base: ModelConfig | None = None, **changes
     return config
 
 
-def check_expert_parallel(choice: ModelChoice, ep: int) -> None:
-    """ValueError unless ``ep`` (--expert-model-parallel-size) is 1 or splits the experts of the model ``choice``
-    builds: a family with a mixture of experts whose ``num_experts`` (the preset's or --num-experts) ep divides."""
-    if ep == 1:
+def check_experts(choice: ModelChoice, ep: int = 1, grouped_gemm: bool = False) -> None:
+    """ValueError unless the expert options fit the model ``choice`` builds: ``ep`` (--expert-model-parallel-size) > 1
+    and ``grouped_gemm`` (--moe-grouped-gemm) need a family with a mixture of experts, and ep must divide its
+    ``num_experts`` (the preset's or --num-experts)."""
+    given = [(flag, verb) for flag, verb, on in ((f"--expert-model-parallel-size {ep}", "split", ep > 1),
+                                                 ("--moe-grouped-gemm", "group", grouped_gemm)) if on]
+    if not given:
         return
     experts = getattr(model_config(choice), "num_experts", None)
     if experts is None:
-        raise ValueError(f"--expert-model-parallel-size {ep}: --model {choice.model} has no experts to split; drop "
-                         f"it, or train a mixture of experts (--model mixtral or qwen2_moe)")
+        flag, verb = given[0]
+        raise ValueError(f"{flag}: --model {choice.model} has no experts to {verb}; drop it, or train a mixture of "
+                         f"experts (--model mixtral or qwen2_moe)")
     if experts % ep:
         raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts (--num-experts); "
                          f"choose an ep dividing {experts}")

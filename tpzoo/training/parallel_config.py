@@ -189,6 +189,12 @@ class SpeedConfig:
                                                    "--no-gradient-accumulation-fusion", launch=True)
     no_persist_layer_norm: bool = toggle("accepted: tpzoo's layer norm kernel is not a persistent one",
                                          "--no-persist-layer-norm", launch=True)
+    moe_grouped_gemm: bool = toggle("each layer's experts as one grouped multiply (torch._grouped_mm), not a loop "
+                                    "over them: the same numbers, no token count read on the host",
+                                    "--moe-grouped-gemm", launch=True)
+    moe_token_dispatcher_type: str = _launch("alltoall", one_of("alltoall"), "tokens reach the experts of other ranks "
+                                             "by all-to-all over the ep group (tpzoo's dispatch; docs/moe.md)",
+                                             "--moe-token-dispatcher-type")
 
     def recompute(self) -> dict[str, object]:
         """The plan's recompute options (checked by ``resolve_speed`` and the plan)."""
@@ -211,4 +217,4 @@ def plan_of(parallel: ParallelConfig, precision: PrecisionConfig, speed: SpeedCo
     return ParallelPlan(mesh, sequence_parallel=parallel.sequence_parallel,
                         recompute_activations=precision.recompute_activations, kernels=precision.kernels,
                         attention_backend=precision.attention_backend, seed=seed, compile=precision.compile,
-                        fsdp=parallel.use_torch_fsdp2, **speed.recompute())
+                        fsdp=parallel.use_torch_fsdp2, grouped_gemm=speed.moe_grouped_gemm, **speed.recompute())

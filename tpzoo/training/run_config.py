@@ -27,7 +27,7 @@ from tpzoo.fields import (add_section, at_least, boolean, check_fields, option, 
                           section_of)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
 from tpzoo.training.logging_args import LoggingConfig
-from tpzoo.training.model_args import ModelChoice, check_expert_parallel
+from tpzoo.training.model_args import ModelChoice, check_experts
 from tpzoo.training.optimizer_args import TrainingConfig
 from tpzoo.training.parallel_config import ParallelConfig, PrecisionConfig, SpeedConfig, plan_of
 
@@ -74,7 +74,7 @@ class RunConfig:
     stopping: StoppingConfig
 
     def __post_init__(self) -> None:
-        check_expert_parallel(self.model, self.parallel.ep)  # ep against the model's experts
+        check_experts(self.model, self.parallel.ep, self.speed.moe_grouped_gemm)  # against the model's experts
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> RunConfig:
