@@ -140,8 +140,6 @@ CASES: dict[str, tuple[str, str, str]] = {
                                                      "--moe-router-load-balancing-type none --moe-aux-loss-coeff 0.01",
                                                      "--moe-router-load-balancing-type none adds no load-balancing "
                                                      "loss for --moe-aux-loss-coeff 0.01 to weigh"),
-    "pretrain-ep-with-fsdp": ("pretrain", T + f" --model {MOE_LM.family} --ep 2 --dp 2 --use-torch-fsdp2",
-                              "--use-torch-fsdp2 with --expert-model-parallel-size 2 is not built yet"),
     "pretrain-wandb-name-without-project": ("pretrain", T + " --wandb-exp-name tiny",
                                             "but W&B is off; add --wandb-project"),
     # test_misuse runs these with no W&B key anywhere and WANDB_MODE unset

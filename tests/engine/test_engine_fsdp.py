@@ -196,12 +196,6 @@ def test_engine_fsdp_misuse_refused(schedule, changes, pp, message):
 
 
 @pytest.mark.tier("unit")
-def test_engine_fsdp_with_expert_parallelism_refused():
-    with pytest.raises(ValueError, match=r"FSDP with expert parallelism \(ep=2\) is not built yet"):
-        check_fsdp(EngineConfig(), SimpleNamespace(pp_size=1, ep_size=2))
-
-
-@pytest.mark.tier("unit")
 def test_engine_fsdp_variants_cover_every_family_and_setting():
     runs = [(mesh, name, schedule, options) for index, mesh in enumerate(MESHES)
             for name, schedule, options in fsdp_variants(index, *mesh) if name in FAMILIES]

@@ -4,7 +4,8 @@ run of ``test_engine`` (5 AdamW steps: losses, gradient norms and every final we
 with ZeRO-2 or FSDP and recompute (the router's losses counted once over the dp ranks and micro-batches), tensor
 parallelism with sequence parallelism (the other tp ranks' tokens of each sequence added), pipelines (each stage's
 layers adding theirs), and expert parallelism (ep 2 and 4 carved out of dp: each rank holds 4/ep experts, tokens
-reach them by all-to-all; with ZeRO-1 and -2, with tp and sequence parallelism, with a pipeline), and on 8 ranks
+reach them by all-to-all; with ZeRO-1 and -2, with FSDP (the experts sharded over their edp ranks), with tp and
+sequence parallelism, with a pipeline), and on 8 ranks
 (``EIGHT``, in the background: ep 2 and 4 beside tp 2 or pp 2 at dp 4, ep 4 at dp 8, all four axes at 2). The
 router losses each step logs are the same on every mesh. Megatron-LM's options (``families.MOE_OPTIONS_LM``: sigmoid scores, the
 load balance over each micro-batch, a capacity factor dropping tokens, the experts as one grouped multiply) on meshes
@@ -39,7 +40,8 @@ RUNS = {(1, 1, 4, 1): ("1f1b", True, False), (2, 1, 2, 1): ("1f1b", True, False)
         (2, 2, 1, 1): ("interleaved-1f1b", True, False), (4, 1, 1, 1): ("1f1b", False, False),
         (2, 1, 2, 1, "fsdp"): ("1f1b", True, True),
         (1, 1, 4, 2): ("1f1b", True, False), (1, 1, 4, 4): ("1f1b", False, False), (2, 1, 2, 2): ("1f1b", True, False),
-        (1, 2, 2, 2): ("gpipe", False, False)}
+        (1, 2, 2, 2): ("gpipe", False, False), (1, 1, 4, 2, "fsdp"): ("1f1b", True, True),
+        (2, 1, 2, 2, "fsdp"): ("1f1b", True, True)}
 NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0], fsdp), mesh[3])
          for mesh, (schedule, on, fsdp) in RUNS.items()]
 # on 8 ranks, in the background: (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on)

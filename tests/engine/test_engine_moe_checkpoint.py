@@ -3,7 +3,9 @@ router's losses in the training loss) trained on 8 gloo ranks at (tp, pp, dp, ep
 rank holds 2 of the 4 experts, their gradients and optimizer state owned over the expert-data-parallel group), saved
 after step 2, resumes at (2, 1, 4, 4) without ZeRO (one expert a rank, each split over tp) and in one process: the
 next 2 losses equal the uninterrupted run's, the expert weights and their AdamW moments are stored whole (all 4
-experts, as the model at ep 1 holds them). Each check is its own case."""
+experts, as the model at ep 1 holds them). Under FSDP too: saved at (2, 1, 4, 2) (each rank one expert of its ep
+rank's 2, the experts sharded over their 2 edp ranks), resumed at (1, 1, 8, 4) under FSDP (one expert an ep rank,
+over 2 edp ranks: one holds it, one holds no rows) and in one process. Each check is its own case."""
 
 from __future__ import annotations
 
@@ -23,9 +25,12 @@ pytestmark = pytest.mark.tier("distributed")
 
 NAME, SAVE_AT, STEPS, TOL = MOE_AUX_LM.name, 2, 4, 1e-6
 SAVED, RESUMED = (1, 2, 4, 2), (2, 1, 4, 4)  # (tp, pp, dp, ep)
+FSDP_SAVED, FSDP_RESUMED = (2, 1, 4, 2), (1, 1, 8, 4)
 EXPERT_KEY = "layers.0.mlp.experts.dense_h_to_4h"
 CASES = ["moe-save-tp1-pp2-dp4-ep2-zero2", "moe-experts-stored-whole", "moe-resume-tp2-pp1-dp4-ep4",
-         "moe-resume-one-process"]
+         "moe-resume-one-process", "moe-save-tp2-pp1-dp4-ep2-fsdp", "moe-fsdp-resume-tp1-pp1-dp8-ep4-fsdp",
+         "moe-fsdp-resume-one-process"]
+ONE_PROCESS = (CASES[3], CASES[6])
 
 
 def mesh_of(shape: tuple[int, int, int, int]):
@@ -33,14 +38,14 @@ def mesh_of(shape: tuple[int, int, int, int]):
     return init_mesh(tp=tp, pp=pp, dp=dp, ep=ep)
 
 
-def resume(folder: str, mesh, losses: list[float], log: CaseLog) -> None:
-    engine, _ = train(NAME, mesh, "1f1b", steps=0)
+def resume(folder: str, mesh, losses: list[float], log: CaseLog, **options) -> None:
+    engine, _ = train(NAME, mesh, "1f1b", steps=0, **options)
     assert load_checkpoint(folder, engine)["iteration"] == SAVE_AT
     got = [engine.train_step(global_batch(NAME, step)).loss for step in range(SAVE_AT, STEPS)]
     log.close(torch.tensor(got), torch.tensor(losses), "losses after resuming", "loss", TOL)
 
 
-def eight_ranks(folder: str) -> tuple[CaseLog, list[float]]:
+def eight_ranks(folder: str) -> tuple[CaseLog, list[list[float]]]:
     log, losses = CaseLog(), []
     with log.case(CASES[0]):
         engine, _ = train(NAME, mesh_of(SAVED), "1f1b", steps=SAVE_AT, use_distributed_optimizer=True)
@@ -54,13 +59,20 @@ def eight_ranks(folder: str) -> tuple[CaseLog, list[float]]:
             assert tuple(stored[key].size)[0] == 4, f"{key}: stored {tuple(stored[key].size)}, not all 4 experts"
     with log.case(CASES[2]):
         resume(folder, mesh_of(RESUMED), losses, log)
-    return log, losses
+    with log.case(CASES[4]):
+        engine, _ = train(NAME, mesh_of(FSDP_SAVED), "1f1b", steps=SAVE_AT, fsdp=True)
+        save_checkpoint(f"{folder}-fsdp", SAVE_AT, engine, meta={})
+        fsdp_losses = [engine.train_step(global_batch(NAME, step)).loss for step in range(SAVE_AT, STEPS)]
+    with log.case(CASES[5]):
+        resume(f"{folder}-fsdp", mesh_of(FSDP_RESUMED), fsdp_losses, log, fsdp=True)
+    return log, [losses, fsdp_losses]
 
 
-def one_process(folder: str, losses: list[float]) -> CaseLog:
+def one_process(folder: str, losses: list[list[float]]) -> CaseLog:
     log = CaseLog()
-    with log.case(CASES[3]):
-        resume(folder, init_mesh(), losses, log)
+    for name, saved, uninterrupted in zip(ONE_PROCESS, (folder, f"{folder}-fsdp"), losses):
+        with log.case(name):
+            resume(saved, init_mesh(), uninterrupted, log)
     return log
 
 
@@ -73,4 +85,4 @@ def logs(tmp_path_factory) -> dict[str, list[CaseLog]]:
 
 @pytest.mark.parametrize("name", CASES)
 def test_moe_checkpoint_reshards(logs, name):
-    assert_case(logs["one" if name == CASES[3] else "eight"], name)
+    assert_case(logs["one" if name in ONE_PROCESS else "eight"], name)

@@ -1,7 +1,8 @@
 """A mixture-of-experts family through the scripts (``families.MOE_LM``, Mixtral), with Megatron-LM's MoE flags:
 ``pretrain.py --model mixtral --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 0.01
 --moe-z-loss-coeff 0.001`` trains on the demo corpus on one process, on 2 ranks at tp 2 with sequence parallelism
-and on 2 ranks at dp 2 with ``--expert-model-parallel-size 2`` (2 of the 4 experts a rank), logging the same losses
+and on 2 ranks at dp 2 with ``--expert-model-parallel-size 2`` (2 of the 4 experts a rank; and under FSDP, each rank's
+experts sharded over their single edp rank), logging the same losses
 and router losses (counted once a sequence on every mesh); with Megatron-LM's other MoE flags (``OPTIONS``: sigmoid
 scores, the balance per micro-batch, a capacity factor, the grouped multiply, the all-to-all dispatcher) the same
 losses on one process and at ep 2, other than without them; the loss falls, the checkpoints record the experts (the
@@ -29,7 +30,8 @@ FLAGS = TINY + ["--model", MOE_LM.family, "--num-query-groups", "2", *MOE, "--tr
 OPTIONS = ["--moe-router-score-function", "sigmoid", "--moe-router-load-balancing-type", "aux_loss",
            "--moe-expert-capacity-factor", "1.0", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
 MESHES = {"one": ((1, 1, 1), []), "tp2-sp": ((2, 1, 1), ["--sequence-parallel"]),
-          "dp2-ep2": ((1, 1, 2), ["--expert-model-parallel-size", "2"])}
+          "dp2-ep2": ((1, 1, 2), ["--expert-model-parallel-size", "2"]),
+          "dp2-ep2-fsdp": ((1, 1, 2), ["--expert-model-parallel-size", "2", "--use-torch-fsdp2"])}
 OPTION_MESHES = {"options-one": ((1, 1, 1), OPTIONS), "options-dp2-ep2": ((1, 1, 2), [*OPTIONS, "--ep", "2"])}
 
 

@@ -32,7 +32,9 @@ tensor under the same key, so an FSDP checkpoint and a plain one are interchange
 
 Under expert parallelism an expert weight (``param_facts``: ``ep_split``; ``ep`` set) holds this ep rank's experts:
 a DTensor [Shard(dim) or Replicate(), Shard(0)] on the (tp, ep) mesh, the full tensor holding all N experts, so
-any ep (and any tp) reads its slice back.
+any ep (and any tp) reads its slice back. Under FSDP too, its piece is sharded over the edp ranks (``over``
+"edp"): [Shard(dim) or Replicate(), Shard(0), Shard(0)] on the (tp, ep, edp) mesh, this ep rank's experts'
+edp chunk.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class Entry:
     ``local`` is what the rank holds (a tp shard for partitioned parameters) and is written into in
     place at load; ``partition`` is (tp dim, full unpadded size) from ``tp_partitions``, None when
     replicated. ``dp_shape``: set when ``local`` is only this rank's Shard(0) piece over dp (FSDP) of
-    a tp tensor of that shape. ``ep``: an expert weight's ep size (its experts: dim 0 of ep x as many), else 1.
+    a tp tensor of that shape (``over``: the mesh dimension it is sharded over, dp, or edp for an expert weight).
+    ``ep``: an expert weight's ep size (its experts: dim 0 of ep x as many), else 1.
     """
 
     key: str
@@ -69,6 +72,7 @@ class Entry:
     partition: tuple[int, int] | None = None
     dp_shape: tuple[int, ...] | None = None
     ep: int = 1
+    over: str = "dp"
 
     def tp_shape(self) -> tuple[int, ...]:
         """The shape of this rank's tp tensor (the whole of it, whatever dp holds)."""
@@ -93,7 +97,9 @@ class Entry:
         if self.ep > 1:
             shape = torch.Size(self.full_shape())
             tp = Shard(self.partition[0]) if self.partition else Replicate()
-            return DTensor.from_local(local, mesh.tp_ep_mesh, [tp, Shard(0)], run_check=False, shape=shape,
+            on, placements = ((mesh.tp_ep_mesh, [tp, Shard(0)]) if self.dp_shape is None else
+                              (mesh.tp_ep_edp_mesh, [tp, Shard(0), Shard(0)]))
+            return DTensor.from_local(local, on, placements, run_check=False, shape=shape,
                                       stride=_contiguous_stride(shape))
         if self.dp_shape is None:
             return DTensor.from_local(local, mesh.device_mesh["tp"], [Shard(self.partition[0])], run_check=False)
@@ -103,22 +109,25 @@ class Entry:
                                   stride=_contiguous_stride(shape))
 
     def tp_tensor(self, mesh: ParallelMesh) -> Tensor:
-        """This rank's whole tp tensor: ``local``, or its dp pieces gathered (collective over dp)."""
+        """This rank's whole tp tensor: ``local``, or its dp pieces gathered (collective over dp, or edp)."""
         if self.dp_shape is None:
             return self.local
         shape = torch.Size(self.dp_shape)
-        return DTensor.from_local(self.local.detach(), mesh.device_mesh["dp"], [Shard(0)], run_check=False,
-                                  shape=shape, stride=_contiguous_stride(shape)).full_tensor()
+        over = mesh.edp_mesh if self.over == "edp" else mesh.device_mesh["dp"]
+        return DTensor.from_local(self.local.detach(), over, [Shard(0)], run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape)).full_tensor()
 
 
 def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep: int = 1) -> Entry:
-    """An entry for ``tensor``: a plain tp tensor, or a DTensor Shard(0) over dp (FSDP) whose local view
-    becomes ``local`` (loading writes into the DTensor's own storage); ``ep``: an expert weight's ep size."""
+    """An entry for ``tensor``: a plain tp tensor, or a DTensor Shard(0) over dp (FSDP; an expert weight's over edp)
+    whose local view becomes ``local`` (loading writes into the DTensor's own storage); ``ep``: an expert weight's ep
+    size."""
     if isinstance(tensor, DTensor):
-        if tuple(tensor.placements) != (Shard(0),):
-            raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp only, got "
+        over = (tensor.device_mesh.mesh_dim_names or ("",))[0]
+        if tuple(tensor.placements) != (Shard(0),) or over not in ("dp", "edp"):
+            raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp (or edp) only, got "
                              f"{tensor.placements} on {tensor.device_mesh}")
-        return Entry(key, tensor.to_local(), partition, tuple(tensor.shape))
+        return Entry(key, tensor.to_local(), partition, tuple(tensor.shape), ep, over)
     return Entry(key, tensor, partition, ep=ep)
 
 

@@ -2,7 +2,7 @@
 
 ``MainParams`` keeps float32 main weights beside bf16/fp16 model weights and moves each micro-batch's
 gradient over; under FSDP the model's parameters already are float32 shards (DTensor, Shard(0) over dp)
-whose gradients FSDP reduce-scatters in float32, while the compute casts come from its
+(the expert weights' over edp: ``tpzoo.parallel.fsdp``) whose gradients FSDP reduce-scatters in float32, while the compute casts come from its
 ``MixedPrecisionPolicy``. So the main parameter of p is p, every rank steps all of its own shards (the
 optimizer state is sharded alike), and there is nothing to publish: the next forward gathers the
 updated shards. Same interface as ``MainParams``, for the engine and the checkpoint code.
@@ -26,19 +26,13 @@ def check_fsdp(config: EngineConfig, mesh: ParallelMesh) -> None:
     - the distributed optimizer: FSDP already shards the optimizer state (and the gradients) over dp;
     - interleaved-zero-bubble with pp > 1: torch's split weight gradients (``stage_backward_weight``, torch
       2.13) differentiate with respect to the stage's sharded parameters, not the gathered ones FSDP
-      computes with, so the weight gradients would be lost (measured: the norms differ from step 0);
-    - expert parallelism (ep > 1): expert weights would need shards of their own over the expert-data-parallel
-      group, which tpzoo does not build yet.
+      computes with, so the weight gradients would be lost (measured: the norms differ from step 0).
 
     The scripts refuse the same flags before torch loads (``tpzoo.training.parallel_config.ParallelConfig``).
     """
     if config.use_distributed_optimizer:
         raise ValueError("FSDP shards the optimizer state over dp already; turn off use_distributed_optimizer "
                          "(--use-distributed-optimizer) or FSDP (--use-torch-fsdp2)")
-    if mesh.ep_size > 1:
-        raise ValueError(f"FSDP with expert parallelism (ep={mesh.ep_size}) is not built yet: expert weights would "
-                         f"be sharded over their expert-data-parallel group; use the distributed optimizer "
-                         f"(--use-distributed-optimizer) or ep 1")
     if mesh.pp_size > 1 and config.schedule == "interleaved-zero-bubble":
         raise ValueError(f"FSDP cannot run the interleaved-zero-bubble schedule (pp={mesh.pp_size}): its split "
                          f"weight gradients miss FSDP's gathered weights; use interleaved-1f1b")

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from tpzoo.parallel import ParallelMesh, get_mesh
@@ -108,11 +109,13 @@ def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor
     return full.narrow(dim, mesh.tp_rank * local_size, local_size)
 
 
-def dp_rows(n: int, mesh: ParallelMesh) -> tuple[int, int]:
+def dp_rows(n: int, mesh: ParallelMesh, over: DeviceMesh | None = None) -> tuple[int, int]:
     """[start, stop) of this dp rank's rows of ``n`` split as FSDP splits dim 0 (chunks of ceil(n / dp),
-    the last ones short or empty)."""
-    chunk = -(-n // mesh.dp_size)
-    return min(mesh.dp_rank * chunk, n), min((mesh.dp_rank + 1) * chunk, n)
+    the last ones short or empty); ``over``: the 1-D mesh FSDP sharded over (default dp; an expert weight's:
+    edp)."""
+    size, rank = (mesh.dp_size, mesh.dp_rank) if over is None else (over.size(), over.get_local_rank())
+    chunk = -(-n // size)
+    return min(rank * chunk, n), min((rank + 1) * chunk, n)
 
 
 def full_shape(local: Sequence[int], partition: tuple[int, int] | None, ep: int = 1) -> tuple[int, ...]:
@@ -159,8 +162,8 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], mesh: Paral
             if value.shape[dim] != size:
                 raise ValueError(f"{name}: full size {size} along dim {dim} expected, got shape {tuple(value.shape)}")
             value = shard(value, dim, target.shape[dim], mesh)
-        if isinstance(target, DTensor):  # FSDP: this dp rank's rows of its tp shard
-            start, stop = dp_rows(value.shape[0], mesh)
+        if isinstance(target, DTensor):  # FSDP: this rank's rows of its tp shard, over dp (edp: an expert weight)
+            start, stop = dp_rows(value.shape[0], mesh, target.device_mesh)
             target, value = target.to_local(), value[start:stop]
         if value.shape != target.shape:
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(target.shape)}")

@@ -9,6 +9,10 @@ its weights are all-gathered just before its forward, freed after it, gathered a
 and its gradients are reduce-scattered over dp as soon as its backward is done. What is left of ``root``
 is the root unit, gathered for the whole forward: that is where a tied embedding and head go, the head
 reading the embedding's weight outside the embedding's own forward (``tpzoo.engine.fsdp_params``).
+Under expert parallelism (ep > 1) each block's expert weights (``ep_split``: this ep rank's N/ep experts)
+are a unit of their own, sharded over the expert-data-parallel ranks (``ParallelMesh.edp_mesh``, dp / ep
+of them, which hold the same experts) and their gradients reduce-scattered over those: the expert
+weights' sum over edp, as the other weights' over dp.
 
     per rank, between steps:   weights P / dp, gradients P / dp, optimizer state P / dp (float32 each)
     per rank, during a step:   + the root unit and one or two layers gathered, in ``param_dtype`` (FSDP keeps
@@ -57,6 +61,8 @@ def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: ParallelMesh,
                                   reduce_dtype=reduce_dtype)
     dp_mesh = mesh.device_mesh["dp"]
     for block in blocks:
+        for experts in _expert_modules(block) if mesh.ep_size > 1 else ():
+            fully_shard(experts, mesh=mesh.edp_mesh, mp_policy=policy)
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(root, mesh=dp_mesh, mp_policy=policy)
     for module in root.modules():
@@ -65,6 +71,11 @@ def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: ParallelMesh,
             module.set_force_sum_reduction_for_comms(True)  # a divide factor is a PREMUL_SUM otherwise: not on gloo
     for name, p in root.named_parameters():
         mark(p, **dataclasses.asdict(kept[name]))
+
+
+def _expert_modules(block: nn.Module) -> list[nn.Module]:
+    """The modules of ``block`` holding expert weights split over ep (``param_facts``: ``ep_split``)."""
+    return [m for m in block.modules() if any(facts(p).ep_split for p in m.parameters(recurse=False))]
 
 
 def sync_gradients_this_backward(root: nn.Module, last: bool) -> None:

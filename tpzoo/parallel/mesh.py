@@ -140,6 +140,24 @@ class ParallelMesh:
         return DeviceMesh.from_group([self.tp_group, self.ep_group], self.device_mesh.device_type, mesh=ranks,
                                      mesh_dim_names=("tp", "ep"))
 
+    @functools.cached_property
+    def edp_mesh(self) -> DeviceMesh:
+        """The edp group as a 1-D DeviceMesh ("edp"; the dp mesh at ep 1): FSDP shards the expert weights over it."""
+        if self.expert_groups is None:
+            return self.device_mesh["dp"]
+        ranks = torch.tensor(dist.get_process_group_ranks(self.edp_group))
+        return DeviceMesh.from_group(self.edp_group, self.device_mesh.device_type, mesh=ranks, mesh_dim_names=("edp",))
+
+    @functools.cached_property
+    def tp_ep_edp_mesh(self) -> DeviceMesh:
+        """This pp stage's ranks as a 3-D (tp, ep, edp) DeviceMesh: an expert weight's FSDP piece is the tp chunk, the
+        ep chunk (dim 0: this ep rank's experts), then the edp chunk of that (dim 0 again). Only at ep > 1."""
+        if self.expert_groups is None:
+            raise RuntimeError("tp_ep_edp_mesh: this mesh has no expert parallelism (ep 1)")
+        ranks = self.device_mesh.mesh[self.pp_rank].reshape(-1, self.ep_size, self.tp_size).permute(2, 1, 0)
+        return DeviceMesh.from_group([self.tp_group, self.ep_group, self.edp_group], self.device_mesh.device_type,
+                                     mesh=ranks, mesh_dim_names=("tp", "ep", "edp"))
+
     def __repr__(self) -> str:
         ep = f", ep={self.ep_size}" if self.ep_size > 1 else ""
         return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}{ep}, "

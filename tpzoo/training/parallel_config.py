@@ -72,10 +72,6 @@ class ParallelConfig:
         if self.use_torch_fsdp2 and self.use_distributed_optimizer:
             raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
                              "--use-distributed-optimizer or --use-torch-fsdp2")
-        if self.use_torch_fsdp2 and self.ep > 1:
-            raise ValueError(f"--use-torch-fsdp2 with --expert-model-parallel-size {self.ep} is not built yet (the "
-                             f"expert weights would be sharded over their own group); use --use-distributed-optimizer "
-                             f"or drop --expert-model-parallel-size")
         if self.use_torch_fsdp2 and self.pp > 1 and self.pipeline_schedule == "interleaved-zero-bubble":
             raise ValueError(f"--use-torch-fsdp2 cannot run --pipeline-schedule interleaved-zero-bubble at pp "
                              f"{self.pp} (its split weight gradients miss FSDP's gathered weights); use "
