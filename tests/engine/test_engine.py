@@ -227,7 +227,8 @@ def variants(index: int, tp: int, pp: int, dp: int, full: bool = FULL, fsdp: boo
 
 
 def run_name(name: str, tp: int, pp: int, dp: int, schedule: str, options: dict, ep: int = 1) -> str:
-    on = [short for short, key in (("fsdp", "fsdp"), ("zero2", "use_distributed_optimizer"),
+    zero = "zero1" if options.get("zero_stage") == 1 else "zero2"
+    on = [short for short, key in (("fsdp", "fsdp"), (zero, "use_distributed_optimizer"),
                                    ("recompute", "recompute_activations"), ("sp", "sequence_parallel")) if options[key]]
     m = f"-m{options['micro_batches']}" if options.get("micro_batches") else ""
     experts = f"-ep{ep}" if ep > 1 else ""

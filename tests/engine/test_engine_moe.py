@@ -35,14 +35,23 @@ from tpzoo.testing import spawn
 pytestmark = pytest.mark.tier("distributed")
 
 NAME = MOE_AUX_LM.name
-# (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on, FSDP in place of ZeRO-2)
+# (tp, pp, dp, ep[, "fsdp" | "zero1"]) -> (schedule, ZeRO-2 / recompute / sequence parallelism on, FSDP in place of
+# ZeRO-2); "zero1": ZeRO-1 in place of ZeRO-2
 RUNS = {(1, 1, 4, 1): ("1f1b", True, False), (2, 1, 2, 1): ("1f1b", True, False), (1, 2, 2, 1): ("1f1b", False, False),
         (2, 2, 1, 1): ("interleaved-1f1b", True, False), (4, 1, 1, 1): ("1f1b", False, False),
         (2, 1, 2, 1, "fsdp"): ("1f1b", True, True),
         (1, 1, 4, 2): ("1f1b", True, False), (1, 1, 4, 4): ("1f1b", False, False), (2, 1, 2, 2): ("1f1b", True, False),
         (1, 2, 2, 2): ("gpipe", False, False), (1, 1, 4, 2, "fsdp"): ("1f1b", True, True),
-        (2, 1, 2, 2, "fsdp"): ("1f1b", True, True)}
-NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0], fsdp), mesh[3])
+        (2, 1, 2, 2, "fsdp"): ("1f1b", True, True), (1, 1, 4, 2, "zero1"): ("1f1b", True, False),
+        (2, 1, 2, 2, "zero1"): ("1f1b", True, False)}
+
+
+def run_options(mesh: tuple, on: bool, fsdp: bool) -> dict:
+    """``test_engine.options_of``, with ZeRO-1 for a mesh tagged "zero1"."""
+    return {**options_of(on, mesh[0], fsdp), **({"zero_stage": 1} if "zero1" in mesh[4:] else {})}
+
+
+NAMES = [run_name(NAME, *mesh[:3], schedule, run_options(mesh, on, fsdp), mesh[3])
          for mesh, (schedule, on, fsdp) in RUNS.items()]
 # on 8 ranks, in the background: (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on)
 EIGHT = {(2, 1, 4, 2): ("1f1b", True), (1, 2, 4, 4): ("1f1b", False), (1, 1, 8, 4): ("1f1b", True),
@@ -103,9 +112,10 @@ def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]], dict[
     def logged(name: str, results: list) -> None:
         router[name], tokens[name] = [r.router_losses for r in results], [r.expert_tokens for r in results]
 
-    for (tp, pp, dp, ep, *_), (schedule, on, fsdp) in RUNS.items():
-        name = run_name(NAME, tp, pp, dp, schedule, options_of(on, tp, fsdp), ep)
-        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options_of(on, tp, fsdp),
+    for mesh, (schedule, on, fsdp) in RUNS.items():
+        (tp, pp, dp, ep, *_), options = mesh, run_options(mesh, on, fsdp)
+        name = run_name(NAME, tp, pp, dp, schedule, options, ep)
+        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options,
                  lambda engine, results, name=name: logged(name, results))
     for (tp, pp, dp, ep), (schedule, on) in OPTION_RUNS.items():
         options = {**options_of(on, tp), "micro_batches": MICRO // dp, "grouped_gemm": True}
