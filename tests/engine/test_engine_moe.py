@@ -24,7 +24,7 @@ import pytest
 import torch
 from cases import CaseLog, assert_case
 from families import CASES, MOE_AUX_LM, MOE_OPTIONS_LM
-from test_engine import (CLIP, TINY, TOL, G, S, config_of, global_batch, loss_parts, options_of, reference,
+from test_engine import (CLIP, FULL, TINY, TOL, G, S, config_of, global_batch, loss_parts, options_of, reference,
                          ref_key, run_case, run_name, train)
 
 from tpzoo.models import full_state_dict
@@ -46,18 +46,48 @@ RUNS = {(1, 1, 4, 1): ("1f1b", True, False), (2, 1, 2, 1): ("1f1b", True, False)
         (2, 1, 2, 2, "zero1"): ("1f1b", True, False)}
 
 
+# on 8 ranks, in the background, and on 2
+EIGHT = {(2, 1, 4, 2): ("1f1b", True, False), (1, 2, 4, 4): ("1f1b", False, False), (1, 1, 8, 4): ("1f1b", True, False),
+         (2, 2, 2, 2): ("interleaved-1f1b", True, False)}
+TWO = {(1, 1, 2, 2, "zero1"): ("1f1b", True, False), (2, 1, 1, 1): ("1f1b", False, False)}
+SETTINGS = ("zero2", "plain", "fsdp", "zero1")  # a tag's options (``run_options``); at dp 1: "recompute" or "plain"
+
+
+def every_mesh(world: int) -> dict:
+    """Every (tp, pp, dp, ep) of ``world`` ranks that the tiny Mixtral allows (tp dividing its 8 heads, ep its 4
+    experts and dp), mesh i tagged SETTINGS[i mod 4] (at dp 1: recompute and sequence parallelism, or none), at pp > 1
+    with schedule i mod 3 of 1f1b, gpipe and (at pp 2: 6 layers) interleaved-1f1b. TPZOO_ENGINE_MATRIX=full runs them
+    all besides the default runs."""
+    meshes = [(tp, pp, world // (tp * pp), ep) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8)
+              if world % (tp * pp) == 0 for ep in (1, 2, 4) if world // (tp * pp) % ep == 0]
+    out = {}
+    for i, (tp, pp, dp, ep) in enumerate(meshes):
+        setting = SETTINGS[i % 4] if dp > 1 else ("recompute", "plain")[i % 2]
+        schedules = ("1f1b", "gpipe", "interleaved-1f1b")[:3 if pp == 2 else 2] if pp > 1 else ("1f1b",)
+        out[tp, pp, dp, ep, setting] = (schedules[i % len(schedules)], setting != "plain", setting == "fsdp")
+    return out
+
+
 def run_options(mesh: tuple, on: bool, fsdp: bool) -> dict:
-    """``test_engine.options_of``, with ZeRO-1 for a mesh tagged "zero1"."""
-    return {**options_of(on, mesh[0], fsdp), **({"zero_stage": 1} if "zero1" in mesh[4:] else {})}
+    """``test_engine.options_of``, with ZeRO-1 for a mesh tagged "zero1", no distributed optimizer for "recompute"."""
+    tags = mesh[4:]
+    return {**options_of(on, mesh[0], fsdp), **({"zero_stage": 1} if "zero1" in tags else {}),
+            **({"use_distributed_optimizer": False} if "recompute" in tags else {})}
 
 
-NAMES = [run_name(NAME, *mesh[:3], schedule, run_options(mesh, on, fsdp), mesh[3])
-         for mesh, (schedule, on, fsdp) in RUNS.items()]
-# on 8 ranks, in the background: (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on)
-EIGHT = {(2, 1, 4, 2): ("1f1b", True), (1, 2, 4, 4): ("1f1b", False), (1, 1, 8, 4): ("1f1b", True),
-         (2, 2, 2, 2): ("interleaved-1f1b", True)}
-EIGHT_NAMES = [run_name(NAME, *mesh[:3], schedule, options_of(on, mesh[0]), mesh[3]) for mesh, (schedule, on) in
-               EIGHT.items()]
+def names(runs: dict) -> list[str]:
+    return [run_name(NAME, *mesh[:3], schedule, run_options(mesh, on, fsdp), mesh[3])
+            for mesh, (schedule, on, fsdp) in runs.items()]
+
+
+def with_every_mesh(runs: dict, world: int) -> dict:
+    """``runs`` and, under TPZOO_ENGINE_MATRIX=full, the runs of ``every_mesh`` not among them (by name)."""
+    known = set(names(runs))
+    return {**runs, **{m: v for m, v in every_mesh(world).items() if FULL and names({m: v})[0] not in known}}
+
+
+RUNS, EIGHT, TWO = with_every_mesh(RUNS, 4), with_every_mesh(EIGHT, 8), with_every_mesh(TWO, 2)
+NAMES, EIGHT_NAMES, TWO_NAMES = names(RUNS), names(EIGHT), names(TWO)
 OPTIONS = MOE_OPTIONS_LM.name
 MICRO = 4  # dp x m of every options run: micro-batches of G / 4 sequences, as the single process's
 # (tp, pp, dp, ep) -> (schedule, ZeRO-2 / recompute / sequence parallelism on), grouped multiply throughout
@@ -112,11 +142,7 @@ def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]], dict[
     def logged(name: str, results: list) -> None:
         router[name], tokens[name] = [r.router_losses for r in results], [r.expert_tokens for r in results]
 
-    for mesh, (schedule, on, fsdp) in RUNS.items():
-        (tp, pp, dp, ep, *_), options = mesh, run_options(mesh, on, fsdp)
-        name = run_name(NAME, tp, pp, dp, schedule, options, ep)
-        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options,
-                 lambda engine, results, name=name: logged(name, results))
+    run_all(log, refs, RUNS, logged)
     for (tp, pp, dp, ep), (schedule, on) in OPTION_RUNS.items():
         options = {**options_of(on, tp), "micro_batches": MICRO // dp, "grouped_gemm": True}
         run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), OPTIONS, schedule, options)
@@ -124,11 +150,24 @@ def check(refs: dict) -> tuple[CaseLog, dict[str, list[dict[str, float]]], dict[
     return log, router, tokens
 
 
-def check_eight(refs: dict) -> CaseLog:
-    log = CaseLog()
-    for (tp, pp, dp, ep), (schedule, on) in EIGHT.items():
-        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options_of(on, tp))
+def run_all(log: CaseLog, refs: dict, runs: dict, logged=lambda name, results: None) -> CaseLog:
+    """Each of ``runs`` as its case; ``logged(name, results)`` after each."""
+    for mesh, (schedule, on, fsdp) in runs.items():
+        (tp, pp, dp, ep, *_), options = mesh, run_options(mesh, on, fsdp)
+        name = run_name(NAME, tp, pp, dp, schedule, options, ep)
+        run_case(log, refs, init_mesh(tp=tp, pp=pp, dp=dp, ep=ep), NAME, schedule, options,
+                 lambda engine, results, name=name: logged(name, results))
     return log
+
+
+def references_of(runs: dict) -> dict:
+    return {ref_key(NAME, tp): reference(NAME, tp) for tp in sorted({mesh[0] for mesh in runs})}
+
+
+def on_ranks(runs: dict, world: int) -> list[CaseLog]:
+    """``runs`` in a spawn of ``world`` ranks (from the background), against references of their tp sizes."""
+    refs = background.spawn(references_of, 1, runs)[0]
+    return background.spawn(run_all, world, CaseLog(), refs, runs, timeout=3600 if FULL else 1200)
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +177,12 @@ def ranks() -> list[tuple[CaseLog, dict, dict]]:
 
 @background.fixture
 def eight_ranks(tmp_path_factory) -> list[CaseLog]:
-    refs = background.spawn(reference, 1, NAME, 2)[0]
-    return background.spawn(check_eight, 8, {ref_key(NAME, 2): refs}, timeout=1200)
+    return on_ranks(EIGHT, 8)
+
+
+@background.fixture
+def two_ranks(tmp_path_factory) -> list[CaseLog]:
+    return on_ranks(TWO, 2)
 
 
 @pytest.fixture(scope="module")
@@ -193,10 +236,15 @@ def test_moe_engine_equals_single_rank(logs, name):
     assert_case(logs, name)
 
 
-def test_every_eight_rank_mesh_has_a_case(eight_ranks):
-    assert eight_ranks[0].ran == EIGHT_NAMES
+def test_every_eight_and_two_rank_mesh_has_a_case(eight_ranks, two_ranks):
+    assert eight_ranks[0].ran == EIGHT_NAMES and two_ranks[0].ran == TWO_NAMES
 
 
 @pytest.mark.parametrize("name", EIGHT_NAMES)
 def test_moe_engine_on_eight_ranks_equals_single_rank(eight_ranks, name):
     assert_case(eight_ranks, name)
+
+
+@pytest.mark.parametrize("name", TWO_NAMES)
+def test_moe_engine_on_two_ranks_equals_single_rank(two_ranks, name):
+    assert_case(two_ranks, name)
