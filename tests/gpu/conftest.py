@@ -4,7 +4,8 @@ Every test under tests/gpu/ is marked ``gpu`` here and skipped when torch.cuda.i
 false, so the normal CPU run collects these tests (an import error or a typo still fails it) and
 skips them. They run the user's journey on one CUDA device: pretrain.py (GPT, BERT; --bf16,
 --fp16; resume), finetune.py, generation, Hugging Face conversion, every Triton kernel against
-float64, and the two model/kernel benchmarks, each for a few steps of tiny models.
+float64, a mixture of experts' grouped multiply against its loop, and the two model/kernel
+benchmarks, each for a few steps of tiny models.
 
 Triton must compile, never interpret. tests/conftest.py sets TRITON_INTERPRET=1 when this
 process starts (the CPU kernel tests need it before triton is first imported), and with it set
