@@ -287,7 +287,7 @@ class MixtralConfig(MistralConfig):
                                             "--moe-router-score-function")
     moe_router_load_balancing_type: str = option(
         "seq_aux_loss", one_of("seq_aux_loss", "aux_loss", "none"), "the load-balancing loss over each sequence "
-        "(the same for any micro-batch size), over each micro-batch (Megatron-LM's default) or none (with "
+        "(the same for any micro-batch size), over each micro-batch (Megatron-LM's aux_loss) or none (with "
         "--moe-aux-loss-coeff 0)", "--moe-router-load-balancing-type")
     moe_expert_capacity_factor: float | None = option(
         None, optional(positive_number), "in training, each expert takes at most ceil(T k / N x this) of a "
