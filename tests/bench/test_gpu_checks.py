@@ -61,8 +61,8 @@ def test_without_cuda_the_docs_commands_refuse_in_one_line(tmp_path):
 
 @pytest.mark.tier("unit")
 @pytest.mark.parametrize("args, message", [
-    (["--parts", "kernels,warp"], "--parts: no part warp; choose from the groups checks,models,memory,experts or the parts "
-                                  "suite,kernels,models:gpt2"),
+    (["--parts", "kernels,warp"], "--parts: no part warp; choose from the groups checks,models,memory,experts or the "
+                                  "parts suite,kernels,models:gpt2"),
     (["--box", "suite=0"], "--box suite=0: expected PART=SECONDS"),
     (["--box", "nothing=5"], "--box nothing=5: expected PART=SECONDS"),
 ])

@@ -6,10 +6,11 @@ parallelism with sequence parallelism (the other tp ranks' tokens of each sequen
 layers adding theirs), and expert parallelism (ep 2 and 4 carved out of dp: each rank holds 4/ep experts, tokens
 reach them by all-to-all; with ZeRO-1 and -2, with FSDP (the experts sharded over their edp ranks), with tp and
 sequence parallelism, with a pipeline), and on 8 ranks
-(``EIGHT``, in the background: ep 2 and 4 beside tp 2 or pp 2 at dp 4, ep 4 at dp 8, all four axes at 2). The
-router losses each step logs are the same on every mesh. Megatron-LM's options (``families.MOE_OPTIONS_LM``: sigmoid scores, the
-load balance over each micro-batch, a capacity factor dropping tokens, the experts as one grouped multiply) on meshes
-with ep, tp and sequence parallelism, and a pipeline, against the single-process engine with the same micro-batches
+(``EIGHT``, in the background: ep 2 and 4 beside tp 2 or pp 2 at dp 4, ep 4 at dp 8, all four axes at 2) and 2
+(``TWO``); ``TPZOO_ENGINE_MATRIX=full``: every mesh (``every_mesh``). The router losses each step logs are the same
+on every mesh. Megatron-LM's options (``families.MOE_OPTIONS_LM``: sigmoid scores, the load balance over each
+micro-batch, a capacity factor dropping tokens, the experts as one grouped multiply) on meshes with ep, tp and
+sequence parallelism, and a pipeline, against the single-process engine with the same micro-batches
 (the balance and the drops are per micro-batch). Each run is its own case (``-k 'ep2'``).
 
 The anchors' bugs (issue 28): with ep x tp > 1 a gradient norm that undercounts the experts (Megatron-LM #1628) or

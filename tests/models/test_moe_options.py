@@ -59,8 +59,10 @@ def test_grouped_mm_of_empty_and_full_groups():
 
 
 @pytest.mark.parametrize("dtype, sizes, message", [
-    (torch.float32, dict(hidden=16, expert_ffn=6), "expert_ffn 6 features of torch.float32 are no multiple of 16 bytes"),
-    (torch.bfloat16, dict(hidden=12, expert_ffn=16), "hidden 12 features of torch.bfloat16 .* a multiple of 8 features"),
+    (torch.float32, dict(hidden=16, expert_ffn=6),
+     "expert_ffn 6 features of torch.float32 are no multiple of 16 bytes"),
+    (torch.bfloat16, dict(hidden=12, expert_ffn=16),
+     "hidden 12 features of torch.bfloat16 .* a multiple of 8 features"),
 ])
 def test_grouped_gemm_refuses_misaligned_sizes(dtype, sizes, message):
     check_grouped_sizes(dtype, hidden=16, expert_ffn=16)

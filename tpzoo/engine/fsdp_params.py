@@ -1,9 +1,9 @@
 """The main parameters of an FSDP run: the sharded parameters themselves (``tpzoo.parallel.fsdp``).
 
 ``MainParams`` keeps float32 main weights beside bf16/fp16 model weights and moves each micro-batch's
-gradient over; under FSDP the model's parameters already are float32 shards (DTensor, Shard(0) over dp)
-(the expert weights' over edp: ``tpzoo.parallel.fsdp``) whose gradients FSDP reduce-scatters in float32, while the compute casts come from its
-``MixedPrecisionPolicy``. So the main parameter of p is p, every rank steps all of its own shards (the
+gradient over; under FSDP the model's parameters already are float32 shards (DTensor, Shard(0) over dp;
+the expert weights' over edp: ``tpzoo.parallel.fsdp``) whose gradients FSDP reduce-scatters in float32,
+while the compute casts come from its ``MixedPrecisionPolicy``. So the main parameter of p is p, every rank steps all of its own shards (the
 optimizer state is sharded alike), and there is nothing to publish: the next forward gathers the
 updated shards. Same interface as ``MainParams``, for the engine and the checkpoint code.
 """

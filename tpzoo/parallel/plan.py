@@ -5,8 +5,8 @@ parallelism splits it (``tpzoo.sharding_plan``); this plan says how a run runs i
 so which tp shard each rank holds), whether activations between the sublayers are split along the
 sequence over tp, whether layers recompute their activations in backward, which kernels and
 attention backend compute it (and a mixture of experts' experts: one grouped multiply or a loop),
-whether torch.compile compiles its blocks, whether FSDP shards its weights over dp (``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn
-from. ``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's
+whether torch.compile compiles its blocks, whether FSDP shards its weights over dp
+(``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn from. ``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's
 sharding plan through ``tpzoo.parallel.parallelize``; a model never chooses any of it, so the same
 model code runs at any tp, with or without sequence parallelism.
 
