@@ -32,9 +32,8 @@ tensor under the same key, so an FSDP checkpoint and a plain one are interchange
 
 Under expert parallelism an expert weight (``param_facts``: ``ep_split``; ``ep`` set) holds this ep rank's experts:
 a DTensor [Shard(dim) or Replicate(), Shard(0)] on the (tp, ep) mesh, the full tensor holding all N experts, so
-any ep (and any tp) reads its slice back. Under FSDP too, its piece is sharded over the edp ranks (``over``
-"edp"): [Shard(dim) or Replicate(), Shard(0), Shard(0)] on the (tp, ep, edp) mesh, this ep rank's experts'
-edp chunk.
+any ep (and any tp) reads its slice back. Under FSDP too, its piece is sharded over the edp ranks:
+[Shard(dim) or Replicate(), Shard(0), Shard(0)] on the (tp, ep, edp) mesh, this ep rank's experts' edp chunk.
 """
 
 from __future__ import annotations
@@ -63,8 +62,8 @@ class Entry:
     ``local`` is what the rank holds (a tp shard for partitioned parameters) and is written into in
     place at load; ``partition`` is (tp dim, full unpadded size) from ``tp_partitions``, None when
     replicated. ``dp_shape``: set when ``local`` is only this rank's Shard(0) piece over dp (FSDP) of
-    a tp tensor of that shape (``over``: the mesh dimension it is sharded over, dp, or edp for an expert weight).
-    ``ep``: an expert weight's ep size (its experts: dim 0 of ep x as many), else 1.
+    a tp tensor of that shape (over dp; an expert weight's, ``ep`` > 1, over edp). ``ep``: an expert weight's ep
+    size (its experts: dim 0 of ep x as many), else 1.
     """
 
     key: str
@@ -72,7 +71,6 @@ class Entry:
     partition: tuple[int, int] | None = None
     dp_shape: tuple[int, ...] | None = None
     ep: int = 1
-    over: str = "dp"
 
     def tp_shape(self) -> tuple[int, ...]:
         """The shape of this rank's tp tensor (the whole of it, whatever dp holds)."""
@@ -113,7 +111,7 @@ class Entry:
         if self.dp_shape is None:
             return self.local
         shape = torch.Size(self.dp_shape)
-        over = mesh.edp_mesh if self.over == "edp" else mesh.device_mesh["dp"]
+        over = mesh.edp_mesh if self.ep > 1 else mesh.device_mesh["dp"]
         return DTensor.from_local(self.local.detach(), over, [Shard(0)], run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape)).full_tensor()
 
@@ -127,7 +125,7 @@ def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep
         if tuple(tensor.placements) != (Shard(0),) or over not in ("dp", "edp"):
             raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp (or edp) only, got "
                              f"{tensor.placements} on {tensor.device_mesh}")
-        return Entry(key, tensor.to_local(), partition, tuple(tensor.shape), ep, over)
+        return Entry(key, tensor.to_local(), partition, tuple(tensor.shape), ep)
     return Entry(key, tensor, partition, ep=ep)
 
 

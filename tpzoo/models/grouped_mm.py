@@ -23,7 +23,7 @@ ALIGNMENT_BYTES = 16
 
 def check_grouped_sizes(dtype: torch.dtype, **features: int) -> None:
     """ValueError naming the sizes whose rows of ``dtype`` are no multiple of 16 bytes (torch._grouped_mm's rule)."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     wrong = {name: n for name, n in features.items() if n * size % ALIGNMENT_BYTES}
     if wrong:
         sizes = ", ".join(f"{name} {n}" for name, n in wrong.items())
