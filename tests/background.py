@@ -6,8 +6,9 @@ with the session instead of with its first test: the fixtures of the selected te
 working) run one at a time, in the order their first tests come, in a thread of the pytest process,
 their processes at the lowest priority (nice 19) so that they take the idle core and never slow the
 test in the foreground. The fixture then hands the value to its tests, waiting for it if need be
-(meanwhile the job's processes go back to nice 0, where privileges allow: ``hurry``), and re-raises
-its error in each of them.
+(meanwhile the job's processes go back to nice 0, where privileges allow: ``hurry``, and a second thread
+takes the next jobs, so that a job of one process leaves no core idle), and re-raises its error in each
+of them.
 
     @background.fixture
     def runs(tmp_path_factory) -> Path:       # a module fixture, computed in the background
@@ -23,6 +24,7 @@ argument is pytest's ``tmp_path_factory``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -46,8 +48,8 @@ def fixture(job: Job | None = None, *, waits: bool = False):
 
     ``waits=True`` (``@background.fixture(waits=True)``): a job that mostly waits rather than computes (for a
     process group's timeout to expire on a stopped rank): it runs from the start in a thread of its own, beside
-    the queue of the others and the other waiting jobs, so that its waiting overlaps their work and the foreground's; its processes are
-    not niced (their timings are what it measures)."""
+    the queue of the others and the other waiting jobs, so that its waiting overlaps their work and the
+    foreground's; its processes are not niced (their timings are what it measures)."""
     if job is None:
         return lambda job: fixture(job, waits=waits)
     key = (job.__module__, job.__name__)
@@ -148,22 +150,33 @@ def selected(items: list[pytest.Item]) -> list[tuple[str, str]]:
 
 class Runner:
     """Runs the jobs ``keys`` one after another in a daemon thread (each ``WAITING`` one in a thread of its own);
-    ``result`` waits for one."""
+    ``result`` waits for one. While the foreground waits, a second thread takes jobs from the same queue, the awaited
+    one first if it has not started: the job running may be one process that leaves the other core idle (a core
+    stood idle a tenth of the suite's time before, vmstat on 2 cores, 2026-11-28)."""
 
     def __init__(self, keys: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory) -> None:
         self.futures = {key: Future() for key in keys}
         self.seconds: dict[tuple[str, str], float] = {}  # each finished job's wall time
         self.tmp_path_factory = tmp_path_factory
         SESSION_ENV.update(os.environ)
-        queues = {"background fixtures": [k for k in keys if k not in WAITING],
-                  **{f"background wait: {key[1]}": [key] for key in keys if key in WAITING}}
-        self.threads = [threading.Thread(target=self._run, args=(queue,), name=name, daemon=True)
-                        for name, queue in queues.items() if queue]
+        self.queue = [k for k in keys if k not in WAITING]  # not started yet, in order
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(self._next,), name="background fixtures", daemon=True)
+                        ] if self.queue else []
+        self.threads += [threading.Thread(target=self._run, args=(functools.partial(next, iter([key]), None),),
+                                          name=f"background wait: {key[1]}", daemon=True)
+                         for key in keys if key in WAITING]
         for thread in self.threads:
             thread.start()
 
-    def _run(self, keys: list[tuple[str, str]]) -> None:
-        for key in keys:
+    def _next(self) -> tuple[str, str] | None:
+        """The queue's next job, taken off it (None: none left)."""
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def _run(self, take: Callable[[], tuple[str, str] | None], until: Future | None = None) -> None:
+        """Compute the jobs ``take()`` gives, one after another, until it gives None or ``until`` is done."""
+        while (key := take()) is not None:
             future = self.futures[key]
             if not future.set_running_or_notify_cancel():
                 continue
@@ -179,12 +192,23 @@ class Runner:
                 future.set_exception(error)
             else:
                 future.set_result(value)
+            if until is not None and until.done():
+                return
 
     def result(self, key: tuple[str, str]) -> Any:
         if key not in self.futures:  # a test the session did not select at its start
             return JOBS[key](self.tmp_path_factory)
         future = self.futures[key]
-        while not future.done():  # the foreground is idle: the job's processes need not yield to it
+        if not future.done():
+            with self.lock:
+                if key in self.queue:
+                    self.queue.remove(key)
+                    self.queue.insert(0, key)
+            helper = threading.Thread(target=self._run, args=(self._next, future), name="background helper",
+                                      daemon=True)
+            self.threads.append(helper)
+            helper.start()
+        while not future.done():  # the foreground is idle: the jobs' processes need not yield to it
             hurry()
             wait([future], timeout=1.0)
         return future.result()

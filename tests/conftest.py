@@ -22,6 +22,11 @@ if TESTS not in sys.path:
 import background  # noqa: E402 - after the environment and sys.path above
 import pytest  # noqa: E402
 import warm  # noqa: E402
+from tpzoo import testing  # noqa: E402
+
+# the ranks of tpzoo.testing.spawn fork from a server that imported these too: each rank unpickles its test
+# function, importing the test module and with it pytest and the helpers
+testing.PRELOAD += ["pytest", "background", "cases", "families", "doc_helpers", "pretrain_helpers"]
 from tiers import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_call,  # noqa: E402, F401
                    pytest_runtest_setup)
 

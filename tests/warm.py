@@ -15,8 +15,8 @@ child with the process (a stop cannot be passed on) and kills the child's proces
 
 What a fresh interpreter would do differently is kept out: only the server's own interpreter, with the same
 ``import_env`` (the variables read as libraries load: torch's, triton's, OpenMP's but the thread count and wait
-policy, locale, LOGLEVEL, PYTHON*), and only plain ``-u`` options, are handed over; anything else starts as
-usual, and so does a process given ``TPZOO_WARM=0`` (tests that walk a launcher's process tree). What stays
+policy, Hugging Face's, locale, LOGLEVEL, PYTHON*), and only plain ``-u`` options, are handed over; anything else
+starts as usual, and so does a process given ``TPZOO_WARM=0`` (tests that walk a launcher's process tree). What stays
 different: every warm command has the server's string hash seed, where fresh processes draw one each (code whose
 ranks disagreed on a set's order would pass here), the imports' one-time warnings were printed once, by the
 server, and OpenMP waits passively (pretrain.py's setting) in every command.
@@ -45,7 +45,12 @@ from warm_site.sitecustomize import import_env, interpreter
 SITE = Path(__file__).with_name("warm_site")
 SERVER = sys.modules["__main__"]  # the server's own module, kept while each command runs as its own __main__
 PRELOAD = ("torch", "tpzoo.training.setup", "tpzoo.training.loop", "tpzoo.training.finetune_setup",
-           "tpzoo.training.finetune_loop", "tpzoo.checkpoint", "tpzoo.convert")
+           "tpzoo.training.finetune_loop", "tpzoo.checkpoint", "tpzoo.convert",
+           # what a run imports as it starts (its metrics writers, data sets, model family): 1 s a pretrain.py run,
+           # 2 s a finetune.py run (datasets), measured on 2 cores
+           "torch.utils.tensorboard", "torch.distributed.checkpoint._fsspec_filesystem", "sentencepiece", "datasets",
+           "tpzoo.data.gpt_dataset", "tpzoo.data.bert_dataset", "tpzoo.data.blended", "tpzoo.models.gpt",
+           "tpzoo.models.bert", "tpzoo.models.llama", "tpzoo.training.args", "tpzoo.training.megatron_refused")
 MAX_REQUEST = 1 << 22  # bytes: a request is argv, environment and folder
 
 

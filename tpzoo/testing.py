@@ -9,10 +9,11 @@ with its rank and traceback; a rank that dies without a word (unless listed in `
 tests of dying peers: its result is then None), or a run that outlasts ``timeout`` seconds, fails
 it too, and every rank still running is killed.
 
-Ranks are forked from a server process that imported torch and tpzoo's models and engine once
-(multiprocessing "forkserver" with ``PRELOAD``): on 2 cores, 8 "spawn" processes each importing
-torch.distributed's pipelining and optimizers took 35-40 s, 8 forks of the server 1 s. A fork
-starts clean all the same: no process group, nothing run yet.
+Ranks are forked from a server process that imported torch and tpzoo's parallel layers, models, engine
+and checkpoints once (multiprocessing "forkserver" with ``PRELOAD``): on 2 cores, 8 "spawn" processes each
+importing torch.distributed's pipelining and optimizers took 35-40 s, 8 forks of the server 1 s. A fork
+starts clean all the same: no process group, nothing run yet. Add to ``PRELOAD`` before the first call to
+fork from a server that imported more (tests/conftest.py adds pytest and the suite's helpers).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
-PRELOAD = ["torch", "tpzoo.models", "tpzoo.engine"]
+# modules, not packages: tpzoo's packages load their names on first use, so importing ``tpzoo.engine`` loads
+# nothing heavy; these pull in torch.distributed's tensor, FSDP, checkpoint and pipelining code and dynamo, which
+# every rank otherwise imported itself (2.3-3.3 s of CPU a rank, measured on 2 cores, 2026-11-28)
+PRELOAD = ["torch", "tpzoo.parallel", "tpzoo.models.build", "tpzoo.models.families", "tpzoo.engine.train_step",
+           "tpzoo.checkpoint"]
 
 
 class DistributedTestError(RuntimeError):

@@ -13,12 +13,13 @@ import sys
 COMMANDS = ("pretrain.py", "finetune.py", "pretrain_gpt.py", "pretrain_bert.py", "torchrun")  # scripts, by name
 BENCH = "bench"  # and the benchmarks: the scripts in a folder of this name
 MODULES = ("tpzoo.", "torch.distributed.run")  # python -m ...
-# read as libraries load (torch's and triton's settings, OpenMP's and the BLAS', the locale, logging levels, the
-# interpreter's): a command whose values differ from the server's starts fresh. Not compared: what is read later
+# read as libraries load (torch's and triton's settings, OpenMP's and the BLAS', Hugging Face's caches and offline
+# switches, the locale, logging levels, the interpreter's): a command whose values differ from the server's starts
+# fresh. Not compared: what is read later
 # (torchrun's settings for its workers, the OpenMP thread count, which the command sets) and OpenMP's wait policy
 # (the server's is pretrain.py's, passive: only speed differs).
-IMPORT_ENV = ("TORCH", "TRITON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LANG", "LC_", "TZ", "LOGLEVEL",
-              "PYTHON")
+IMPORT_ENV = ("TORCH", "TRITON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "HF_", "LANG", "LC_", "TZ",
+              "LOGLEVEL", "PYTHON")
 RUN_ENV = ("TORCHELASTIC_", "TORCH_NCCL_", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PYTHONUNBUFFERED")
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 
