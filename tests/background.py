@@ -150,8 +150,8 @@ def selected(items: list[pytest.Item]) -> list[tuple[str, str]]:
 
 class Runner:
     """Runs the jobs ``keys`` one after another in a daemon thread (each ``WAITING`` one in a thread of its own);
-    ``result`` waits for one. While the foreground waits, a second thread takes jobs from the same queue, the awaited
-    one first if it has not started: the job running may be one process that leaves the other core idle (a core
+    ``result`` waits for one. While the foreground waits, another thread runs the awaited job if it has not started,
+    else takes the queue's next jobs: the job running may be one process that leaves the other core idle (a core
     stood idle a tenth of the suite's time before, vmstat on 2 cores, 2026-11-28)."""
 
     def __init__(self, keys: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -201,11 +201,12 @@ class Runner:
         future = self.futures[key]
         if not future.done():
             with self.lock:
-                if key in self.queue:
+                queued = key in self.queue
+                if queued:
                     self.queue.remove(key)
-                    self.queue.insert(0, key)
-            helper = threading.Thread(target=self._run, args=(self._next, future), name="background helper",
-                                      daemon=True)
+            # a job not started yet starts now, beside the running one; else the queue's next jobs run beside it
+            take = functools.partial(next, iter([key]), None) if queued else self._next
+            helper = threading.Thread(target=self._run, args=(take, future), name="background helper", daemon=True)
             self.threads.append(helper)
             helper.start()
         while not future.done():  # the foreground is idle: the jobs' processes need not yield to it
