@@ -6,9 +6,8 @@ with the session instead of with its first test: the fixtures of the selected te
 working) run one at a time, in the order their first tests come, in a thread of the pytest process,
 their processes at the lowest priority (nice 19) so that they take the idle core and never slow the
 test in the foreground. The fixture then hands the value to its tests, waiting for it if need be
-(meanwhile the job's processes go back to nice 0, where privileges allow: ``hurry``, and a second thread
-takes the next jobs, so that a job of one process leaves no core idle), and re-raises its error in each
-of them.
+(meanwhile the job's processes go back to nice 0, where privileges allow: ``hurry``, and a job not
+started yet starts at once beside the one running), and re-raises its error in each of them.
 
     @background.fixture
     def runs(tmp_path_factory) -> Path:       # a module fixture, computed in the background
@@ -150,9 +149,11 @@ def selected(items: list[pytest.Item]) -> list[tuple[str, str]]:
 
 class Runner:
     """Runs the jobs ``keys`` one after another in a daemon thread (each ``WAITING`` one in a thread of its own);
-    ``result`` waits for one. While the foreground waits, another thread runs the awaited job if it has not started,
-    else takes the queue's next jobs: the job running may be one process that leaves the other core idle (a core
-    stood idle a tenth of the suite's time before, vmstat on 2 cores, 2026-11-28)."""
+    ``result`` waits for one; an awaited job not started yet starts at once in a thread of its own, beside the job
+    running, which may be one process that leaves the other core idle (a core stood idle a tenth of the suite's
+    time before, vmstat on 2 cores, 2026-11-28). Jobs are not started early beyond that: at nice 19 beside the
+    foreground and the queue a long job slows past its own time limits (the finetuning page's commands, started
+    early so, ran past their 600 s)."""
 
     def __init__(self, keys: list[tuple[str, str]], tmp_path_factory: pytest.TempPathFactory) -> None:
         self.futures = {key: Future() for key in keys}
@@ -174,8 +175,8 @@ class Runner:
         with self.lock:
             return self.queue.pop(0) if self.queue else None
 
-    def _run(self, take: Callable[[], tuple[str, str] | None], until: Future | None = None) -> None:
-        """Compute the jobs ``take()`` gives, one after another, until it gives None or ``until`` is done."""
+    def _run(self, take: Callable[[], tuple[str, str] | None]) -> None:
+        """Compute the jobs ``take()`` gives, one after another, until it gives None."""
         while (key := take()) is not None:
             future = self.futures[key]
             if not future.set_running_or_notify_cancel():
@@ -192,21 +193,18 @@ class Runner:
                 future.set_exception(error)
             else:
                 future.set_result(value)
-            if until is not None and until.done():
-                return
 
     def result(self, key: tuple[str, str]) -> Any:
         if key not in self.futures:  # a test the session did not select at its start
             return JOBS[key](self.tmp_path_factory)
         future = self.futures[key]
-        if not future.done():
-            with self.lock:
-                queued = key in self.queue
-                if queued:
-                    self.queue.remove(key)
-            # a job not started yet starts now, beside the running one; else the queue's next jobs run beside it
-            take = functools.partial(next, iter([key]), None) if queued else self._next
-            helper = threading.Thread(target=self._run, args=(take, future), name="background helper", daemon=True)
+        with self.lock:
+            queued = key in self.queue
+            if queued:
+                self.queue.remove(key)
+        if queued:  # not started yet: it starts now, beside the job running
+            helper = threading.Thread(target=self._run, args=(functools.partial(next, iter([key]), None),),
+                                      name=f"background now: {key[1]}", daemon=True)
             self.threads.append(helper)
             helper.start()
         while not future.done():  # the foreground is idle: the jobs' processes need not yield to it
