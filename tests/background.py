@@ -162,13 +162,17 @@ class Runner:
         SESSION_ENV.update(os.environ)
         self.queue = [k for k in keys if k not in WAITING]  # not started yet, in order
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(self._next,), name="background fixtures", daemon=True)
-                        ] if self.queue else []
-        self.threads += [threading.Thread(target=self._run, args=(functools.partial(next, iter([key]), None),),
-                                          name=f"background wait: {key[1]}", daemon=True)
-                         for key in keys if key in WAITING]
-        for thread in self.threads:
-            thread.start()
+        self.threads: list[threading.Thread] = []
+        if self.queue:
+            self._start("background fixtures", self._next)
+        for key in (k for k in keys if k in WAITING):
+            self._start(f"background wait: {key[1]}", functools.partial(next, iter([key]), None))
+
+    def _start(self, name: str, take: Callable[[], tuple[str, str] | None]) -> None:
+        """A daemon thread named ``name`` computing the jobs ``take()`` gives (``_run``)."""
+        thread = threading.Thread(target=self._run, args=(take,), name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
 
     def _next(self) -> tuple[str, str] | None:
         """The queue's next job, taken off it (None: none left)."""
@@ -203,10 +207,7 @@ class Runner:
             if queued:
                 self.queue.remove(key)
         if queued:  # not started yet: it starts now, beside the job running
-            helper = threading.Thread(target=self._run, args=(functools.partial(next, iter([key]), None),),
-                                      name=f"background now: {key[1]}", daemon=True)
-            self.threads.append(helper)
-            helper.start()
+            self._start(f"background now: {key[1]}", functools.partial(next, iter([key]), None))
         while not future.done():  # the foreground is idle: the jobs' processes need not yield to it
             hurry()
             wait([future], timeout=1.0)
