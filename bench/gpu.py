@@ -8,7 +8,7 @@ benchmarks, each part in a time box of its own, into one results file whose figu
     bash bench/gpu.sh --dry-run                  # anywhere: each part's command and time box, each checked to start
 
 Parts (``PARTS``), in this order: ``suite`` (``pytest -m gpu``: the user's journeys and every kernel against
-float64; its test files in parallel processes where pytest-xdist is installed), ``kernels`` (bench/kernels.py, the
+float64; its test files in parallel processes where pytest-xdist is installed), ``kernels`` (bench/kernel_speed.py, the
 full table), ``models:<preset>`` (bench/models.py, one part per headline model of its TARGETS, tpzoo eager and
 compiled against the target's reference; mixtral-1b against Hugging Face's Mixtral eager and compiled),
 ``memory:fsdp`` and ``memory:lora`` (bench/memory.py: docs/benchmarks.md's GPT-2 XL and llama-1b LoRA commands).
@@ -72,7 +72,7 @@ def _models(preset: str, reference: str | None, box_s: int, torch_kernels: bool 
 PARTS = (
     Part("suite", (PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider", *XDIST), 330,
          (PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "--collect-only", "-p", "no:cacheprovider")),
-    Part("kernels", (PY, "bench/kernels.py"), 200, (PY, "bench/kernels.py", "--help")),
+    Part("kernels", (PY, "bench/kernel_speed.py"), 200, (PY, "bench/kernel_speed.py", "--help")),
     _models("gpt2", "plain-compile", 120, torch_kernels=True),
     _models("bert-large", "hf-compile", 150, torch_kernels=True),
     _models("llama-1b", "hf-compile", 165),

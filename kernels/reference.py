@@ -1,6 +1,6 @@
 """Plain-torch versions of the kernels with the same semantics: the ``torch`` backend.
 
-Math in float32 (float64 stays float64), result in the input dtype. ``bench/kernels.py`` times
+Math in float32 (float64 stays float64), result in the input dtype. ``bench/kernel_speed.py`` times
 these eagerly and under ``torch.compile`` against the Triton kernels.
 """
 

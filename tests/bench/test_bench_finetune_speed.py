@@ -28,5 +28,8 @@ def test_finetune_speed_bench_reports_each_route_against_pretraining():
     rows = {m[1]: (float(m[2].replace(",", "")), float(m[3]))
             for m in re.finditer(r"^\| ([^|]+?) \| ([\d,]+) \| ([\d.]+) \|$", done.stdout, re.M)}
     assert list(rows) == list(ROUTES), done.stdout
+    base = rows["pretraining"][0]
     for name, (speed, ratio) in rows.items():
-        assert speed > 0 and abs(ratio - speed / rows["pretraining"][0]) < 0.01, (name, done.stdout)
+        # the speeds are printed rounded to whole tokens/s, the ratio to 0.01, both from the unrounded speeds
+        slack = 0.005 + speed / base * (0.5 / speed + 0.5 / base)
+        assert speed > 0 and abs(ratio - speed / base) <= slack, (name, done.stdout)

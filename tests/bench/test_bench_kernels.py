@@ -1,4 +1,4 @@
-"""bench/kernels.py runs on a CPU (small shapes, Triton's interpreter) and prints every kernel; it skips
+"""bench/kernel_speed.py runs on a CPU (small shapes, Triton's interpreter) and prints every kernel; it skips
 rows whose estimated memory exceeds the GPU's free memory."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ KERNELS = {"scaled_masked_softmax", "scaled_causal_softmax", "layer_norm", "rms_
 
 def test_bench_prints_every_kernel_forward_and_backward():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TPZOO_KERNELS")}
-    out = subprocess.run([sys.executable, "bench/kernels.py"], cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""},
+    out = subprocess.run([sys.executable, "bench/kernel_speed.py"], cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""},
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "copy bandwidth (measured, read + write):" in out.stdout
@@ -37,7 +37,7 @@ def test_bench_prints_every_kernel_forward_and_backward():
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "bench" / "kernels.py")
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "bench" / "kernel_speed.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

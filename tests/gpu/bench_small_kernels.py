@@ -1,10 +1,10 @@
-"""bench/kernels.py's main() at the small shapes it uses without CUDA, on whatever device it picks.
+"""bench/kernel_speed.py's main() at the small shapes it uses without CUDA, on whatever device it picks.
 
     python tests/gpu/bench_small_kernels.py
 
 On a GPU the script's own shapes (7B-class rows, softmaxes of up to 2^31 elements, a torch.compile
 per case) are for the benchmark, too large for a test suite; this runs its CUDA path (do_bench
-timing, the bf16 and fp32 rows, the Triton kernels compiled) at small shapes. bench/kernels.py has
+timing, the bf16 and fp32 rows, the Triton kernels compiled) at small shapes. bench/kernel_speed.py has
 no flag for that, so ``cases`` is wrapped: each case of its CPU list, built on the device main() chose.
 """
 
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench() -> ModuleType:
-    """bench/kernels.py as a module named bench_kernels (not ``kernels``: that is the repository's kernels/)."""
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "bench" / "kernels.py")
+    """bench/kernel_speed.py as a module named bench_kernels (not ``kernels``: that is the repository's kernels/)."""
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "bench" / "kernel_speed.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)

@@ -1,5 +1,5 @@
 """The benchmarks on the device for a few steps: bench/models.py (tpzoo eager and compiled vs Hugging Face
-and plain PyTorch, bf16) with tiny models of every family, bench/kernels.py at small shapes
+and plain PyTorch, bf16) with tiny models of every family, bench/kernel_speed.py at small shapes
 (bench_small_kernels.py)."""
 
 from __future__ import annotations

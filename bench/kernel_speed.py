@@ -1,6 +1,6 @@
 """Benchmark tpzoo's Triton kernels against torch eager and torch.compile, forward and backward.
 
-    python bench/kernels.py
+    python bench/kernel_speed.py
 
 On CUDA: shapes of real models (BERT-large, GPT-2 XL, 7B-class; hidden 1024-8192, sequences
 512-8192) in bf16, plus rows of 16384 (longer than one block; the causal softmax at 16384 has
