@@ -40,6 +40,9 @@ def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, Lo
     job, tune = RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args))
     lora = section_of(LoRAConfig, vars(args))
     job.parallel.check_launch()
+    if job.parallel.cp > 1:
+        raise ValueError(f"--context-parallel-size {job.parallel.cp}: finetune.py trains at cp 1 (its classifiers read "
+                         f"whole sequences); split long sequences with pretrain.py --finetune instead")
     check_output_folder("--save", tune.save)
     check_output_folder("--log-dir", tune.log_dir)
     return job, tune, lora

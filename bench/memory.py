@@ -3,6 +3,7 @@
     python bench/memory.py --check                  # gpt-tiny at dp 2, 4, 8 (8 gloo ranks without a GPU)
     python bench/memory.py --preset gpt2-xl --dp 1 --modes plain fsdp --recompute    # one GPU: peak, tokens/s
     python bench/memory.py --preset llama-1b --dp 1 --modes plain lora               # LoRA against full fine-tuning
+    python bench/memory.py --cp 1 2 4 --preset llama-tiny --seq-length 2048          # activations per rank under cp
 
 For each dp and mode, dp ranks (``tpzoo.testing.spawn``; one GPU each with ``--device cuda``) build the
 preset's pretraining model under ``tpzoo.engine.Engine`` at (tp, pp, dp) = (1, 1, dp), run one step over a
@@ -21,6 +22,13 @@ full fine-tuning), ``zero1`` and ``zero2`` ``use_distributed_optimizer`` with ``
 projections (finetune.py's default targets), every other weight frozen.
 With ``--steps N`` (default 3 on CUDA, 0 elsewhere) N more steps are timed: tokens/s = global batch x
 sequence / median step time; on CUDA also the peak (``torch.cuda.max_memory_allocated`` over those steps).
+
+``--cp C1 C2 ...`` measures activations instead: for each cp and attention mode (``--cp-comm-type``, default both),
+cp ranks build the preset's pretraining model at (tp, pp, dp, cp) = (1, 1, 1, cp), take their pieces of one
+micro-batch (``tpzoo.engine.context_cut``) and count the bytes of the distinct storages a training forward keeps for
+backward (``torch.autograd.graph.saved_tensors_hooks``; the parameters left out): what a long sequence costs a rank,
+in bytes, so the CPU's load does not matter. With ``--check`` it exits 1 unless each rank's bytes at cp c are at
+most 1.25 / c of cp 1's.
 
 ``--check`` exits 1 unless, at every dp, with P the plain total and L the largest parameter's share of
 the elements (ZeRO owns whole parameters, largest first, so no rank holds more than 1/dp + L of them):
@@ -48,6 +56,7 @@ from torch.distributed.fsdp import FSDPModule
 from tpzoo.engine import Engine, EngineConfig
 from tpzoo.lora_options import LoRAConfig
 from tpzoo.engine.config import PRECISIONS
+from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.engine.data_parallel import optimizer_state_bytes
 from tpzoo.engine.mixed_precision import DTYPES
 from tpzoo.models import get_preset
@@ -188,6 +197,49 @@ def table(results: dict[int, dict[str, dict[str, float]]]) -> list[str]:
     return lines
 
 
+def activation_bytes(cp: int, comm: str, preset: str, b: int, s: int, precision: str) -> int:
+    """This rank's bytes kept for backward by a training forward of its pieces of b sequences of s tokens at
+    (1, 1, 1, cp) (module docstring)."""
+    config = get_preset(preset, hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=s)
+    mesh = init_mesh(cp=cp)
+    spec = family(config.model_type).spec
+    model = build_model(spec.pretrain_model, config, ParallelPlan(mesh, cp_comm_type=comm)).to(DTYPES[precision])
+    batch = make_batch(family(config.model_type).data, config.vocab_size, b, s, mesh.device)
+    balanced = getattr(model, "causal", True)
+    mine = cut_sequences(batch, cp, mesh.cp_rank, balanced) if cp > 1 else batch
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(**mine)
+    (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+    return sum(kept.values())
+
+
+def activation_table(args: argparse.Namespace, b: int, s: int) -> tuple[list[str], list[str]]:
+    """(the Markdown table of ``--cp``: a row per cp and mode (cp 1: one row), the largest rank's bytes, against the
+    first cp's; ``--check``'s failures)."""
+    runs = list(dict.fromkeys((cp, comm if cp > 1 else "-") for cp in args.cp for comm in args.cp_comm_type))
+    got = {(cp, comm): max(spawn(activation_bytes, cp, cp, "p2p" if comm == "-" else comm, args.preset, b, s,
+                                 args.precision, timeout=1800)) for cp, comm in runs}
+    first = args.cp[0]
+    lines = ["| cp | mode | activations MiB | x cp " + str(first) + " |", "| --- | --- | ---: | ---: |"]
+    failed = []
+    for (cp, comm), kept in got.items():
+        base = got.get((first, comm if first > 1 else "-"), kept)
+        lines.append(f"| {cp} | {comm} | {kept / MiB:.2f} | {kept / base:.3f} |")
+        if kept > 1.25 * first / cp * base:
+            failed.append(f"cp {cp} {comm}: {kept / MiB:.2f} MiB a rank, more than 1.25 x {first} / {cp} of cp "
+                          f"{first}'s {base / MiB:.2f} MiB")
+    return lines, failed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="gpt-tiny", choices=sorted(PRESETS), help="model preset")
@@ -203,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recompute", action="store_true", help="recompute each layer's activations in backward")
     p.add_argument("--lora-rank", type=int, default=8, help="the adapters' rank in the lora mode")
     p.add_argument("--check", action="store_true", help="exit 1 unless the sharding bounds hold (docstring)")
+    p.add_argument("--cp", type=int, nargs="+", help="context-parallel sizes: the activations per rank instead "
+                   "(docstring); the first is the baseline, usually 1")
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p", "a2a"], choices=("p2p", "a2a"),
+                   help="with --cp: the attention modes")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     b = args.micro_batch_size or (8 if cuda else 1)
@@ -210,6 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     positions = config.max_position_embeddings
     s = args.seq_length or min(1024 if cuda else 64, positions)
     steps = (3 if cuda else 0) if args.steps is None else args.steps
+    if args.cp:
+        if min(args.cp) < 1 or any(s % (2 * cp) for cp in args.cp):
+            p.error(f"--cp sizes must be >= 1 and 2 x cp must divide --seq-length {s}; got {args.cp}")
+        if cuda:
+            p.error("--cp measures bytes kept for backward, the same on any device: run it with --device cpu")
+        print(f"{args.preset}, {args.precision}, activations of {b} x {s} tokens split over cp ranks; torch "
+              f"{torch.__version__}; {date.today()}")
+        lines, failed = activation_table(args, b, s)
+        print("\n".join(lines))
+        if args.check:
+            print("\n" + ("\n".join(f"CHECK FAILED: {f}" for f in failed) if failed else "check: the bounds hold"))
+        return 1 if args.check and failed else 0
     if min(args.dp) < 1 or b < 1 or steps < 0 or args.lora_rank < 1 or not 1 <= s <= positions:
         p.error(f"need --dp, --micro-batch-size and --lora-rank >= 1, --steps >= 0 and 1 <= --seq-length <= "
                 f"{positions} (the preset's positions), got {args.dp}, {b}, {args.lora_rank}, {steps} and {s}")

@@ -277,6 +277,17 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-recompute-method-selective": ("pretrain", T + " --recompute-granularity selective --recompute-method "
                                             "block", "for --recompute-granularity full only"),
     "pretrain-finetune-without-load": ("pretrain", T + " --finetune", "--finetune reads the checkpoint of --load"),
+    # context parallelism and packed documents, refused before the mesh exists
+    "pretrain-cp-not-dividing-the-sequence": ("pretrain", T + " --cp 3",
+                                              "--context-parallel-size 3: sequence length 16 is not divisible by 2 x "
+                                              "cp = 6 (a causal model's load-balanced cut); choose a multiple of 6"),
+    "pretrain-cp-with-ep": ("pretrain", T + f" --model {MOE_LM.family} --cp 2 --ep 2",
+                            "--context-parallel-size 2 with --expert-model-parallel-size 2: tpzoo does not combine"),
+    "pretrain-cp-comm-type-unknown": ("pretrain", T + " --cp-comm-type allgather",
+                                      "argument --cp-comm-type: invalid choice: 'allgather'"),
+    "pretrain-document-flags-on-a-masked-lm": ("pretrain", T + f" --model {MASKED_LM.family} --reset-attention-mask",
+                                               f"--reset-attention-mask: --model {MASKED_LM.family} reads masked-lm "
+                                               f"data, whose samples are single documents"),
     "pretrain-exit-on-missing-checkpoint": ("pretrain", T + " --save {empty_dir} --load {empty_dir} "
                                             "--exit-on-missing-checkpoint", "holds no checkpoint and "
                                             "--exit-on-missing-checkpoint is given"),
@@ -295,4 +306,12 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
                                             "(world size 2, tp 2, pp 1)"),
     "finetune-2-ranks-tp-4": ("finetune", FT + " --task demo --tp 4", "world size 2 is not divisible"),
     "generate-2-ranks-tp-4": ("generate", GEN + " --tp 4", "world size 2 is not divisible"),
+    "pretrain-2-ranks-a2a-heads-not-dividing": ("pretrain", T + " --num-attention-heads 3 --hidden-size 48 --cp 2 "
+                                                "--cp-comm-type a2a",
+                                                "--cp-comm-type a2a splits the heads over tp x cp = 1 x 2 = 2 ranks, "
+                                                "but num_attention_heads=3 is not divisible by 2"),
+    "finetune-2-ranks-cp-2": ("finetune", FT + " --task demo --cp 2", "--context-parallel-size 2: finetune.py trains "
+                              "at cp 1"),
+    "generate-2-ranks-cp-2": ("generate", GEN + " --cp 2", "--context-parallel-size 2: generation decodes one "
+                              "sequence whole"),
 }

@@ -54,6 +54,9 @@ def generate(model: CausalLM, input_ids: Tensor, max_new_tokens: int, *, tempera
     if getattr(model, "plan", None) is not None and model.plan.sequence_parallel:  # a plain model: one device
         raise ValueError("generation decodes one token at a time: build the model with a plan of "
                          "sequence_parallel=False")
+    if getattr(model, "mesh", None) is not None and model.mesh.cp_size > 1:
+        raise ValueError(f"generation decodes one sequence whole, not split over cp={model.mesh.cp_size} "
+                         f"context-parallel ranks: load the model on a mesh with cp 1 (drop --context-parallel-size)")
     if not temperature >= 0 or not 0.0 < top_p <= 1.0 or top_k < 0 or max_new_tokens < 0:  # NaN fails too
         raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0 and max_new_tokens >= 0; got "
                          f"temperature={temperature}, top_p={top_p}, top_k={top_k}, max_new_tokens={max_new_tokens}")
@@ -112,11 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=positive_int, default=1)
+    parser.add_argument("--context-parallel-size", "--cp", dest="cp", type=positive_int, default=1,
+                        help="refused above 1: generation decodes one sequence whole")
     parser.add_argument("--distributed-timeout-minutes", type=positive_float, default=10.0,
                         help="a collective waiting this long on a peer fails (default: 10)")
     args = parser.parse_args(argv)
 
     def run() -> tuple[Tensor, Any]:
+        if args.cp > 1:
+            raise ValueError(f"--context-parallel-size {args.cp}: generation decodes one sequence whole, not split "
+                             f"over context-parallel ranks; drop it")
         mesh = init_mesh(tp=args.tp, timeout=timedelta(minutes=args.distributed_timeout_minutes))
         model = load_model(args.load, mesh)
         check_causal_lm(model, args.load)

@@ -4,6 +4,8 @@ itself imports torch)."""
 
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 ATTENTION_BACKENDS = ("auto", "fused-softmax", "sdpa")
+# context parallelism's attention (Megatron-LM's --cp-comm-type): ring attention, or DeepSpeed-Ulysses' all-to-all
+CP_COMM_TYPES = ("p2p", "a2a")
 # the plan's fields besides the mesh: what older checkpoints kept in the model config
 PLAN_OPTIONS = ("sequence_parallel", "recompute_activations", "kernels", "attention_backend", "seed", "compile",
                 "fsdp", "recompute_granularity", "recompute_method", "recompute_num_layers")
@@ -48,4 +50,19 @@ def recompute_problem(recompute_activations: bool, granularity: str | None, meth
         flags = " ".join(f"--recompute-{name} {value}" for name, value in given if value is not None)
         return (f"{flags}: for --recompute-granularity full only (selective recomputes the core attention of every "
                 f"layer); drop it or add --recompute-granularity full")
+    return None
+
+
+def context_cut_problem(seq_length: int, cp: int, balanced: bool, tp_split: int = 1) -> str | None:
+    """What keeps sequences of ``seq_length`` tokens from being cut over ``cp`` context-parallel ranks (2 cp chunks when
+    ``balanced``, a causal model's load-balanced cut; ``tpzoo.engine.context_cut``), each rank's piece then over
+    ``tp_split`` ranks of sequence parallelism; or None."""
+    chunks = 2 * cp if balanced else cp
+    if seq_length % chunks:
+        why = f"2 x cp = {chunks} (a causal model's load-balanced cut)" if balanced else f"cp = {cp}"
+        return f"sequence length {seq_length} is not divisible by {why}; choose a multiple of {chunks}"
+    if (seq_length // cp) % tp_split:
+        return (f"each cp rank's {seq_length // cp} tokens (sequence length {seq_length} / cp {cp}) are not divisible "
+                f"by tp = {tp_split} for sequence parallelism; choose a sequence length that is a multiple of "
+                f"{chunks * tp_split}")
     return None

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.tier("journey")
 
 
 MODES = ("plain", "zero1", "zero2", "fsdp")
-SHOWN = {"parallelism.md": ["python bench/memory.py --check"],
+SHOWN = {"parallelism.md": ["python bench/memory.py --check",
+                            "python bench/memory.py --cp 1 2 4 --preset llama-tiny --seq-length 2048 --check"],
          "benchmarks.md": [f"python bench/memory.py --preset {CAUSAL_LM_XL} --dp 1 --modes plain fsdp --recompute",
                            f"python bench/memory.py --preset {GQA_LM_1B} --dp 1 --modes plain lora"]}
 MISUSE = "python bench/memory.py --check --modes fsdp"
@@ -39,11 +40,24 @@ def rows(stdout: str) -> dict[tuple[int, str], dict[str, float]]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for doc, shown in SHOWN.items():
         assert [c for c in commands(doc) if "bench/memory.py" in c] == shown, doc
-    (check,), (xl, lora) = SHOWN.values()
+    (check, context), (xl, lora) = SHOWN.values()
     done = run_as_needed([check + " --device cpu --dp 2", xl + f" --device cpu --preset {CAUSAL_LM.preset} --steps 1",
-                          lora + f" --device cpu --preset {GQA_LM.preset} --steps 1", MISUSE],
+                          lora + f" --device cpu --preset {GQA_LM.preset} --steps 1", MISUSE,
+                          context.replace("--seq-length 2048", "--seq-length 512")],
                          ROOT, timeout=300, check=False)
-    return dict(zip(("sharding", "xl", "lora", "misuse"), done))
+    return dict(zip(("sharding", "xl", "lora", "misuse", "context"), done))
+
+
+def test_context_parallel_activations_fall_with_cp(runs):
+    """The page's --cp table at 512 tokens: a row per cp and mode, each rank's bytes about 1/cp of cp 1's."""
+    proc = runs["context"]
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "check: the bounds hold", proc.stdout + proc.stderr
+    table = {(r[0], r[1]): float(r[3]) for r in (line.strip("|").split("|") for line in proc.stdout.splitlines()
+                                                 if line.startswith("| ") and "---" not in line and "cp |" not in line)}
+    table = {(cp.strip(), mode.strip()): ratio for (cp, mode), ratio in table.items()}
+    assert list(table) == [("1", "-"), ("2", "p2p"), ("2", "a2a"), ("4", "p2p"), ("4", "a2a")], proc.stdout
+    for (cp, _), ratio in table.items():
+        assert ratio <= 1.25 / int(cp), proc.stdout
 
 
 def test_sharding_table_meets_the_bounds(runs):

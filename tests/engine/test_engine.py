@@ -73,14 +73,14 @@ PIPELINED = 3  # runs a mesh with one
 FULL = os.environ.get("TPZOO_ENGINE_MATRIX") == "full"
 
 
-def config_of(name: str, tp: int):
-    """The case's config at the test's sizes; kv heads (where the family has them): 2, or tp when tp
-    needs more of them to split (tp must divide the kv heads)."""
+def config_of(name: str, tp: int, seq: int = S):
+    """The case's config at the test's sizes (sequences of ``seq`` tokens); kv heads (where the family has them):
+    2, or tp when tp needs more of them to split (tp must divide the kv heads)."""
     case = CASES[name]
     changes = {"num_labels": CLASSES} if case.inputs == "classification" else {}
     if hasattr(case.config(), "num_query_groups"):
         changes["num_query_groups"] = max(2, tp)
-    return case.config(**{**TINY, **changes})
+    return case.config(**{**TINY, "max_position_embeddings": seq, **changes})
 
 
 def ref_key(name: str, tp: int) -> str:
@@ -88,14 +88,16 @@ def ref_key(name: str, tp: int) -> str:
     return f"{name}/g{getattr(config_of(name, tp), 'num_query_groups', None)}"
 
 
-def global_batch(name: str, step: int) -> dict[str, torch.Tensor]:
-    """Sequences [step G, (step+1) G) of a seeded synthetic corpus, with ignored labels and BERT padding;
-    one per-sequence label is ignored (-100), so that its count is not G."""
+def global_batch(name: str, step: int, seq: int = S) -> dict[str, torch.Tensor]:
+    """Sequences [step G, (step+1) G) of ``seq`` tokens of a seeded synthetic corpus, with ignored labels and BERT
+    padding; one per-sequence label is ignored (-100), so that its count is not G; none for a model without them."""
     g = torch.Generator().manual_seed(1000 + step)
     case = CASES[name]
-    out = batch(case, torch.randint(0, VOCAB, (G, S), generator=g), g, CLASSES)
+    out = batch(case, torch.randint(0, VOCAB, (G, seq), generator=g), g, CLASSES)
     per_sequence = {"masked-lm": "next_sentence_label", "classification": "labels"}.get(case.inputs)
-    if per_sequence:
+    if case.options.get("add_binary_head") is False:
+        del out[per_sequence]
+    elif per_sequence:
         out[per_sequence][step % G] = -100
     return out
 
@@ -106,18 +108,18 @@ def loss_parts(model, out, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: t.sum() / (b[k] != -100).sum() for t, k in zip(out if isinstance(out, tuple) else (out,), keys)}
 
 
-def reference(name: str, tp: int, build: Callable | None = None
+def reference(name: str, tp: int, build: Callable | None = None, seq: int = S, steps: int = STEPS
               ) -> tuple[list[float], dict, list[float], list[dict[str, float]]]:
     """Single rank, no engine: the whole global batch in one forward, the mean loss of each label key
     (MLM tokens; BERT's binary head: sequences) added up, clip, AdamW on the parameters that train; also each
     step's parts. ``build(plan)``: the model (default: the case's at the test's sizes)."""
     plan = ParallelPlan(init_mesh(), kernels="torch")
-    model = build(plan) if build is not None else CASES[name].build(config_of(name, tp), plan)
+    model = build(plan) if build is not None else CASES[name].build(config_of(name, tp, seq), plan)
     trained = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=LR, weight_decay=WD, eps=EPS)
     losses, norms, parts = [], [], []
-    for step in range(STEPS):
-        b = global_batch(name, step)
+    for step in range(steps):
+        b = global_batch(name, step, seq)
         by_key = loss_parts(model, model(**b), b)
         loss = sum(by_key.values())
         opt.zero_grad()
@@ -150,19 +152,21 @@ def stage_layers(pp: int, schedule: str) -> tuple[int, ...] | None:
 
 def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activations: bool = False,
           sequence_parallel: bool = False, fsdp: bool = False, micro_batches: int | None = None,
-          grouped_gemm: bool = False, **options) -> tuple[Engine, list]:
+          grouped_gemm: bool = False, cp_comm_type: str = "p2p", seq: int = S, **options) -> tuple[Engine, list]:
     """An engine on ``mesh`` with m = ``micro_batches`` per step, by default pp (the fewest that keep
-    every schedule busy; the pipelines accumulate over them); returns (engine, step results)."""
+    every schedule busy; the pipelines accumulate over them), on sequences of ``seq`` tokens; returns (engine, step
+    results)."""
     plan = ParallelPlan(mesh, kernels="torch", recompute_activations=recompute_activations,
-                        sequence_parallel=sequence_parallel, fsdp=fsdp, grouped_gemm=grouped_gemm)
-    config = config_of(name, mesh.tp_size)
+                        sequence_parallel=sequence_parallel, fsdp=fsdp, grouped_gemm=grouped_gemm,
+                        cp_comm_type=cp_comm_type)
+    config = config_of(name, mesh.tp_size, seq)
     engine = Engine(lambda plan, **stage: CASES[name].build(config, plan, **stage), config,
                     EngineConfig(micro_batch_size=G // (mesh.dp_size * (micro_batches or mesh.pp_size)),
                                  global_batch_size=G,
                                  schedule=schedule, stage_layers=stage_layers(mesh.pp_size, schedule), lr=LR,
                                  weight_decay=WD, adam_eps=EPS, clip_grad=CLIP, **{"bucket_mb": BUCKET_MB, **options}),
                     plan)
-    return engine, [engine.train_step(global_batch(name, step)) for step in range(steps)]
+    return engine, [engine.train_step(global_batch(name, step, seq)) for step in range(steps)]
 
 
 def compare(engine: Engine, results, ref, log: CaseLog) -> None:

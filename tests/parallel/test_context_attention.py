@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 from cases import CaseLog, assert_case
 
-from tpzoo.parallel.context_attention import Placement, all_to_all_attention, hidden, ring_attention
+from tpzoo.parallel.context_attention import MODES
+from tpzoo.placement import Placement, hidden
 from tpzoo.testing import spawn
 
 pytestmark = pytest.mark.tier("distributed")
 
 B, N, S, D = 2, 4, 16, 8
-MODES = {"p2p": ring_attention, "a2a": all_to_all_attention}
+
 # (name, causal, balanced cut, window, documents, padding)
 KINDS = [("causal", True, True, None, False, False), ("causal-contiguous", True, False, None, False, False),
          ("window", True, True, 3, False, False), ("documents", True, True, None, True, False),
@@ -27,7 +28,8 @@ KINDS = [("causal", True, True, None, False, False), ("causal-contiguous", True,
          ("bidirectional-documents-padding", False, False, None, True, True),
          ("no-key-seen", False, False, None, False, "all")]
 CPS = (2, 4)
-NAMES = [f"{kind[0]}-{mode}-cp{cp}" for cp in CPS for mode in MODES for kind in KINDS]
+NAMES = [name for cp in CPS for name in [*(f"{kind[0]}-{mode}-cp{cp}" for mode in MODES for kind in KINDS),
+                                          f"dropout-p2p-cp{cp}"]]
 
 
 def held(s: int, cp: int, rank: int, balanced: bool) -> torch.Tensor:
@@ -75,12 +77,40 @@ def check(log: CaseLog, group: dist.ProcessGroup, mode: str, kind: tuple) -> Non
     local = [t[:, :, mine].clone().requires_grad_() for t in qkv]
     where = Placement(mine, None if placed.doc is None else placed.doc[:, mine],
                       None if placed.valid is None else placed.valid[:, mine])
-    out = MODES[mode](*local, group, where, causal=causal, window=window)
+    out = MODES[mode](*local, where, group=group, causal=causal, window=window)
     out.backward(torch.cos(out.detach()))
     log.close(out, expected[:, :, mine], "output", "output")
     for name, a, b in zip("qkv", local, full):
         assert torch.isfinite(a.grad).all(), f"d{name} is not finite"
         log.close(a.grad, b.grad[:, :, mine], f"d{name}", "gradients")
+
+
+def check_dropout(log: CaseLog, group: dist.ProcessGroup) -> None:
+    """With dropout, ring attention's backward draws each block's mask again: the gradient along a random direction
+    equals the central difference of the loss (summed over the ranks) with the same masks (the seed set before each
+    forward); a backward with other masks would miss it by far more than the tolerance."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    qkv, placed = inputs(False, True)
+    mine = held(S, cp, rank, True)
+    where = Placement(mine, placed.doc[:, mine])
+    local = [t[:, :, mine].clone() for t in qkv]
+    direction = [torch.randn(t.shape, generator=torch.Generator().manual_seed(rank + 9)) for t in local]
+    weight = torch.cos(torch.arange(local[0].numel(), dtype=torch.float32)).reshape(local[0].shape)
+
+    def loss(tensors: list[torch.Tensor]) -> torch.Tensor:
+        torch.manual_seed(5)
+        return (MODES["p2p"](*tensors, where, group=group, causal=True, dropout=0.3) * weight).sum()
+
+    inputs_ = [t.clone().requires_grad_() for t in local]
+    loss(inputs_).backward()
+    slope = torch.stack([sum((t.grad * u).sum() for t, u in zip(inputs_, direction))])
+    h = 1e-2
+    with torch.no_grad():
+        up, down = (loss([t + sign * h * u for t, u in zip(local, direction)]) for sign in (1, -1))
+    numeric = torch.stack([(up - down) / (2 * h)])
+    for value in (slope, numeric):
+        dist.all_reduce(value, group=group)
+    log.close(slope, numeric, "gradient along a direction, with dropout", "dropout", 2e-3)
 
 
 def ring_checks() -> CaseLog:
@@ -93,6 +123,8 @@ def ring_checks() -> CaseLog:
             for kind in KINDS:
                 with log.case(f"{kind[0]}-{mode}-cp{cp}"):
                     check(log, groups[cp], mode, kind)
+        with log.case(f"dropout-p2p-cp{cp}"):
+            check_dropout(log, groups[cp])
     dist.destroy_process_group()
     return log
 

@@ -26,7 +26,7 @@ ROWS = {m[1]: (m[2], m[3], m[4]) for m in map(ROW.match, (ROOT / "docs/megatron.
 SUPPORTED = [flag for flag, (_, status, _) in ROWS.items() if status == "supported"]
 REFUSED_ROWS = [flag for flag, (_, status, _) in ROWS.items() if status == "refused"]
 # the parser's own flags that Megatron-LM does not have (each documented in docs/training.md)
-TPZOO_ONLY = {"--model", "--preset", "--tp", "--pp", "--dp", "--ep", "--data-parallel-size", "--vpp",
+TPZOO_ONLY = {"--model", "--preset", "--tp", "--pp", "--dp", "--cp", "--ep", "--data-parallel-size", "--vpp",
               "--virtual-pipeline-model-parallel-size", "--pipeline-schedule", "--kernels", "--compile", "--dataset",
               "--log-dir", "--max-skipped-steps", "--no-exit-signal-handler", "--dataset-config", "--dataset-split",
               "--add-bias-linear", "--json-key", "--config", "--print-config", "-h", "--help"}

@@ -60,7 +60,7 @@ def test_the_resume_rules_derive_from_the_sections_roles():
     splits = ("train_data_path", "valid_data_path", "test_data_path")
     fusions = ("masked_softmax", "bias_gelu", "bias_swiglu", "bias_dropout", "rope", "gradient_accumulation")
     assert LAUNCH_FLAGS == {
-        "tp", "pp", "dp", "ep", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
+        "tp", "pp", "dp", "cp", "cp_comm_type", "ep", "vpp", "pipeline_schedule", "sequence_parallel", "use_distributed_optimizer",
         "use_torch_fsdp2", "recompute_activations", "kernels", "attention_backend", "compile", "load", "save",
         "distributed_timeout_minutes", "exit_signal_handler", "exit_interval", "exit_duration_in_mins",
         "max_skipped_steps", "timing_log_level", "timing_log_option", "tensorboard_queue_size", "default_model",
@@ -84,7 +84,8 @@ def test_the_resume_rules_derive_from_the_sections_roles():
         "rampup_batch_size": {"step_batch_size_schedule"}, "step_batch_size_schedule": {"rampup_batch_size"},
         "weight_decay_incr_style": {"start_weight_decay", "end_weight_decay"}}
     assert MEANING_FLAGS[0] == "seq_length" and set(MEANING_FLAGS) == {
-        "seq_length", "bert_no_binary_head", *sources, *parts, *tokenizer, "split", "mask_prob", "seed"}
+        "seq_length", "bert_no_binary_head", *sources, *parts, *tokenizer, "split", "mask_prob", "seed",
+        "reset_position_ids", "reset_attention_mask", "eod_mask_loss"}
     assert set(PATH_FLAGS) == {"data_path", *splits, "tokenizer_model", "vocab_file", "merge_file", "data_cache_path",
                                "log_dir", "tensorboard_dir", "wandb_save_dir"}
 

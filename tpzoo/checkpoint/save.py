@@ -38,10 +38,10 @@ FULL_BYTES = 64 << 20  # a disk with less free than this, after a write came up 
 
 
 def mesh_shape(engine: Engine) -> dict[str, int]:
-    """The mesh's sizes (ep only when > 1: the record of a run without expert parallelism is unchanged)."""
+    """The mesh's sizes (cp and ep only when > 1: the record of a run without them is unchanged)."""
     mesh = engine.mesh
-    return {"pp": mesh.pp_size, "dp": mesh.dp_size, "tp": mesh.tp_size, **({"ep": mesh.ep_size} if mesh.ep_size > 1
-                                                                            else {})}
+    extra = {name: size for name, size in (("cp", mesh.cp_size), ("ep", mesh.ep_size)) if size > 1}
+    return {"pp": mesh.pp_size, "dp": mesh.dp_size, "tp": mesh.tp_size, **extra}
 
 
 def _meta(iteration: int, engine: Engine, meta: dict[str, Any], save_optimizer: bool, save_rng: bool,

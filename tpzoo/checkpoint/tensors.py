@@ -111,7 +111,7 @@ class Entry:
         if self.dp_shape is None:
             return self.local
         shape = torch.Size(self.dp_shape)
-        over = mesh.edp_mesh if self.ep > 1 else mesh.device_mesh["dp"]
+        over = mesh.edp_mesh if self.ep > 1 else mesh.dp_cp_mesh
         return DTensor.from_local(self.local.detach(), over, [Shard(0)], run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape)).full_tensor()
 
@@ -122,7 +122,7 @@ def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep
     size."""
     if isinstance(tensor, DTensor):
         over = (tensor.device_mesh.mesh_dim_names or ("",))[0]
-        if tuple(tensor.placements) != (Shard(0),) or over not in ("dp", "edp"):
+        if tuple(tensor.placements) != (Shard(0),) or over not in ("dp", "dp_cp", "edp"):
             raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp (or edp) only, got "
                              f"{tensor.placements} on {tensor.device_mesh}")
         return Entry(key, tensor.to_local(), partition, tuple(tensor.shape), ep)

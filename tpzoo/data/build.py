@@ -201,13 +201,15 @@ def build_datasets(
     num_samples: tuple[int, int, int],
     split: str = "98,1,1",
     sources: DataSources | None = None,
+    marks: Any = None,
     **bert_options: Any,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) map-style datasets over ``prefix`` with ``num_samples`` samples each
     (None where 0 are asked). Causal-LM samples are ``GPTDataset`` windows, masked-LM ones ``BertDataset``
     samples (``bert_options``: binary_head, masked_lm_prob, whole_word_masking, short_seq_prob).
     ``sources``: a blend (each prefix's ``split`` share, ``tpzoo.data.blended``) or one prefix per
-    split, whole (ValueError if samples are asked of a split without one), instead of ``prefix``."""
+    split, whole (ValueError if samples are asked of a split without one), instead of ``prefix``. ``marks``: the
+    causal-LM samples' document marks (``tpzoo.data.documents.DocumentMarks``)."""
     from tpzoo.data.bert_dataset import BertDataset
     from tpzoo.data.blended import BlendedDataset, blend_sizes, normalized
     from tpzoo.data.gpt_dataset import GPTDataset
@@ -232,7 +234,7 @@ def build_datasets(
 
     def dataset(k: int, indexed: IndexedDataset, docs: np.ndarray, n: int) -> Any:
         if causal:
-            return GPTDataset(indexed, docs, seq_length, n, seed, k)
+            return GPTDataset(indexed, docs, seq_length, n, seed, k, marks)
         return BertDataset(indexed, docs, tokenizer, seq_length, n, seed, k, **bert_options)
 
     out = []

@@ -11,6 +11,9 @@ and what a run reads from them:
     --num-workers N               the next training batches read ahead by N processes (``tpzoo.data.loader``)
     --dataset FILES               raw files tokenized once into --data-cache-path
     --mask-prob P                 masked-LM samples: the share of tokens picked for prediction (default 0.15)
+    --reset-position-ids          causal-LM samples' packed documents (``tpzoo.data.documents``): positions restart,
+    --reset-attention-mask        no token attends to another document,
+    --eod-mask-loss               no loss where the input is the end-of-document token
     tokenizer flags               ``tpzoo.data.tokenizer_types`` (--tokenizer-type, --vocab-file ...)
 
     tokenizer, prefix, sources = run_data(DataConfig.of(vars(args)), "gpt")   # the flags' values, typed
@@ -28,11 +31,12 @@ from tpzoo.data.build import DEFAULT_CACHE, DataSources, data_kind, resolve_data
 from tpzoo.data.sources import DATASET_PARTS, DatasetSource
 from tpzoo.data.tokenizer import Tokenizer
 from tpzoo.data.tokenizer_types import TOKENIZER_FLAGS, TokenizerFlags, tokenizer_of, tokenizer_type
-from tpzoo.fields import add_section, at_least, boolean, check_fields, option, optional, parses, string
+from tpzoo.fields import add_section, at_least, boolean, check_fields, option, optional, parses, string, toggle
 from tpzoo.flag_types import open_probability
 from tpzoo.models.families import FAMILIES
 
 SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
+DOCUMENT_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
 # flags naming where the data is: at most one source
 SOURCES = ("data_path", "dataset", "mock_data", "train_data_path")
 
@@ -136,6 +140,12 @@ class DataConfig:
     mask_prob: float | None = option(None, optional(_open_fraction), "the share of a masked-LM sample's tokens picked "
                                      "for prediction, in (0, 1) (default: 0.15, Megatron-LM's; masked-LM families "
                                      "only)", "--mask-prob", "P", meaning=True)
+    reset_position_ids: bool = toggle("positions restart at each document of a sample (causal LMs; "
+                                      "docs/parallelism.md)", "--reset-position-ids", meaning=True)
+    reset_attention_mask: bool = toggle("no token attends to another document of its sample (causal LMs)",
+                                        "--reset-attention-mask", meaning=True)
+    eod_mask_loss: bool = toggle("no loss where the input is the end-of-document token (causal LMs)", "--eod-mask-loss",
+                                 meaning=True)
     data_cache_path: str | None = option(None, optional(string), f"where --dataset files are tokenized and the demo "
                                          f"corpus is built, once (default: {DEFAULT_CACHE})", "--data-cache-path",
                                          "DIR", path=True)
@@ -159,6 +169,22 @@ class DataConfig:
             return None
         return DatasetSource(tuple(map(str, self.dataset)), self.dataset_config, self.dataset_split, self.json_key)
 
+    def document_flags(self) -> list[str]:
+        """The packed-document flags given (``tpzoo.data.documents``)."""
+        return [f"--{name.replace('_', '-')}" for name in DOCUMENT_FLAGS if getattr(self, name)]
+
+    def document_marks(self, eod: int | None) -> Any:
+        """The causal-LM samples' ``DocumentMarks`` of the document flags (None without them); ValueError when the
+        tokenizer has no end-of-document id (``eod``) to find the documents by."""
+        if not self.document_flags():
+            return None
+        if eod is None:
+            raise ValueError(f"{' '.join(self.document_flags())} find the documents of a sample by the tokenizer's "
+                             f"end-of-document token, and this tokenizer has none; use one with an eod token")
+        from tpzoo.data.documents import DocumentMarks
+
+        return DocumentMarks(eod, **{name: getattr(self, name) for name in DOCUMENT_FLAGS})
+
     def masked_lm_options(self) -> dict[str, Any]:
         """The ``BertDataset`` options (``build_datasets``' bert_options) of the flags given: ``--mask-prob``."""
         return {} if self.mask_prob is None else {"masked_lm_prob": self.mask_prob}
@@ -167,8 +193,9 @@ class DataConfig:
 def add_data_args(parser: argparse.ArgumentParser, loader: bool = True, masking: bool = True
                   ) -> argparse.ArgumentParser:
     """The data and tokenizer flags (``DataConfig``) on ``parser``; ``loader``: also ``--num-workers`` (a training
-    script's); ``masking``: also ``--mask-prob`` (a command that makes masked-LM samples)."""
-    skip = () if loader else ("num_workers",)
+    script's, with the packed-document flags); ``masking``: also ``--mask-prob`` (a command that makes masked-LM
+    samples)."""
+    skip = () if loader else ("num_workers", *DOCUMENT_FLAGS)
     add_section(parser, DataConfig, "data", skip if masking else (*skip, "mask_prob"))
     return parser
 
@@ -193,6 +220,10 @@ def check_data_flags(data: DataConfig, model: str | None = None) -> None:
     if tokenizer_type(data.tokenizer) is None and data.mock_data and not data.tokenizer.tokenizer_model:
         raise ValueError("--mock-data draws tokens from a tokenizer's vocabulary: pass its flags, e.g. "
                          "--tokenizer-type NullTokenizer --vocab-size 1024, or --vocab-file + --merge-file")
+    if model is not None and data.document_flags() and data_kind(model) != "causal-lm":
+        raise ValueError(f"{' '.join(data.document_flags())}: --model {model} reads {data_kind(model)} data, whose "
+                         f"samples are single documents; drop them (they mark the documents packed in causal-LM "
+                         f"samples)")
     if model is not None and data.mask_prob is not None and data_kind(model) != "masked-lm":
         masked = ", ".join(name for name, f in FAMILIES.items() if f.data == "masked-lm")
         raise ValueError(f"--mask-prob {data.mask_prob}: --model {model} reads {data_kind(model)} data, which masks "

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from tpzoo.data.documents import DocumentMarks
 from tpzoo.data.indexed import IndexedDataset
 from tpzoo.data.progress import Progress, is_main_process
 from tpzoo.machine import check_index_fits
@@ -48,7 +49,8 @@ class GPTDataset(torch.utils.data.Dataset):
     """Map-style dataset of ``num_samples`` samples ``{"input_ids": int64[s], "labels": int64[s]}``
     where ``labels`` are the next tokens (each window reads s+1 tokens).
 
-    ``split`` (0 train, 1 valid, 2 test) keeps the splits' shuffles apart.
+    ``split`` (0 train, 1 valid, 2 test) keeps the splits' shuffles apart. ``marks``: what each sample also says
+    of the documents packed in it (``tpzoo.data.documents``: ``document_ids``, ``position_ids``, masked labels).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class GPTDataset(torch.utils.data.Dataset):
         num_samples: int,
         seed: int,
         split: int = 0,
+        marks: DocumentMarks | None = None,
     ) -> None:
         if seq_length < 1 or num_samples < 0:
             raise ValueError(f"need seq_length >= 1 and num_samples >= 0, got {seq_length} and {num_samples}")
@@ -69,6 +72,7 @@ class GPTDataset(torch.utils.data.Dataset):
             seed,
             split,
         )
+        self.marks = marks if marks is not None and marks.active else None
         name = ("train", "valid", "test")[split]
         docs = check_documents(indexed, documents, name)
         lengths = indexed.document_lengths
@@ -112,4 +116,5 @@ class GPTDataset(torch.utils.data.Dataset):
         tokens = torch.from_numpy(
             self.window(block * self.block + int(permutation(self.block, self.seed, self.split, 1, block)[r]))
         )
-        return {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        sample = {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        return sample if self.marks is None else self.marks(sample)

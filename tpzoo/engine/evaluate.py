@@ -85,6 +85,9 @@ def forward_only(engine: Engine, batch: dict[str, Tensor], *, logits: bool = Fal
 def gather_dp(engine: Engine, outputs: list[tuple[Tensor, ...]]) -> Tensor:
     """This dp rank's micro-batch outputs (the first of each tuple, [mbs, ...]) -> the whole global batch's [G, ...], in
     batch order (dp rank d holds rows [d G/dp, (d+1) G/dp)), on every rank."""
+    if engine.mesh.cp_size > 1:
+        raise ValueError(f"the model's outputs of whole sequences are not gathered under context parallelism "
+                         f"(cp={engine.mesh.cp_size}); evaluate them at cp 1")
     local = torch.cat([out[0] for out in outputs])
     parts = [torch.empty_like(local) for _ in range(engine.mesh.dp_size)]
     dist.all_gather(parts, local, group=engine.mesh.dp_group)
@@ -99,7 +102,7 @@ def eval_losses(engine: Engine, batch: dict[str, Tensor]) -> tuple[float, dict[s
     ids, extras = engine.micro_batches(batch)
     with _evaluating(engine):
         total, parts = engine.runner.run(ids, extras, backward=False)
-        sums = reduce_losses(total, parts, [engine.mesh.pp_group, engine.mesh.dp_group])
+        sums = reduce_losses(total, parts, [engine.mesh.pp_group, engine.mesh.dp_cp_group])
         return named_losses(sums.tolist(), engine.loss_keys(batch))
 
 

@@ -61,6 +61,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from tpzoo.engine.config import EngineConfig, check_fits, micro_batches
+from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
@@ -201,7 +202,7 @@ class Engine:
             self.main = FSDPParams(self.chunks, config.precision, mesh)
         else:
             self.main = MainParams([p for c in self.chunks for p in c.parameters()], self.chunks, config.precision,
-                                   mesh.dp_group, config.use_distributed_optimizer, mesh.edp_group)
+                                   mesh.dp_cp_group, config.use_distributed_optimizer, mesh.edp_group)
             zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
             self.reducer = GradReducer(self.main.trainable, self.main.trainable_group, config.bucket_mb,
                                        owner=self.main.trainable_owner if zero2 else None)
@@ -209,6 +210,10 @@ class Engine:
                 self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]
         self.sequence_loss_modules = sequence_loss_modules(self.chunks)
+        if mesh.cp_size > 1 and self.sequence_loss_modules:
+            raise ValueError(f"context parallelism cp={mesh.cp_size} splits each sequence, but a mixture of experts' "
+                             f"router losses are means over whole sequences; train a model with experts at cp 1")
+        self.balanced = getattr(self.chunks[0].model, "causal", True)  # the load-balanced cut (context_cut)
         self.expert_layers = expert_layers(self.chunks)
         experts = getattr(model_config, "num_experts", None)
         self.load_shape = (model_config.num_layers, experts) if experts else (0, 0)  # the same on every rank
@@ -253,15 +258,30 @@ class Engine:
         if batch["input_ids"].device.type == "cpu":  # once per batch, on the host: the model itself never syncs
             self.check_batch(batch)
         counts = label_counts(batch, self.loss_keys(batch)) if labels else None
+        cp = self.mesh.cp_size
+        if cp > 1:
+            self.check_cp_batch(batch)
         start = self.mesh.dp_rank * (g // self.mesh.dp_size)
         ids, extras = [], []
         for k in range(m):
             rows = slice(start + k * mbs, start + (k + 1) * mbs)
-            mb = {name: t[rows].to(self.mesh.device) for name, t in batch.items()
-                  if labels or name not in self.label_keys}
+            mb = {name: t[rows] for name, t in batch.items() if labels or name not in self.label_keys}
+            if cp > 1:  # this cp rank's piece of each sequence, and where it sits
+                tp_split = self.mesh.tp_size if self.plan.sequence_parallel else 1
+                mb = cut_sequences(mb, cp, self.mesh.cp_rank, self.balanced, tp_split)
+            mb = {name: t.to(self.mesh.device) for name, t in mb.items()}
             ids.append(mb.pop("input_ids"))
             extras.append({**mb, "counts": counts} if labels else mb)
         return ids, extras
+
+    def check_cp_batch(self, batch: dict[str, Tensor]) -> None:
+        """ValueError for a label key of whole sequences (a class, a sentence order: [G]) under context parallelism,
+        where no rank holds a whole sequence."""
+        for key in self.loss_keys(batch):
+            if batch[key].dim() < 2:
+                raise ValueError(f"context parallelism cp={self.mesh.cp_size} splits each sequence, so no rank holds "
+                                 f"the whole sequences that the labels {key!r} {list(batch[key].shape)} are about; "
+                                 f"train without them at cp > 1 (BERT: --bert-no-binary-head) or at cp 1")
 
     def _skip(self, loss: float, norm: float, overflow: bool) -> None:
         """Book a step skipped on every rank: the counts, the fp16 schedule, rank 0's warning line."""
@@ -308,7 +328,7 @@ class Engine:
             recorded = recorded_losses(self.sequence_loss_modules, mesh.device)
             loads = recorded_loads(self.expert_layers, self.load_shape, mesh.device)
             sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded, loads]),
-                                 [mesh.pp_group, mesh.dp_group])
+                                 [mesh.pp_group, mesh.dp_cp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
             sharded = self.plan.fsdp or self.reducer.sharded

@@ -27,6 +27,7 @@ from tpzoo import kernels as K
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.norms import norm
 from tpzoo.models.rope import RotaryEmbedding
+from tpzoo.placement import Placement, hidden
 from tpzoo.models.weights import linear
 
 # the plan of an ``Attention`` (paths inside it): see tpzoo.sharding_plan for the styles
@@ -57,11 +58,13 @@ class CoreAttention(nn.Module):
 
     M masks out (True = masked, Megatron-LM's convention): with ``causal`` the keys after each query (query
     i sees keys <= i + sk - sq, cached ones included), with ``window`` also the keys ``window`` or more
-    positions before it (a sliding window), and the ``mask`` given (bool, broadcastable to [b, n, sq, sk]:
-    ``padding_mask``, ``document_mask``). ``p``: dropout on the
-    probabilities while training. Run options (``tpzoo.parallel.parallelize`` sets them from the plan):
-    ``attention_backend`` "sdpa" (torch's fused attention) or "fused-softmax" (the scores, then
-    ``tpzoo.kernels``' softmax, whose backend is ``kernels``).
+    positions before it (a sliding window), and the ``mask`` given: bool, broadcastable to [b, n, sq, sk]
+    (``padding_mask``, ``document_mask``), or a ``tpzoo.placement.Placement`` of the tokens (documents and
+    padding as ids, never a dense mask). ``p``: dropout on the probabilities while training. Run options
+    (``tpzoo.parallel.parallelize`` sets them from the plan): ``attention_backend`` "sdpa" (torch's fused
+    attention) or "fused-softmax" (the scores, then ``tpzoo.kernels``' softmax, whose backend is ``kernels``);
+    ``context_parallel``: under context parallelism, the attention over the whole sequence of which this rank
+    holds q, k and v of its pieces (``tpzoo.parallel.context_attention``; it needs a ``Placement``).
     """
 
     def __init__(self, *, causal: bool = True, p: float = 0.0, window: int | None = None) -> None:
@@ -69,7 +72,7 @@ class CoreAttention(nn.Module):
         if window is not None and (window < 1 or not causal):
             raise ValueError(f"window={window}: a sliding window is >= 1 keys of a causal attention")
         self.causal, self.p, self.window = causal, p, window
-        self.attention_backend, self.kernels = "sdpa", None
+        self.attention_backend, self.kernels, self.context_parallel = "sdpa", None, None
 
     def masked(self, mask: Tensor | None, sq: int, sk: int, device: torch.device) -> Tensor | None:
         """M as one bool tensor (broadcastable to [b, n, sq, sk]), or None when nothing is masked."""
@@ -82,9 +85,16 @@ class CoreAttention(nn.Module):
             out = out | (key <= query - self.window)
         return out if mask is None else out | mask
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Placement | None = None) -> Tensor:
         sq, sk = q.shape[2], k.shape[2]
         p = self.p if self.training else 0.0
+        if self.context_parallel is not None:
+            if not isinstance(mask, Placement):
+                raise ValueError("under context parallelism attention needs where its tokens sit: run the model with "
+                                 "sequence_index (the engine's cut gives it)")
+            return self.context_parallel(q, k, v, mask, causal=self.causal, window=self.window, dropout=p)
+        if isinstance(mask, Placement):  # whole sequences here: causal by position below, documents and padding
+            mask = hidden(mask, mask, causal=False)
         plain_causal = self.causal and self.window is None and mask is None
         if self.attention_backend == "sdpa":
             if plain_causal and sq == sk:
@@ -137,7 +147,7 @@ class Attention(nn.Module):
         self.core_attention = CoreAttention(causal=causal, p=dropout, window=window)
         self.dense = linear(n * d, hidden_size, out_bias, out_init_std)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Placement | None = None, cache: KVCache | None = None) -> Tensor:
         qkv = self.query_key_value(x)                                            # [b, s, G (n/g + 2) d]
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, -1, self.num_attention_heads // self.num_query_groups + 2, self.head_dim)
@@ -145,7 +155,9 @@ class Attention(nn.Module):
         k, v = (t.transpose(1, 2) for t in qkv[:, :, :, -2:].unbind(3))          # [b, G, s, d]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
+        if self.rotary is not None and isinstance(mask, Placement):
+            q, k = self.rotary(q, k, positions=mask.rotary_positions)
+        elif self.rotary is not None:
             q, k = self.rotary(q, k, cache.length if cache is not None else 0)
         if cache is not None:
             k, v = cache.update(self.layer_number, k, v)                        # [b, G, t + s, d]

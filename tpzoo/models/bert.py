@@ -39,6 +39,7 @@ from tpzoo.models.mlp import MLP, gelu_approximation
 from tpzoo.models.norms import norm
 from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
 from tpzoo.sharding_plan import ShardingPlan, prefixed
+from tpzoo.placement import Placement
 
 ENCODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN)},
                             tp_divides=("num_attention_heads", "ffn_hidden_size"))
@@ -99,12 +100,18 @@ class _BertBase(StagedModel):
                   out_init_std=c.init_method_std)
         return TransformerLayer(attention, mlp, self.norm(), self.norm(), dropout=c.hidden_dropout, residual="post")
 
-    def encode(self, x: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None) -> Tensor:
-        """Embedding (first stage) and this model's layers: [b, s] ids or [b, s, h] -> [b, s, h]."""
+    def encode(self, x: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None,
+               position_ids: Tensor | None = None, sequence_index: Tensor | None = None) -> Tensor:
+        """Embedding (first stage) and this model's layers: [b, s] ids or [b, s, h] -> [b, s, h]. ``position_ids``
+        and ``sequence_index``: the tokens' positions and places in the whole sequence (context parallelism holds a
+        piece of it; ``tpzoo.models.causal_lm``)."""
         if token_type_ids is not None and not self.pre_process:
             token_type_ids = None  # only the embedding reads them; later stages may be handed them anyway
-        hidden = self.embedding(x, token_type_ids) if self.pre_process else x
-        return self.run_layers(hidden, padding_mask(attention_mask))
+        hidden = self.embedding(x, token_type_ids, position_ids=position_ids) if self.pre_process else x
+        if sequence_index is None:
+            return self.run_layers(hidden, padding_mask(attention_mask))
+        valid = None if attention_mask is None else attention_mask != 0
+        return self.run_layers(hidden, Placement(sequence_index, valid=valid, positions=position_ids))
 
 
 class BertModel(_BertBase):
@@ -139,8 +146,9 @@ class BertModel(_BertBase):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, return_binary_logits: bool = False,
-                next_sentence_label: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        hidden = self.encode(input_ids, token_type_ids, attention_mask)
+                next_sentence_label: Tensor | None = None, position_ids: Tensor | None = None,
+                sequence_index: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        hidden = self.encode(input_ids, token_type_ids, attention_mask, position_ids, sequence_index)
         if not self.post_process:
             return hidden
         return self.head(hidden, labels, self.tied_weight(), return_binary_logits, next_sentence_label)

@@ -46,6 +46,15 @@ def check_tp_divides(sharding: ShardingPlan, config: ModelConfig, tp: int) -> No
                              f"them; choose tp dividing {n}")
 
 
+def check_cp(config: ModelConfig, plan: ParallelPlan) -> None:
+    """ValueError unless the plan's context parallelism fits the model: a2a scatters each tp rank's heads over cp."""
+    tp, cp, n = plan.tp_size, plan.mesh.cp_size, config.num_attention_heads
+    if cp > 1 and plan.cp_comm_type == "a2a" and n % (tp * cp):
+        raise ValueError(f"--cp-comm-type a2a splits the heads over tp x cp = {tp} x {cp} = {tp * cp} ranks, but "
+                         f"num_attention_heads={n} is not divisible by {tp * cp}; use --cp-comm-type p2p (ring "
+                         f"attention) or a cp dividing {n // tp if n % tp == 0 else n}")
+
+
 def build_model(model: str | type[StagedModel], config: ModelConfig, plan: ParallelPlan | ParallelMesh | None = None,
                 **options: Any) -> StagedModel:
     """``cls(config, **options)`` with ``plan`` applied (see module docstring); ``cls`` is ``model`` or, for a
@@ -62,6 +71,7 @@ def build_model(model: str | type[StagedModel], config: ModelConfig, plan: Paral
     plan = as_plan(plan)
     cls.check_config(config)
     check_tp_divides(cls.sharding, config, plan.tp_size)
+    check_cp(config, plan)
     place = partial(_place, plan=plan, sharding=cls.sharding, vocab_multiple=config.make_vocab_size_divisible_by)
     built = cls(config, seed=plan.seed, place=place, **options)
     if built.holds_tied_copy:  # the first stage's weight and this copy of it: their gradients are summed

@@ -11,11 +11,12 @@ makes a family's decoder a classifier (``CLASSIFIER_PLAN``), as Hugging Face's `
 
 ``document_ids`` [b, s] (packed examples: the example of each token, in runs) keep each example to itself:
 attention within its run only (``document_mask``) and learned positions counted from its start
-(``document_positions``); rotary positions stay absolute, which changes nothing inside a run, since rotary
-scores depend only on the distance between query and key. ``labels`` are aligned with the positions
-(labels[:, t] is the target of position t, i.e. the
-next token; -100 = ignore), as in Megatron-LM; Hugging Face's ``labels=input_ids`` equals
-``labels = input_ids[:, 1:]`` padded with -100 here.
+(``document_positions``); rotary positions stay absolute, which changes nothing inside a run, since rotary scores
+depend only on the distance between query and key. ``position_ids`` [b, s] or [s] give each token's position
+(learned and rotary) instead, and ``sequence_index`` [s] each token's index in the whole sequence, for a rank of
+context parallelism that holds pieces of it (the engine's cut gives both; ``tpzoo.placement``). ``labels`` are
+aligned with the positions (labels[:, t] is the target of position t, i.e. the next token; -100 = ignore), as in
+Megatron-LM; Hugging Face's ``labels=input_ids`` equals ``labels = input_ids[:, 1:]`` padded with -100 here.
 
 What a layer is comes from the config (``ModelConfig``'s traits): learned or rotary positions
 (``position_embedding_type``), LayerNorm or RMSNorm (``normalization``), the MLP's ``activation``,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from tpzoo.models.attention import Attention, document_mask
@@ -41,6 +43,7 @@ from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.mlp import MLP
 from tpzoo.models.rope import Llama3Scaling, RotaryEmbedding
 from tpzoo.models.transformer import LAYER_PLAN, TransformerLayer
+from tpzoo.placement import Placement
 from tpzoo.sharding_plan import ShardingPlan, prefixed
 
 DECODER_PLAN = ShardingPlan({**prefixed("embedding", EMBEDDING_PLAN), **prefixed("layers.*", LAYER_PLAN),
@@ -102,20 +105,31 @@ class CausalLM(StagedModel):
         return LMHead(self.norm(), self.config.vocab_size)
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None, cache: KVCache | None = None,
-                document_ids: Tensor | None = None) -> Tensor:
+                document_ids: Tensor | None = None, position_ids: Tensor | None = None,
+                sequence_index: Tensor | None = None) -> Tensor:
         """``cache``: decode incrementally; input_ids are the tokens after the cached ones (whole model only).
-        ``document_ids``: packed examples (see module docstring)."""
+        ``document_ids``, ``position_ids``, ``sequence_index``: packed examples, the tokens' positions and places
+        (see module docstring)."""
         if cache is not None and not self.is_whole:
             raise ValueError("a KV cache needs the whole model (pre_process, post_process and every layer)")
-        if cache is not None and document_ids is not None:
-            raise ValueError("document_ids are for training on packed examples; decode without them")
+        if cache is not None and (document_ids, position_ids, sequence_index) != (None, None, None):
+            raise ValueError("document_ids, position_ids and sequence_index are for training on whole or packed "
+                             "sequences; decode without them")
         offset = cache.length if cache is not None else 0
         if self.pre_process:
-            positions = None if document_ids is None else document_positions(document_ids)
+            positions = position_ids
+            if positions is None and document_ids is not None:
+                positions = document_positions(document_ids)
             hidden = self.embedding(input_ids, position_offset=offset, position_ids=positions)
         else:
             hidden = input_ids
-        hidden = self.run_layers(hidden, None if document_ids is None else document_mask(document_ids), cache)
+        if position_ids is None and sequence_index is None:
+            mask = None if document_ids is None else document_mask(document_ids)
+        else:
+            index = sequence_index if sequence_index is not None else \
+                torch.arange(position_ids.shape[-1], device=position_ids.device)
+            mask = Placement(index, document_ids, positions=position_ids)
+        hidden = self.run_layers(hidden, mask, cache)
         if cache is not None:
             cache.length += input_ids.shape[1]
         if not self.post_process:

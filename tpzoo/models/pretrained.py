@@ -83,7 +83,7 @@ def write_once(model: StagedModel, write: Callable[[dict[str, Tensor]], object])
                          f"saving takes the whole model")
     state = full_state_dict(model)
     mesh = model_mesh(model)
-    if mesh.tp_rank == 0 and mesh.dp_rank == 0 and mesh.pp_rank == 0:
+    if mesh.tp_rank == 0 and mesh.dp_cp_rank == 0 and mesh.pp_rank == 0:
         write(state)
     dist.barrier()
 

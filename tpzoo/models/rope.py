@@ -74,12 +74,21 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
-        """Rotate q [b, n, s, d] and k [b, g, s, d] at positions offset .. offset + s - 1."""
+    def forward(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Rotate q [b, n, s, d] and k [b, g, s, d] at positions offset .. offset + s - 1, or at ``positions`` ([s] or
+        [b, s]: each token's own, e.g. the pieces of a sequence context parallelism holds)."""
         s = q.shape[2]
-        if offset + s > self.max_positions:
-            raise ValueError(f"sequence length {offset + s} exceeds max_position_embeddings={self.max_positions}")
-        cos, sin = self.cos[offset:offset + s].to(q.dtype), self.sin[offset:offset + s].to(q.dtype)
+        if positions is None:
+            if offset + s > self.max_positions:
+                raise ValueError(f"sequence length {offset + s} exceeds max_position_embeddings={self.max_positions}")
+            cos, sin = self.cos[offset:offset + s], self.sin[offset:offset + s]
+        else:
+            if positions.shape[-1] != s:
+                raise ValueError(f"positions {tuple(positions.shape)} do not match the {s} tokens of q")
+            cos, sin = self.cos[positions], self.sin[positions]               # [s, r] or [b, s, r]
+            if positions.dim() == 2:
+                cos, sin = cos[:, None], sin[:, None]                         # [b, 1, s, r]
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return self._turn(q, cos, sin), self._turn(k, cos, sin)
 
     def _turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -111,9 +111,9 @@ def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor
 
 def dp_rows(n: int, mesh: ParallelMesh, over: DeviceMesh | None = None) -> tuple[int, int]:
     """[start, stop) of this dp rank's rows of ``n`` split as FSDP splits dim 0 (chunks of ceil(n / dp),
-    the last ones short or empty); ``over``: the 1-D mesh FSDP sharded over (default dp; an expert weight's:
-    edp)."""
-    size, rank = (mesh.dp_size, mesh.dp_rank) if over is None else (over.size(), over.get_local_rank())
+    the last ones short or empty); ``over``: the 1-D mesh FSDP sharded over (default dp x cp; an expert
+    weight's: edp)."""
+    size, rank = (mesh.dp_cp_size, mesh.dp_cp_rank) if over is None else (over.size(), over.get_local_rank())
     chunk = -(-n // size)
     return min(rank * chunk, n), min((rank + 1) * chunk, n)
 

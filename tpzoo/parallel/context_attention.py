@@ -10,127 +10,152 @@ Megatron-LM's p2p context parallelism):
     S_j   = Q K_j^T / sqrt(d), masked         [b, n, sq, sk_j]   block j's scores
     l_j   = logsumexp_k S_j                    [b, n, sq, 1]      (-inf where no key of block j is visible)
     O_j   = softmax_k(S_j) V_j                 [b, n, sq, d]
-    L     = logsumexp_j l_j,   O = sum_j exp(l_j - L) O_j         = softmax(Q K^T / sqrt(d) + M) V exactly
+    L     = logsumexp_j l_j,   O = sum_j exp(l_j - L) O_j         = softmax(Q K^T / sqrt(d) + M) V exactly,
 
-The backward pass is the same ring run backwards: the ring shift is an autograd function whose conjugate sends the
-keys' and values' gradients to rank r - 1, so each block's gradient returns to its owner. Memory: a rank keeps its
-queries' scores against every block, s/c x s a head, 1/c of the whole attention's.
+merged online as the blocks arrive. Backward passes the keys and values round the ring again with each block's
+gradients so far, recomputing each block's probabilities from L (``_RingAttention``): a rank keeps only its s/c
+queries, keys, values, output and L, as FlashAttention does, and at most one [s/c, s/c] block of scores at a time.
+Each step starts sending its block on (and, backward, the gradients of the block before) before it computes, so
+the transfers overlap the compute (``_pass_on``: gloo's sends run in threads of their own, NCCL's on its stream).
 
-The mask is built from what travels with each block, never as a dense [s, s] tensor: causal (a key at a global
-position after the query's is hidden), a sliding window, documents (``doc`` ids: a key of another document is hidden)
-and padding (``valid``: False keys are hidden)."""
+The mask is built from what travels with each block, one [s/c, s/c] block at a time, never as a dense [s, s] tensor:
+causal (a key at a global position after the query's is hidden), a sliding window, documents (``doc`` ids: a key of
+another document is hidden) and padding (``valid``: False keys are hidden). A2A gathers the placement and, where
+nothing but causality hides a key, runs SDPA's causal kernel with no mask at all."""
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class Placement:
-    """What places this rank's tokens in the whole sequence: global ``positions`` [s_local] (long), and optionally
-    ``doc`` [b, s_local] (the document of each token) and ``valid`` [b, s_local] (bool, False = padding)."""
-
-    positions: Tensor
-    doc: Tensor | None = None
-    valid: Tensor | None = None
-
-    def tensors(self) -> list[Tensor]:
-        return [t for t in (self.positions, self.doc, self.valid) if t is not None]
-
-    def like(self, tensors: list[Tensor]) -> "Placement":
-        it = iter(tensors)
-        return Placement(next(it), next(it) if self.doc is not None else None,
-                         next(it) if self.valid is not None else None)
+from tpzoo.placement import Placement, hidden
 
 
-def hidden(q: Placement, k: Placement, causal: bool, window: int | None = None) -> Tensor | None:
-    """The mask of queries placed at ``q`` against keys placed at ``k``: bool, broadcastable to [b, 1, sq, sk], True =
-    hidden; None when nothing is."""
-    out = None
-    if causal:
-        qp, kp = q.positions[:, None], k.positions[None, :]
-        out = kp > qp
-        if window is not None:
-            out = out | (kp <= qp - window)
-        out = out[None, None]
-    if q.doc is not None:
-        other = (q.doc[:, :, None] != k.doc[:, None, :])[:, None]
-        out = other if out is None else out | other
-    if k.valid is not None:
-        pad = ~k.valid[:, None, None, :]
-        out = pad if out is None else out | pad
-    return out
-
-
-def _shift(x: Tensor, group: dist.ProcessGroup, step: int) -> Tensor:
-    """``x`` of rank r - step of ``group`` (this rank's ``x`` goes to rank r + step), by batched isend/irecv."""
-    if x.dtype == torch.bool:  # gloo sends no bool tensors
-        return _shift(x.to(torch.uint8), group, step).bool()
+def _pass_on(tensors: list[Tensor], group: dist.ProcessGroup) -> Callable[[], list[Tensor]]:
+    """Start sending ``tensors`` to rank r + 1 of ``group`` and receiving rank r - 1's (one batched isend/irecv);
+    the returned call waits for them. What runs in between overlaps the transfer."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    x = x.contiguous()
-    out = torch.empty_like(x)  # contiguous too: gloo fills the memory in order
-    ops = [dist.P2POp(dist.isend, x, dist.get_global_rank(group, (rank + step) % size), group),
-           dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (rank - step) % size), group)]
-    for request in dist.batch_isend_irecv(ops):
-        request.wait()
-    return out
+    wire = [(t.to(torch.uint8) if t.dtype == torch.bool else t).contiguous() for t in tensors]  # gloo: no bool
+    out = [torch.empty_like(t) for t in wire]  # contiguous too: gloo fills the memory in order
+    ahead, behind = dist.get_global_rank(group, (rank + 1) % size), dist.get_global_rank(group, (rank - 1) % size)
+    ops = [op for x, y in zip(wire, out) for op in (dist.P2POp(dist.isend, x, ahead, group),
+                                                    dist.P2POp(dist.irecv, y, behind, group))]
+    requests = dist.batch_isend_irecv(ops)
+
+    def wait() -> list[Tensor]:
+        for request in requests:
+            request.wait()
+        return [y.bool() if t.dtype == torch.bool else y for t, y in zip(tensors, out)]
+    return wait
 
 
-class _RingShift(torch.autograd.Function):
-    """Forward: rank r's tensor to rank r + 1. Backward: the gradient back to rank r - 1, where the tensor came
-    from."""
+def _moved(kv: tuple[Tensor, ...], at: Placement, group: dist.ProcessGroup) -> Callable[[], tuple[tuple, Placement]]:
+    """``_pass_on`` of a block's keys and values and their placement: the call returns rank r - 1's."""
+    wait = _pass_on([*kv, *at.tensors()], group)
+
+    def arrived() -> tuple[tuple, Placement]:
+        got = wait()
+        return tuple(got[:len(kv)]), at.like(got[len(kv):])
+    return arrived
+
+
+def _dropout_mask(shape: torch.Size, p: float, like: Tensor) -> Tensor:
+    """Kept entries 1 / (1 - p), dropped 0, drawn from the default generator of ``like``'s device."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device).bernoulli_(1 - p) / (1 - p)
+
+
+def _probs(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, lse: Tensor | None = None
+           ) -> tuple[Tensor, Tensor]:
+    """(exp(S_j - l) [b, n, sq, sk] float32, l [b, n, sq, 1]) of block j's scores S_j = Q K_j^T / sqrt(d): l its
+    own log-sum-exp (-inf for a query that sees none of its keys), or ``lse`` given; 0 where hidden."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(scores, -1, keepdim=True)
+    return torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)), lse
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention with FlashAttention's memory: forward keeps q, k, v, O and L (s/c tokens a rank) and merges the
+    blocks online; backward passes the keys and values round the ring again, recomputes each block's probabilities
+    from L (P_j = exp(S_j - L)) and sends each block's dK_j, dV_j along with it, home after c moves:
+
+        dV_j = P_j^T dO,   dS_j = P_j (dO V_j^T - D) with D = rowsum(dO O),   dQ = sum_j dS_j K_j / sqrt(d),
+        dK_j = dS_j^T Q / sqrt(d)
+
+    With dropout (on P_j, the same as on the whole softmax), backward draws each block's mask again from the
+    generator state forward started from."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:
-        ctx.group = group
-        return _shift(x, group, 1)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, placed: Placement, group: dist.ProcessGroup, causal: bool,
+                window: int | None, dropout: float) -> Tensor:
+        scale, size = 1.0 / math.sqrt(q.shape[-1]), dist.get_world_size(group)
+        ctx.rng = torch.get_rng_state() if q.device.type == "cpu" else torch.cuda.get_rng_state(q.device)
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
+        kv, at = (k, v), placed
+        for step in range(size):
+            arriving = _moved(kv, at, group) if step + 1 < size else None  # the next block, meanwhile
+            probs, block = _probs(q, kv[0], hidden(placed, at, causal, window), scale)
+            if dropout > 0:
+                probs = probs * _dropout_mask(probs.shape, dropout, probs)
+            new = torch.logaddexp(lse, block)
+            safe = torch.where(torch.isinf(new), 0.0, new)
+            out = out * torch.exp(lse - safe) + probs.to(q.dtype).matmul(kv[1]).float() * torch.exp(block - safe)
+            lse = new
+            if arriving is not None:
+                kv, at = arriving()
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.placed, ctx.group, ctx.causal, ctx.window, ctx.dropout = placed, group, causal, window, dropout
+        return out.to(q.dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return _shift(grad, ctx.group, -1), None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        group, size = ctx.group, dist.get_world_size(ctx.group)
+        scale, grad = 1.0 / math.sqrt(q.shape[-1]), grad.float()
+        d = (grad * out).sum(-1, keepdim=True)                                     # [b, n, sq, 1]
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv, at, gradients = (k, v), ctx.placed, None  # gradients: the held block's dK, dV so far, arriving
+        cuda = q.device.type == "cuda"
+        with torch.random.fork_rng(devices=[q.device] if cuda else []):
+            torch.cuda.set_rng_state(ctx.rng, q.device) if cuda else torch.set_rng_state(ctx.rng)
+            for step in range(size):
+                arriving = _moved(kv, at, group) if step + 1 < size else None
+                probs, _ = _probs(q, kv[0], hidden(ctx.placed, at, ctx.causal, ctx.window), scale, lse)
+                dp, kept = grad.matmul(kv[1].float().transpose(-1, -2)), probs
+                if ctx.dropout > 0:
+                    drop = _dropout_mask(probs.shape, ctx.dropout, probs)
+                    dp, kept = dp * drop, probs * drop
+                ds = probs * (dp - d)
+                dq += ds.matmul(kv[0].float()) * scale
+                dk = ds.transpose(-1, -2).matmul(q.float()) * scale
+                dv = kept.transpose(-1, -2).matmul(grad)
+                if gradients is not None:
+                    before = gradients()
+                    dk, dv = before[0] + dk, before[1] + dv
+                gradients = _pass_on([dk, dv], group)  # after c moves each block's are home
+                if arriving is not None:
+                    kv, at = arriving()
+            dk, dv = gradients()
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def _block(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    """(O_j [b, n, sq, d], l_j [b, n, sq, 1]) of one block of keys; l_j = -inf for queries that see none of it."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is None:
-        return torch.softmax(scores, -1).matmul(v), torch.logsumexp(scores, -1, keepdim=True)
-    # a large finite fill keeps the gradient of rows with no visible key finite; their weight in the merge is 0
-    scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-    lse = torch.logsumexp(scores, -1, keepdim=True)
-    seen = (~mask).any(-1, keepdim=True)
-    return torch.softmax(scores, -1).matmul(v), torch.where(seen, lse, float("-inf"))
-
-
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup, placed: Placement, *,
-                   causal: bool = True, window: int | None = None) -> Tensor:
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, placed: Placement, *, group: dist.ProcessGroup,
+                   causal: bool = True, window: int | None = None, dropout: float = 0.0) -> Tensor:
     """softmax(Q K^T / sqrt(d) + M) V over the whole sequence for this rank's queries (module docstring).
 
     q [b, n, sq, d], k and v [b, n, sk, d] (sk = sq: this rank's tokens; kv heads already repeated to n), ``placed``
-    where this rank's tokens sit (each rank may hold any positions: the load-balanced cut gives each two chunks).
-    Returns [b, n, sq, d]. A query that sees no key at all (a padding query whose whole sequence is padding) gets
-    zeros."""
-    size = dist.get_world_size(group)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    outs, lses, kv, at = [], [], (k, v), placed
-    for step in range(size):
-        o, lse = _block(q, *kv, hidden(placed, at, causal, window), scale)
-        outs.append(o)
-        lses.append(lse)
-        if step + 1 < size:
-            kv = tuple(_RingShift.apply(t, group) for t in kv)
-            at = at.like([_shift(t, group, 1) for t in at.tensors()])
-    # exp(l_j - L) as a softmax over the blocks, written out: logsumexp's gradient is NaN where every l_j is -inf
-    lse = torch.stack(lses)                                                  # [c, b, n, sq, 1]
-    top = lse.detach().amax(0)
-    weights = torch.exp(lse - torch.where(torch.isinf(top), 0.0, top))     # 0 for a block a query does not see
-    total = weights.sum(0)
-    return (weights * torch.stack(outs)).sum(0) / torch.where(total == 0, 1.0, total)
+    where this rank's tokens sit (each rank may hold any positions: the load-balanced cut gives each two chunks);
+    ``dropout``: on the probabilities. Returns [b, n, sq, d]. A query that sees no key at all (a padding query whose
+    whole sequence is padding) gets zeros."""
+    return _RingAttention.apply(q, k, v, placed, group, causal, window, dropout)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -180,18 +205,34 @@ def gather_placement(placed: Placement, group: dist.ProcessGroup) -> Placement:
     return placed.like([gather(t) for t in placed.tensors()])
 
 
-def all_to_all_attention(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup, placed: Placement, *,
-                         causal: bool = True, window: int | None = None) -> Tensor:
+def all_to_all_attention(q: Tensor, k: Tensor, v: Tensor, placed: Placement, *, group: dist.ProcessGroup,
+                         causal: bool = True, window: int | None = None, dropout: float = 0.0) -> Tensor:
     """The same attention as ``ring_attention`` by DeepSpeed-Ulysses (Jacobs et al. 2023): an all-to-all gives each
-    rank n/c heads of the whole sequence, plain attention runs on them (torch's SDPA with the mask of the gathered
-    placement), a second all-to-all returns this rank's tokens of every head. q, k, v [b, n, s/c, d] -> [b, n, s/c,
-    d]; n must divide by c."""
+    rank n/c heads of the whole sequence, plain attention runs on them (torch's SDPA, on the sequence put back in
+    order: causal without a mask where nothing else is hidden, else with the mask of the gathered placement), a second
+    all-to-all returns this rank's tokens of every head. q, k, v [b, n, s/c, d] -> [b, n, s/c, d]; n must divide by
+    c. The ranks' pieces together hold the whole sequence, as the engine's cut gives them."""
     whole = gather_placement(placed, group)
-    q, k, v = (heads_to_sequence(t, group) for t in (q, k, v))
-    mask = hidden(whole, whole, causal, window)
-    if mask is None:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    order = torch.argsort(whole.index)                          # the load-balanced cut's chunks back in order
+    q, k, v = (heads_to_sequence(t, group).index_select(2, order) for t in (q, k, v))
+    whole = Placement(whole.index[order], None if whole.doc is None else whole.doc[:, order],
+                      None if whole.valid is None else whole.valid[:, order])
+    if whole.doc is None and whole.valid is None and window is None:  # the pieces cover the sequence: 0 .. s-1
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
     else:  # a query that sees no key gets zeros, as in ring_attention (SDPA would give NaN)
+        mask = hidden(whole, whole, causal, window)
         seen = (~mask).any(-1, keepdim=True)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask | ~seen) * seen
-    return sequence_to_heads(out, group)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask | ~seen, dropout_p=dropout)
+        out = out * seen
+    return sequence_to_heads(out.index_select(2, torch.argsort(order)), group)
+
+
+MODES = {"p2p": ring_attention, "a2a": all_to_all_attention}
+
+
+def context_attention(group: dist.ProcessGroup, comm_type: str) -> Callable[..., Tensor]:
+    """The attention of ``CoreAttention.context_parallel`` for the cp ranks of ``group``: ring attention (``p2p``) or
+    DeepSpeed-Ulysses (``a2a``), called as (q, k, v, placement, causal=, window=, dropout=)."""
+    if comm_type not in MODES:
+        raise ValueError(f"cp comm type must be one of {', '.join(MODES)}, got {comm_type!r}")
+    return functools.partial(MODES[comm_type], group=group)

@@ -1,8 +1,8 @@
-"""The 3D process mesh ``pp x dp x tp`` and the one place it is kept.
+"""The process mesh ``pp x dp x cp x tp`` and the one place it is kept.
 
-Ranks are laid out row-major over (pp, dp, tp), tp innermost, so tensor-parallel peers
+Ranks are laid out row-major over (pp, dp, cp, tp), tp innermost, so tensor-parallel peers
 (the most talkative group) are adjacent ranks, i.e. on the same node. World size 8 with
-tp=2, pp=2, dp=2:
+tp=2, pp=2, dp=2 (cp 1):
 
     pp=0:  dp=0 -> ranks [0 1]   dp=1 -> ranks [2 3]      <- each [ ] is a tp group
     pp=1:  dp=0 -> ranks [4 5]   dp=1 -> ranks [6 7]
@@ -10,6 +10,14 @@ tp=2, pp=2, dp=2:
     tp groups: {0,1} {2,3} {4,5} {6,7}
     dp groups: {0,2} {1,3} {4,6} {5,7}   (same pp stage and tp rank: hold the same shard)
     pp groups: {0,4} {1,5} {2,6} {3,7}   (same dp replica and tp rank: one pipeline)
+
+Context parallelism (``init_mesh(cp=)``, Megatron-LM's ``--context-parallel-size``) splits every sequence over the
+cp ranks of a replica (``tpzoo.parallel.context_attention``): they hold the same weights, so gradients are summed,
+and ZeRO and FSDP shard, over dp x cp together (``dp_cp_group``, one collective). World size 8, tp 2, dp 2, cp 2:
+
+    cp groups    {0,2} {1,3} {4,6} {5,7}
+    dp groups    {0,4} {1,5} {2,6} {3,7}        (the batch's rows are split over dp only)
+    dp_cp groups {0,2,4,6} {1,3,5,7}            (the ranks holding the same tp shard)
 
 Expert parallelism (``init_mesh(ep=)``, Megatron-LM's ``--expert-model-parallel-size``) is carved out of dp: the
 dp ranks of a stage split into dp / ep expert-data-parallel replicas of ep consecutive dp ranks each, and a mixture
@@ -39,23 +47,25 @@ from tpzoo.parallel.random import RNGStatesTracker
 from tpzoo.parallel.rollcall import PeerFailure, launch_store, roll_call
 from tpzoo.testing import free_port
 
-DIMS = ("pp", "dp", "tp")
+DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
 @dataclass
 class ParallelMesh:
-    """A ``pp x dp x tp`` DeviceMesh with the sizes, ranks and groups of each axis.
+    """A ``pp x dp x cp x tp`` DeviceMesh with the sizes, ranks and groups of each axis.
 
     Axes: ``pp`` pipeline stages (layers split into consecutive stages), ``dp`` data-parallel
-    replicas (different micro-batches, gradients averaged), ``tp`` tensor-parallel shards
-    (each matrix multiply split). ``rng`` holds the dropout streams (see ``random``).
+    replicas (different micro-batches, gradients averaged), ``cp`` context-parallel pieces (each
+    sequence split), ``tp`` tensor-parallel shards (each matrix multiply split). ``rng`` holds the
+    dropout streams (see ``random``).
     """
 
     device_mesh: DeviceMesh
     device: torch.device
     rng: RNGStatesTracker = field(default_factory=RNGStatesTracker)
     expert_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # (ep, edp) when ep > 1
+    dp_cp: dist.ProcessGroup | None = None  # dp x cp flattened, when cp > 1
 
     def size(self, dim: str) -> int:
         return self.device_mesh.size(DIMS.index(dim))
@@ -103,6 +113,40 @@ class ParallelMesh:
         return self.group("dp")
 
     @property
+    def cp_size(self) -> int:
+        return self.size("cp")
+
+    @property
+    def cp_rank(self) -> int:
+        return self.rank("cp")
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.group("cp")
+
+    @property
+    def dp_cp_group(self) -> dist.ProcessGroup:
+        """The ranks holding the same weights (dp x cp; the dp group at cp 1): gradients are summed, ZeRO and FSDP
+        shard, and the loss's parts are summed over it."""
+        return self.dp_group if self.dp_cp is None else self.dp_cp
+
+    @property
+    def dp_cp_size(self) -> int:
+        return self.dp_size * self.cp_size
+
+    @property
+    def dp_cp_rank(self) -> int:
+        return self.dp_rank * self.cp_size + self.cp_rank
+
+    @functools.cached_property
+    def dp_cp_mesh(self) -> DeviceMesh:
+        """The dp_cp group as a 1-D DeviceMesh ("dp_cp"; the dp mesh at cp 1): FSDP shards over it."""
+        if self.dp_cp is None:
+            return self.device_mesh["dp"]
+        ranks = torch.tensor(dist.get_process_group_ranks(self.dp_cp))
+        return DeviceMesh.from_group(self.dp_cp, self.device_mesh.device_type, mesh=ranks, mesh_dim_names=("dp_cp",))
+
+    @property
     def ep_size(self) -> int:
         return 1 if self.expert_groups is None else dist.get_world_size(self.expert_groups[0])
 
@@ -117,15 +161,16 @@ class ParallelMesh:
 
     @property
     def edp_group(self) -> dist.ProcessGroup:
-        """The dp ranks holding the same experts (every dp rank when ep is 1): expert gradients are summed over it."""
-        return self.dp_group if self.expert_groups is None else self.expert_groups[1]
+        """The dp ranks holding the same experts (``dp_cp_group`` when ep is 1): expert gradients are summed over it."""
+        return self.dp_cp_group if self.expert_groups is None else self.expert_groups[1]
 
     @functools.cached_property
     def tp_dp_mesh(self) -> DeviceMesh:
-        """This pp stage's ranks as a 2-D (tp, dp) DeviceMesh, tp first: a tensor sharded on both (FSDP's
-        dp piece of a tp shard, ``tpzoo.checkpoint.tensors``) is the tp chunk, then the dp chunk of it."""
-        ranks = self.device_mesh.mesh[self.pp_rank].T  # [dp, tp] -> [tp, dp]
-        return DeviceMesh.from_group([self.tp_group, self.dp_group], self.device_mesh.device_type, mesh=ranks,
+        """This pp stage's ranks as a 2-D (tp, dp) DeviceMesh, tp first, its dp the dp_cp group: a tensor sharded on
+        both (FSDP's or ZeRO's dp piece of a tp shard, ``tpzoo.checkpoint.tensors``) is the tp chunk, then the dp
+        chunk of it."""
+        ranks = self.device_mesh.mesh[self.pp_rank].reshape(-1, self.tp_size).T  # [dp, cp, tp] -> [tp, dp cp]
+        return DeviceMesh.from_group([self.tp_group, self.dp_cp_group], self.device_mesh.device_type, mesh=ranks,
                                      mesh_dim_names=("tp", "dp"))
 
     @functools.cached_property
@@ -142,9 +187,10 @@ class ParallelMesh:
 
     @functools.cached_property
     def edp_mesh(self) -> DeviceMesh:
-        """The edp group as a 1-D DeviceMesh ("edp"; the dp mesh at ep 1): FSDP shards the expert weights over it."""
+        """The edp group as a 1-D DeviceMesh ("edp"; ``dp_cp_mesh`` at ep 1): FSDP shards the expert weights over
+        it."""
         if self.expert_groups is None:
-            return self.device_mesh["dp"]
+            return self.dp_cp_mesh
         ranks = torch.tensor(dist.get_process_group_ranks(self.edp_group))
         return DeviceMesh.from_group(self.edp_group, self.device_mesh.device_type, mesh=ranks, mesh_dim_names=("edp",))
 
@@ -160,8 +206,9 @@ class ParallelMesh:
 
     def __repr__(self) -> str:
         ep = f", ep={self.ep_size}" if self.ep_size > 1 else ""
-        return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}, tp={self.tp_size}{ep}, "
-                f"rank={dist.get_rank()}: pp_rank={self.pp_rank}, dp_rank={self.dp_rank}, "
+        cp, cp_rank = (f", cp={self.cp_size}", f", cp_rank={self.cp_rank}") if self.cp_size > 1 else ("", "")
+        return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}{cp}, tp={self.tp_size}{ep}, "
+                f"rank={dist.get_rank()}: pp_rank={self.pp_rank}, dp_rank={self.dp_rank}{cp_rank}, "
                 f"tp_rank={self.tp_rank}, device={self.device})")
 
 
@@ -185,18 +232,22 @@ def _check_size(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be >= 1, got {name}={value}")
 
 
-def mesh_shape(world_size: int, tp: int = 1, pp: int = 1, dp: int | None = None) -> tuple[int, int, int]:
-    """(pp, dp, tp) for ``world_size`` ranks, inferring dp; raises if the sizes do not fit."""
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+def mesh_shape(world_size: int, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1
+               ) -> tuple[int, int, int]:
+    """(pp, dp, tp) for ``world_size`` ranks of a mesh with ``cp`` context-parallel ranks, inferring dp; raises if
+    the sizes do not fit."""
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         _check_size(name, value)
+    named = f"tp x pp x cp = {tp} x {pp} x {cp}" if cp > 1 else f"tp x pp = {tp} x {pp}"
     if dp is None:
-        if world_size % (tp * pp):
-            raise ValueError(f"world size {world_size} is not divisible by tp x pp = {tp} x {pp} = {tp * pp}; "
-                             f"launch a multiple of {tp * pp} ranks or change tp/pp")
-        dp = world_size // (tp * pp)
-    if tp * pp * dp != world_size:
-        raise ValueError(f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} does not equal the world size "
-                         f"{world_size}; launch {tp * pp * dp} ranks or omit dp to infer it")
+        if world_size % (tp * pp * cp):
+            raise ValueError(f"world size {world_size} is not divisible by {named} = {tp * pp * cp}; "
+                             f"launch a multiple of {tp * pp * cp} ranks or change the sizes")
+        dp = world_size // (tp * pp * cp)
+    if tp * pp * cp * dp != world_size:
+        sizes = f"tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp}" if cp > 1 else f"tp x pp x dp = {tp} x {pp} x {dp}"
+        raise ValueError(f"{sizes} = {tp * pp * cp * dp} does not equal the world size {world_size}; launch "
+                         f"{tp * pp * cp * dp} ranks or omit dp to infer it")
     return pp, dp, tp
 
 
@@ -234,7 +285,7 @@ def _axis_groups(ranks: torch.Tensor, timeout: timedelta, dims: tuple[int, ...] 
     return mine
 
 
-def _build_device_mesh(shape: tuple[int, int, int], device_type: str, timeout: timedelta) -> DeviceMesh:
+def _build_device_mesh(shape: tuple[int, int, int, int], device_type: str, timeout: timedelta) -> DeviceMesh:
     """A DeviceMesh over explicitly made groups, one per axis slice, each with ``timeout``.
 
     Not ``init_device_mesh``: on gloo with torch 2.13 a process that made one aborts at exit
@@ -245,52 +296,65 @@ def _build_device_mesh(shape: tuple[int, int, int], device_type: str, timeout: t
     return DeviceMesh.from_group(_axis_groups(ranks, timeout), device_type, mesh=ranks, mesh_dim_names=DIMS)
 
 
-def _expert_groups(shape: tuple[int, int, int], ep: int, timeout: timedelta
+def _dp_cp_group(shape: tuple[int, int, int, int], timeout: timedelta) -> dist.ProcessGroup | None:
+    """This rank's group of dp x cp flattened (the ranks of its pp stage and tp rank); None at cp 1."""
+    pp, dp, cp, tp = shape
+    if cp == 1:
+        return None
+    return _axis_groups(torch.arange(dist.get_world_size()).reshape(pp, dp * cp, tp), timeout, dims=(1,))[0]
+
+
+def _expert_groups(shape: tuple[int, int, int, int], ep: int, timeout: timedelta
                    ) -> tuple[dist.ProcessGroup, dist.ProcessGroup] | None:
     """(ep group, edp group) of this rank: the dp axis of (pp, dp, tp) split into (edp, ep), ep inner; None at ep 1."""
     if ep == 1:
         return None
-    pp, dp, tp = shape
+    pp, dp, _, tp = shape
     ranks = torch.arange(dist.get_world_size()).reshape(pp, dp // ep, ep, tp)
     edp_group, ep_group = _axis_groups(ranks, timeout, dims=(1, 2))
     return ep_group, edp_group
 
 
-def check_ep(ep: int, dp: int) -> None:
-    """ValueError unless the expert-parallel size ``ep`` divides ``dp`` (the experts' ranks are carved out of dp)."""
+def check_ep(ep: int, dp: int, cp: int = 1) -> None:
+    """ValueError unless the expert-parallel size ``ep`` divides ``dp`` (the experts' ranks are carved out of dp), and
+    ep and context parallelism are not both asked for."""
     _check_size("ep", ep)
+    if ep > 1 and cp > 1:
+        raise ValueError(f"expert parallelism ep={ep} with context parallelism cp={cp}: tpzoo does not combine the "
+                         f"two yet; choose one of them")
     if dp % ep:
         raise ValueError(f"expert parallelism ep={ep} must divide the data-parallel size dp={dp} (the expert ranks "
                          f"are carved out of dp); choose an ep dividing {dp}")
 
 
-def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, ep: int = 1, device_type: str | None = None,
-              timeout: timedelta = DEFAULT_TIMEOUT) -> ParallelMesh:
-    """Build the ``pp x dp x tp`` mesh over all ranks and make it the current one.
+def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, cp: int = 1, ep: int = 1,
+              device_type: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT) -> ParallelMesh:
+    """Build the ``pp x dp x cp x tp`` mesh over all ranks and make it the current one.
 
-    Starts the process group if none is running: under torchrun from its environment, else as a
-    lone process (world size 1). Backend nccl for CUDA, gloo otherwise; ``device_type`` defaults
-    to "cuda" when a GPU is visible. ``dp`` defaults to world_size / (tp x pp). ``ep``: experts split over groups
-    of ep dp ranks (it must divide dp; module docstring). ``timeout`` bounds every collective so that a dead peer
-    ends the run with an error instead of a hang.
+    Starts the process group if none is running: under torchrun from its environment, else as a lone process (world
+    size 1). Backend nccl for CUDA, gloo otherwise; ``device_type`` defaults to "cuda" when a GPU is visible.
+    ``dp`` defaults to world_size / (tp x pp x cp). ``cp``: each sequence split over cp ranks (module docstring).
+    ``ep``: experts split over groups of ep dp ranks (it must divide dp). ``timeout`` bounds every collective so
+    that a dead peer ends the run with an error instead of a hang.
     """
     global _mesh
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep)):
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep)):
         _check_size(name, value)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     if not dist.is_initialized():
         # sizes that cannot fit fail before any connection: a rank that fails while its peers still
         # connect leaves them a gloo "connection closed by peer" error instead of the one line
-        check_ep(ep, mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp)[1])
+        check_ep(ep, mesh_shape(int(os.environ.get("WORLD_SIZE", "1")), tp, pp, dp, cp)[1], cp)
     try:
         if not dist.is_initialized():
             _start_process_group(device_type, timeout)
-        shape = mesh_shape(dist.get_world_size(), tp, pp, dp)
-        check_ep(ep, shape[1])
+        pp_, dp_, tp_ = mesh_shape(dist.get_world_size(), tp, pp, dp, cp)
+        check_ep(ep, dp_, cp)
+        shape = (pp_, dp_, cp, tp_)
         device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else \
             torch.device("cpu")
         _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device,
-                             expert_groups=_expert_groups(shape, ep, timeout))
+                             expert_groups=_expert_groups(shape, ep, timeout), dp_cp=_dp_cp_group(shape, timeout))
     except RuntimeError as e:  # a peer that never joined (stopped, dead): named by a roll call, as in a step
         store = launch_store()
         if store is None or isinstance(e, PeerFailure):

@@ -7,7 +7,8 @@
 In order:
 
 1. the run options: torch's LayerNorm, RMSNorm and GELU become ``tpzoo.kernels``' (the same
-   parameters), and a module's ``kernels`` and ``attention_backend`` attributes take the plan's;
+   parameters), and a module's ``kernels`` and ``attention_backend`` attributes take the plan's, its
+   ``context_parallel`` the attention over the cp ranks (``context_attention``; None at cp 1);
 2. each module a pattern matches gets its style (``tpzoo.parallel.styles``): sharded linear and
    embedding layers, hooks at the sequence-parallel region's edges, the tp stream for modules
    computing on this rank's heads;
@@ -43,6 +44,7 @@ from __future__ import annotations
 from torch import nn
 
 from tpzoo.kernels.modules import from_torch
+from tpzoo.parallel.context_attention import context_attention
 from tpzoo.parallel.mesh import ParallelMesh
 from tpzoo.parallel.param_facts import ParamFacts, facts, mark
 from tpzoo.parallel.plan import ParallelPlan, as_plan
@@ -83,8 +85,10 @@ def parallelize(module: nn.Module, plan: ParallelPlan | ParallelMesh | None, sha
 
 def _kernels(root: nn.Module, prefix: str, plan: ParallelPlan) -> nn.Module:
     """Step 1: torch's LayerNorm, RMSNorm and GELU become tpzoo.kernels' (the same parameters); ``kernels``,
-    ``attention_backend`` and ``grouped_gemm`` attributes take the plan's."""
+    ``attention_backend``, ``grouped_gemm`` and ``context_parallel`` attributes take the plan's."""
     backend = resolve_attention_backend(plan.attention_backend)
+    mesh = plan.mesh
+    across = context_attention(mesh.cp_group, plan.cp_comm_type) if mesh.cp_size > 1 else None
     for path, sub in list(root.named_modules(prefix=prefix)):
         kernel = from_torch(sub, plan.kernels)
         if kernel is not None:
@@ -95,6 +99,8 @@ def _kernels(root: nn.Module, prefix: str, plan: ParallelPlan) -> nn.Module:
             sub.attention_backend = backend
         if hasattr(sub, "grouped_gemm"):
             sub.grouped_gemm = plan.grouped_gemm
+        if hasattr(sub, "context_parallel"):
+            sub.context_parallel = across
     return root
 
 

@@ -1,14 +1,15 @@
 """``ParallelPlan``: how a model runs, applied to its plain code from outside by whoever builds it.
 
-A model's config says what the model is (sizes, kinds of blocks), its sharding plan how tensor
-parallelism splits it (``tpzoo.sharding_plan``); this plan says how a run runs it: on which mesh (and
-so which tp shard each rank holds), whether activations between the sublayers are split along the
-sequence over tp, whether layers recompute their activations in backward, which kernels and
-attention backend compute it (and a mixture of experts' experts: one grouped multiply or a loop),
-whether torch.compile compiles its blocks, whether FSDP shards its weights over dp
-(``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn from. ``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's
-sharding plan through ``tpzoo.parallel.parallelize``; a model never chooses any of it, so the same
-model code runs at any tp, with or without sequence parallelism.
+A model's config says what the model is (sizes, kinds of blocks), its sharding plan how tensor parallelism
+splits it (``tpzoo.sharding_plan``); this plan says how a run runs it: on which mesh (and so which tp shard each
+rank holds), whether activations between the sublayers are split along the sequence over tp, whether layers
+recompute their activations in backward, which kernels and attention backend compute it (and a mixture of
+experts' experts: one grouped multiply or a loop), how attention spans a sequence split over context-parallel
+ranks, whether torch.compile compiles its blocks, whether FSDP shards its weights over dp
+(``tpzoo.parallel.fsdp``, applied by the engine), and the seed its weights are drawn from.
+``tpzoo.models.build_model`` (what the engine builds stages with) applies it with the model's sharding plan
+through ``tpzoo.parallel.parallelize``; a model never chooses any of it, so the same model code runs at any tp,
+with or without sequence parallelism.
 
     plan = ParallelPlan(init_mesh(tp=2), sequence_parallel=True)
     model = build_model(GPTModel, get_preset("gpt-tiny"), plan)
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpzoo.parallel.mesh import ParallelMesh, get_mesh
-from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, PLAN_OPTIONS, recompute_problem
+from tpzoo.run_options import ATTENTION_BACKENDS, CP_COMM_TYPES, KERNEL_BACKENDS, PLAN_OPTIONS, recompute_problem
 
 __all__ = ["ATTENTION_BACKENDS", "KERNEL_BACKENDS", "PLAN_OPTIONS", "ParallelPlan", "as_plan"]
 
@@ -40,6 +41,7 @@ class ParallelPlan:
     fsdp: bool = False                   # weights, gradients, optimizer state sharded over dp (FSDP2, ZeRO-3):
                                          # applied by the Engine; a model built or loaded outside one is whole
     grouped_gemm: bool = False           # a mixture of experts' experts as one grouped multiply, not a loop
+    cp_comm_type: str = "p2p"            # at cp > 1: ring attention (p2p) or all-to-all over heads (a2a)
     # Megatron-LM's recompute (``recompute_units``): "full" layers by ``recompute_method`` and
     # ``recompute_num_layers``, or "selective": core attention only; None: recompute_activations decides
     recompute_granularity: str | None = None
@@ -55,6 +57,9 @@ class ParallelPlan:
         if self.kernels not in (None, *KERNEL_BACKENDS):
             raise ValueError(f"ParallelPlan.kernels must be one of None, {', '.join(KERNEL_BACKENDS)}; "
                              f"got {self.kernels!r}")
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            raise ValueError(f"ParallelPlan.cp_comm_type must be one of {', '.join(CP_COMM_TYPES)}; "
+                             f"got {self.cp_comm_type!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"ParallelPlan.attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}; "
                              f"got {self.attention_backend!r}")

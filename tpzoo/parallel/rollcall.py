@@ -46,7 +46,8 @@ def _coordinates(mesh: Any, rank: int) -> str:
     where = (mesh.device_mesh.mesh == rank).nonzero()
     if not len(where):
         return "not in the mesh"
-    return ", ".join(f"{dim}_rank={i}" for dim, i in zip(mesh.device_mesh.mesh_dim_names, where[0].tolist()))
+    dims = zip(mesh.device_mesh.mesh_dim_names, where[0].tolist(), mesh.device_mesh.mesh.shape)
+    return ", ".join(f"{dim}_rank={i}" for dim, i, size in dims if size > 1 or dim != "cp")  # cp only when used
 
 
 def roll_call(wait_s: float = DEFAULT_WAIT_S, store: dist.Store | None = None) -> RollCall:

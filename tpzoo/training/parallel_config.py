@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from tpzoo.engine.config import SCHEDULES
 from tpzoo.fields import at_least, boolean, check_fields, one_of, option, optional, positive_number, toggle
-from tpzoo.run_options import ATTENTION_BACKENDS, KERNEL_BACKENDS, RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
+from tpzoo.run_options import (ATTENTION_BACKENDS, CP_COMM_TYPES, KERNEL_BACKENDS, RECOMPUTE_GRANULARITIES,
+                               RECOMPUTE_METHODS)
 
 if TYPE_CHECKING:
     from tpzoo.parallel import ParallelMesh, ParallelPlan
@@ -38,12 +39,19 @@ def _launch(default: object, check: object, doc: str, flag: str | tuple[str, ...
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """The mesh (tp x pp x dp = world size; dp inferred when None) and how the model and state spread over it."""
+    """The mesh (tp x pp x dp x cp = world size; dp inferred when None) and how the model and state spread over
+    it."""
 
     tp: int = _launch(1, at_least(1), "", ("--tensor-model-parallel-size", "--tp"))
     pp: int = _launch(1, at_least(1), "", ("--pipeline-model-parallel-size", "--pp"))
-    dp: int | None = _launch(None, optional(at_least(1)), "default: world size / (tp x pp)",
+    dp: int | None = _launch(None, optional(at_least(1)), "default: world size / (tp x pp x cp)",
                              ("--data-parallel-size", "--dp"))
+    cp: int = _launch(1, at_least(1), "each sequence split over cp ranks, its attention by --cp-comm-type (causal "
+                      "models: 2 cp chunks, rank r holding chunks r and 2cp-1-r; docs/parallelism.md)",
+                      ("--context-parallel-size", "--cp"))
+    cp_comm_type: str = _launch("p2p", one_of(*CP_COMM_TYPES), "at cp > 1: p2p, ring attention (keys and values "
+                                "passed round the cp ranks); a2a, all-to-all over heads (DeepSpeed-Ulysses: the "
+                                "heads must divide by tp x cp)", "--cp-comm-type")
     vpp: int | None = _launch(None, optional(at_least(1)), "model chunks per pp rank (interleaved schedules; "
                               "default: 2 for them)", ("--virtual-pipeline-model-parallel-size", "--vpp"))
     ep: int = _launch(1, at_least(1), "a mixture of experts' experts split over groups of ep dp ranks, tokens sent to "
@@ -69,6 +77,9 @@ class ParallelConfig:
         --use-distributed-optimizer (FSDP shards the optimizer state already; Megatron refuses the pair too), with
         the interleaved-zero-bubble schedule at pp > 1."""
         check_fields(self)
+        if self.cp > 1 and self.ep > 1:
+            raise ValueError(f"--context-parallel-size {self.cp} with --expert-model-parallel-size {self.ep}: tpzoo "
+                             f"does not combine the two yet; drop one")
         if self.use_torch_fsdp2 and self.use_distributed_optimizer:
             raise ValueError("--use-torch-fsdp2 already shards the optimizer state over dp; drop "
                              "--use-distributed-optimizer or --use-torch-fsdp2")
@@ -81,7 +92,7 @@ class ParallelConfig:
         """``init_mesh`` of these sizes (ep included) and timeout: collective, starts the process group if none is."""
         from tpzoo.parallel import init_mesh
 
-        return init_mesh(self.tp, self.pp, self.dp, ep=self.ep, timeout=self.timeout)
+        return init_mesh(self.tp, self.pp, self.dp, cp=self.cp, ep=self.ep, timeout=self.timeout)
 
     @property
     def timeout(self) -> timedelta:
@@ -93,12 +104,12 @@ class ParallelConfig:
         the world size are left to ``init_mesh``, which names them), and --local-rank (torch.distributed.launch's),
         set as LOCAL_RANK when the launcher did not, a ValueError naming both when they differ."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        dp = self.dp or world // (self.tp * self.pp)
+        dp = self.dp or world // (self.tp * self.pp * self.cp)
         if dp % self.ep:
             raise ValueError(f"--expert-model-parallel-size {self.ep} must divide the data-parallel size {dp} (world "
                              f"size {world}, tp {self.tp}, pp {self.pp}): the expert ranks are carved out of dp; "
                              f"choose an ep dividing {dp}")
-        if self.use_torch_fsdp2 and dp == 1:
+        if self.use_torch_fsdp2 and dp * self.cp == 1:
             raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {self.tp}, "
                              f"pp {self.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
         if self.local_rank is not None:
@@ -213,4 +224,5 @@ def plan_of(parallel: ParallelConfig, precision: PrecisionConfig, speed: SpeedCo
     return ParallelPlan(mesh, sequence_parallel=parallel.sequence_parallel,
                         recompute_activations=precision.recompute_activations, kernels=precision.kernels,
                         attention_backend=precision.attention_backend, seed=seed, compile=precision.compile,
-                        fsdp=parallel.use_torch_fsdp2, grouped_gemm=speed.moe_grouped_gemm, **speed.recompute())
+                        fsdp=parallel.use_torch_fsdp2, grouped_gemm=speed.moe_grouped_gemm,
+                        cp_comm_type=parallel.cp_comm_type, **speed.recompute())

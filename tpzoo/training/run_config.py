@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tpzoo.data.data_args import DataConfig
 from tpzoo.engine.config import EngineConfig
+from tpzoo.models.families import family
+from tpzoo.run_options import context_cut_problem
 from tpzoo.fields import (add_section, at_least, boolean, check_fields, option, optional, positive_number, role,
                           section_of)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
@@ -75,6 +77,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_experts(self.model, self.parallel.ep, self.speed.moe_grouped_gemm)  # against the model's experts
+        p = self.parallel
+        if p.cp > 1 and self.model.model is not None:  # the sequence cut over cp (tpzoo.engine.context_cut)
+            problem = context_cut_problem(self.model.seq_length, p.cp, family(self.model.model).data == "causal-lm",
+                                          p.tp if p.sequence_parallel else 1)
+            if problem:
+                raise ValueError(f"--context-parallel-size {p.cp}: {problem} (--seq-length)")
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> RunConfig:

@@ -72,7 +72,8 @@ def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
     """The model, mesh and memory lines (module docstring) of a model ``config`` built into ``engine`` (collective
     over pp: ``parameter_count``)."""
     mesh, cfg, plan = engine.mesh, engine.config, engine.plan
-    world = mesh.tp_size * mesh.pp_size * mesh.dp_size
+    world = mesh.tp_size * mesh.pp_size * mesh.dp_size * mesh.cp_size
+    cp = f" x cp {mesh.cp_size} ({plan.cp_comm_type})" if mesh.cp_size > 1 else ""
     options = [o for o, on in (("sequence parallel", plan.sequence_parallel),
                                ("distributed optimizer", cfg.use_distributed_optimizer), ("FSDP", plan.fsdp)) if on]
     memory = state_bytes(engine)
@@ -80,7 +81,7 @@ def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
     return [
         f"model     {config.model_type}, {parameter_count(engine) / 1e6:.2f}M parameters ({config.num_layers} layers, "
         f"hidden {config.hidden_size}, {config.num_attention_heads} heads), {cfg.precision}",
-        f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size} = {world} ranks, "
+        f"mesh      tp {mesh.tp_size} x pp {mesh.pp_size} x dp {mesh.dp_size}{cp} = {world} ranks, "
         + ", ".join([*options, f"{cfg.schedule} schedule"]),
         f"memory    about {_size(sum(memory.values()))} per rank: {parts} (rank 0's shards; activations not counted)",
     ]

@@ -201,7 +201,8 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
               needed[1], 0)  # pretraining never reads the test split
     sentence_task = {"binary_head": None} if family(model.model).without_binary_head(options) else {}
     train, valid, _ = build_datasets(model.model, tokenizer, prefix, model.seq_length, job.training.seed, needed,
-                                     data.split, sources, **data.masked_lm_options(), **sentence_task)
+                                     data.split, sources, data.document_marks(tokenizer.eod),
+                                     **data.masked_lm_options(), **sentence_task)
     if folder is not None:  # the folder's weights; the flags' run options (dropout ...) apply
         stored = folder.to_dict()
         overrides = {k: v for k, v in config.to_dict().items() if stored[k] != v}
