@@ -55,6 +55,11 @@ TOL = 1e-5
 # single-rank runs that only split the batch differently (summation order) drifted from 1e-7 to 2.8e-5
 # apart in gradient norm by step 10; at 1e-3 they stay within 1e-7.
 LR, WD, CLIP, EPS = 1e-3, 0.01, 0.5, 1e-4
+# The mesh matrix's final weights: on an AMD EPYC (2026-12-07, torch 2.13.0) GPT at tp 8 with sequence parallelism
+# (one token a rank) ends 1.37e-5 apart on layers.5.self_attention.dense.bias, whose step-0 gradient equals the
+# reference's to 1.5e-7 once clipped alike (the tp ranks' sequence shards sum in another order; AdamW blows the
+# difference up where |g| is small); 4.2e-6 without sequence parallelism. Losses and norms stay within TOL.
+MESH_WEIGHT_TOL = 2e-5
 BUCKET_MB = 0.05  # 50 KiB: 5 gradient buckets of the tiny models (~220 KiB), reduce-scattered under ZeRO-2 with
                   # pieces of size 0 at dp 8 (the default 25 MiB would make one)
 TINY = dict(num_layers=6, hidden_size=32, num_attention_heads=8, ffn_hidden_size=64, vocab_size=VOCAB,
@@ -169,9 +174,9 @@ def train(name: str, mesh, schedule: str, steps: int = STEPS, recompute_activati
     return engine, [engine.train_step(global_batch(name, step, seq)) for step in range(steps)]
 
 
-def compare(engine: Engine, results, ref, log: CaseLog) -> None:
+def compare(engine: Engine, results, ref, log: CaseLog, weight_tol: float = TOL) -> None:
     """Every step's loss, its part of each label key (BERT: MLM, sentence order) and gradient norm
-    (before clipping) within TOL relative; every final weight tensor within TOL of that tensor's scale,
+    (before clipping) within TOL relative; every final weight tensor within ``weight_tol`` of that tensor's scale,
     max |w - w_ref| / max |w_ref| (see EPS). The weights are gathered (a collective) before any check."""
     ref_losses, ref_state, ref_norms, ref_parts = ref
     weights = [full_state_dict(chunk.model, engine.mesh) for chunk in engine.chunks]
@@ -183,7 +188,7 @@ def compare(engine: Engine, results, ref, log: CaseLog) -> None:
     for state in weights:
         for key, t in state.items():
             source = "embedding.word_embeddings.weight" if key == "head.word_embeddings.weight" else key
-            log.close(t, torch.from_numpy(ref_state[source]), f"final {key}", "weight", TOL)
+            log.close(t, torch.from_numpy(ref_state[source]), f"final {key}", "weight", weight_tol)
 
 
 def options_of(on: bool, tp: int, fsdp: bool = False) -> dict:
@@ -258,7 +263,7 @@ def run_case(log: CaseLog, refs: dict, mesh, name: str, schedule: str, options: 
     t0 = time.perf_counter()
     with log.case(tag):
         engine, results = train(name, mesh, schedule, **options)
-        compare(engine, results, refs[ref_key(name, tp)], log)
+        compare(engine, results, refs[ref_key(name, tp)], log, MESH_WEIGHT_TOL)
         check(engine, results)
     if dist.get_rank() == 0:
         print(f"{tag}: {time.perf_counter() - t0:.1f}s", flush=True)

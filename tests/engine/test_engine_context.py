@@ -1,7 +1,7 @@
 """Context parallelism in the engine: on meshes (tp, pp, dp, cp) with cp 2 and 4, alone and beside tp (with sequence
 parallelism), pp and dp (with ZeRO-1 and FSDP), with and without recompute, both attention modes (ring: p2p;
-all-to-all: a2a), 10 steps of GPT, BERT (its masked LM: a binary head reads whole sequences), Llama, Mistral's sliding
-window and GPT on packed documents equal the single-process run: every step's loss and gradient norm and the final
+all-to-all: a2a), 10 steps of GPT, BERT (its masked LM: a binary head reads whole sequences), Llama, Qwen2, Qwen3,
+Mistral's sliding window and GPT on packed documents equal the single-process run: every step's loss and gradient norm and the final
 weights within 1e-5 (float32). Sequences of 64 tokens: at cp 4 each rank holds two chunks of 8 and the ring takes 4
 steps. One 4-rank and one 8-rank spawn; each run is its own case, named by family, mesh, mode, schedule and options.
 """
@@ -26,9 +26,10 @@ RECOMPUTE, SP = dict(PLAIN, recompute_activations=True), dict(PLAIN, sequence_pa
 # (tp, pp, dp, cp) -> runs (case, comm type, schedule, options)
 RUNS = {
     (1, 1, 1, 4): [("gpt", "p2p", "1f1b", PLAIN), ("llama", "a2a", "1f1b", RECOMPUTE),
-                   ("bert-mlm", "p2p", "1f1b", PLAIN), ("gpt-packed", "a2a", "1f1b", PLAIN)],
+                   ("bert-mlm", "p2p", "1f1b", PLAIN), ("gpt-packed", "a2a", "1f1b", PLAIN),
+                   ("qwen3", "p2p", "1f1b", PLAIN)],
     (2, 1, 1, 2): [("llama", "p2p", "1f1b", dict(SP, recompute_activations=True)), ("gpt", "a2a", "1f1b", SP),
-                   ("bert-mlm", "a2a", "1f1b", SP), ("mistral", "p2p", "1f1b", PLAIN)],
+                   ("bert-mlm", "a2a", "1f1b", SP), ("mistral", "p2p", "1f1b", PLAIN), ("qwen2", "a2a", "1f1b", SP)],
     (1, 2, 1, 2): [("llama", "p2p", "1f1b", PLAIN), ("bert-mlm", "p2p", "gpipe", RECOMPUTE),
                    ("gpt-packed", "p2p", "1f1b", PLAIN)],
     (1, 1, 2, 2): [("gpt", "p2p", "1f1b", ZERO1), ("llama", "a2a", "1f1b", FSDP), ("bert-mlm", "p2p", "1f1b", FSDP)],

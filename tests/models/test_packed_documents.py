@@ -1,10 +1,13 @@
 """Packed documents (--reset-position-ids, --reset-attention-mask, --eod-mask-loss: ``tpzoo.data.documents``): a
 batch of packed samples gives per-token losses and gradients equal, within 1e-5, to running each document alone,
 in one process and with each sequence split over cp 2 and 4 context-parallel ranks (both attention modes), for a
-learned-position family (GPT) and a rotary one (Llama). One spawn of 4 ranks; each check a named case."""
+learned-position family (GPT) and a rotary one (Llama); in one process also a block of queries at a time (the path of
+sequences longer than ``QUERY_BLOCK``, here made 16 tokens: never an [s, s] mask), with SDPA and the fused softmax.
+One spawn of 4 ranks; each check a named case."""
 
 from __future__ import annotations
 
+import contextlib
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,6 +15,7 @@ from cases import CaseLog, assert_case
 from families import CAUSAL_LM, GQA_LM
 
 from tpzoo.data.documents import DocumentMarks
+from tpzoo.models import attention
 from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
@@ -21,7 +25,9 @@ pytestmark = pytest.mark.tier("distributed")
 B, S, VOCAB, EOD = 2, 48, 97, 3
 FAMILIES = {"gpt": CAUSAL_LM, "llama": GQA_LM}
 MESHES = [(1, "p2p"), (2, "p2p"), (2, "a2a"), (4, "p2p"), (4, "a2a")]
-NAMES = [f"{name}-cp{cp}-{comm}" for name in FAMILIES for cp, comm in MESHES]
+BACKENDS = ("sdpa", "fused-softmax")
+NAMES = [f"{name}-cp{cp}-{comm}" for name in FAMILIES for cp, comm in MESHES] + [
+    f"{name}-query-blocks-{backend}" for name in FAMILIES for backend in BACKENDS]
 
 
 def packed_batch() -> dict[str, torch.Tensor]:
@@ -47,7 +53,7 @@ def alone(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def check(log: CaseLog, name: str, cp: int, comm: str, batch: dict[str, torch.Tensor]) -> None:
+def check(log: CaseLog, name: str, cp: int, comm: str, batch: dict[str, torch.Tensor], backend: str = "auto") -> None:
     case = FAMILIES[name]
     config = case.config(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, vocab_size=VOCAB,
                          max_position_embeddings=S, hidden_dropout=0.0, attention_dropout=0.0)
@@ -55,7 +61,7 @@ def check(log: CaseLog, name: str, cp: int, comm: str, batch: dict[str, torch.Te
     expected = alone(whole, batch)
     expected.sum().backward()
     mesh = init_mesh(cp=cp)
-    model = case.build(config, ParallelPlan(mesh, kernels="torch", cp_comm_type=comm))
+    model = case.build(config, ParallelPlan(mesh, kernels="torch", cp_comm_type=comm, attention_backend=backend))
     mine = cut_sequences(batch, cp, mesh.cp_rank, balanced=True) if cp > 1 else batch
     losses = model(**mine)
     losses.sum().backward()
@@ -76,7 +82,20 @@ def checks() -> CaseLog:
         for cp, comm in MESHES:
             with log.case(f"{name}-cp{cp}-{comm}"):
                 check(log, name, cp, comm, batch)
+        for backend in BACKENDS:
+            with log.case(f"{name}-query-blocks-{backend}"), blocks_of(16):
+                check(log, name, 1, "p2p", batch, backend)
     return log
+
+
+@contextlib.contextmanager
+def blocks_of(size: int):
+    """Attention of packed documents a block of ``size`` queries at a time (``QUERY_BLOCK``), within the block."""
+    before, attention.QUERY_BLOCK = attention.QUERY_BLOCK, size
+    try:
+        yield
+    finally:
+        attention.QUERY_BLOCK = before
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tpzoo import kernels as K
 from tpzoo.models.kv_cache import KVCache
@@ -30,6 +31,8 @@ from tpzoo.models.rope import RotaryEmbedding
 from tpzoo.placement import Placement, hidden
 from tpzoo.models.weights import linear
 
+# queries a block whose mask a Placement of documents or padding makes at a time (``CoreAttention.by_query_blocks``)
+QUERY_BLOCK = 2048
 # the plan of an ``Attention`` (paths inside it): see tpzoo.sharding_plan for the styles
 ATTENTION_PLAN = {"query_key_value": "grouped_qkv", "q_norm": "partial", "k_norm": "partial",
                   "core_attention": "heads", "dense": "row"}
@@ -60,7 +63,8 @@ class CoreAttention(nn.Module):
     i sees keys <= i + sk - sq, cached ones included), with ``window`` also the keys ``window`` or more
     positions before it (a sliding window), and the ``mask`` given: bool, broadcastable to [b, n, sq, sk]
     (``padding_mask``, ``document_mask``), or a ``tpzoo.placement.Placement`` of the tokens (documents and
-    padding as ids, never a dense mask). ``p``: dropout on the probabilities while training. Run options
+    padding as ids: a sequence longer than ``QUERY_BLOCK`` is then attended a block of queries at a time, never
+    with a dense [s, s] mask). ``p``: dropout on the probabilities while training. Run options
     (``tpzoo.parallel.parallelize`` sets them from the plan): ``attention_backend`` "sdpa" (torch's fused
     attention) or "fused-softmax" (the scores, then ``tpzoo.kernels``' softmax, whose backend is ``kernels``);
     ``context_parallel``: under context parallelism, the attention over the whole sequence of which this rank
@@ -94,22 +98,41 @@ class CoreAttention(nn.Module):
                                  "sequence_index (the engine's cut gives it)")
             return self.context_parallel(q, k, v, mask, causal=self.causal, window=self.window, dropout=p)
         if isinstance(mask, Placement):  # whole sequences here: causal by position below, documents and padding
+            if sq > QUERY_BLOCK and (mask.doc is not None or mask.valid is not None):
+                return self.by_query_blocks(q, k, v, mask, p)
             mask = hidden(mask, mask, causal=False)
         plain_causal = self.causal and self.window is None and mask is None
+        if plain_causal and self.attention_backend == "sdpa" and sq == sk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        if plain_causal and self.attention_backend != "sdpa":
+            scores = torch.matmul(q, k.transpose(-1, -2))                             # [b, n, sq, sk]
+            probs = K.scaled_causal_softmax(scores, 1.0 / math.sqrt(q.shape[-1]), backend=self.kernels)
+            return self.dropped(probs, p).matmul(v)
+        return self.with_mask(q, k, v, self.masked(mask, sq, sk, q.device), p)
+
+    def with_mask(self, q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, p: float) -> Tensor:
+        """softmax(q k^T / sqrt(d) + M) v for the whole of M (bool, True = masked; None: nothing), by the backend."""
         if self.attention_backend == "sdpa":
-            if plain_causal and sq == sk:
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            masked = self.masked(mask, sq, sk, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if masked is None else ~masked, dropout_p=p)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = torch.matmul(q, k.transpose(-1, -2))                             # [b, n, sq, sk]
-        if plain_causal:
-            probs = K.scaled_causal_softmax(scores, scale, backend=self.kernels)
-        else:
-            probs = K.scaled_masked_softmax(scores, self.masked(mask, sq, sk, q.device), scale, backend=self.kernels)
-        if p > 0:
-            probs = F.dropout(probs, p, training=True)
-        return torch.matmul(probs, v)
+        scores = torch.matmul(q, k.transpose(-1, -2))                                 # [b, n, sq, sk]
+        probs = K.scaled_masked_softmax(scores, masked, 1.0 / math.sqrt(q.shape[-1]), backend=self.kernels)
+        return self.dropped(probs, p).matmul(v)
+
+    @staticmethod
+    def dropped(probs: Tensor, p: float) -> Tensor:
+        return F.dropout(probs, p, training=True) if p > 0 else probs
+
+    def by_query_blocks(self, q: Tensor, k: Tensor, v: Tensor, placed: Placement, p: float) -> Tensor:
+        """The attention of long sequences of packed documents or padding, ``QUERY_BLOCK`` queries at a time: each
+        block's mask [b, 1, B, s] is made from the ``Placement`` and its attention recomputed in backward
+        (``torch.utils.checkpoint``, the same dropout masks), so no [s, s] mask is ever held."""
+        out = []
+        for start in range(0, q.shape[2], QUERY_BLOCK):
+            rows = slice(start, start + QUERY_BLOCK)
+            queries = Placement(placed.index[rows], None if placed.doc is None else placed.doc[:, rows])
+            mask = hidden(queries, placed, self.causal, self.window)
+            out.append(checkpoint(self.with_mask, q[:, :, rows], k, v, mask, p, use_reentrant=False))
+        return torch.cat(out, 2)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, p={self.p}, window={self.window}, attention_backend={self.attention_backend}, "
