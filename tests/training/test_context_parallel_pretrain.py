@@ -35,7 +35,7 @@ def test_context_parallel_run_logs_the_one_process_losses(runs, run):
     split, whole = metrics(runs["folder"] / run), metrics(runs["folder"] / "cp1")
     assert split.keys() == whole.keys() and len(whole) >= 10, (split.keys(), whole.keys())
     for it, record in whole.items():
-        for key in ("loss", "grad_norm"):
+        for key in ("loss", "grad_norm", "val_loss"):
             if key in record:
                 assert rel(split[it][key], record[key]) < 1e-5, (run, it, key, split[it][key], record[key])
     assert "x cp 4 (p2p)" in runs["stdout"][0] and "x cp 4 (a2a)" in runs["stdout"][2], runs["stdout"][0][:400]
