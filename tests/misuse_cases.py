@@ -285,9 +285,6 @@ CASES: dict[str, tuple[str, str, str]] = {
                             "--context-parallel-size 2 with --expert-model-parallel-size 2: tpzoo does not combine"),
     "pretrain-cp-comm-type-unknown": ("pretrain", T + " --cp-comm-type allgather",
                                       "argument --cp-comm-type: invalid choice: 'allgather'"),
-    "pretrain-cp-with-a-binary-head": ("pretrain", T + f" --model {MASKED_LM.family} --cp 2",
-                                       f"--context-parallel-size 2: --model {MASKED_LM.family}'s binary head reads "
-                                       f"whole sequences, which no cp rank holds; add --bert-no-binary-head"),
     "pretrain-document-flags-on-a-masked-lm": ("pretrain", T + f" --model {MASKED_LM.family} --reset-attention-mask",
                                                f"--reset-attention-mask: --model {MASKED_LM.family} reads masked-lm "
                                                f"data, whose samples are single documents"),

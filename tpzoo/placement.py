@@ -6,13 +6,19 @@ token's place is not its index in the tensor: ``Placement`` says it, and travels
 
     placed = Placement(index, doc=document_ids, valid=attention_mask.bool())
     mask = hidden(placed, placed, causal=True)     # bool [b | 1, 1, sq, sk], True = hidden (Megatron-LM's convention)
+    out = by_query_blocks(attend, q, k, v, placed, causal=True)   # a long sequence: QUERY_BLOCK queries at a time
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+QUERY_BLOCK = 2048  # queries a block whose mask ``by_query_blocks`` makes at a time
 
 
 @dataclass(frozen=True)
@@ -60,3 +66,18 @@ def hidden(q: Placement, k: Placement, causal: bool, window: int | None = None) 
         pad = ~k.valid[:, None, None, :]
         out = pad if out is None else out | pad
     return out
+
+
+def by_query_blocks(attend: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor], q: Tensor, k: Tensor, v: Tensor,
+                    placed: Placement, causal: bool, window: int | None = None) -> Tensor:
+    """``attend(q_rows, k, v, mask)`` (attention under a bool mask [b | 1, 1, rows, sk], True = hidden) over the
+    queries of q [b, n, s, d], ``QUERY_BLOCK`` at a time, each block's mask made from ``placed`` (the tokens of the
+    whole sequence) and its attention recomputed in backward (``torch.utils.checkpoint``, the same dropout masks):
+    the [s, s] mask is never held. Returns [b, n, s, d]."""
+    out = []
+    for start in range(0, q.shape[2], QUERY_BLOCK):
+        rows = slice(start, start + QUERY_BLOCK)
+        queries = Placement(placed.index[rows], None if placed.doc is None else placed.doc[:, rows])
+        out.append(checkpoint(attend, q[:, :, rows], k, v, hidden(queries, placed, causal, window),
+                              use_reentrant=False))
+    return torch.cat(out, 2)

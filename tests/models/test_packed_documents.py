@@ -2,7 +2,8 @@
 batch of packed samples gives per-token losses and gradients equal, within 1e-5, to running each document alone,
 in one process and with each sequence split over cp 2 and 4 context-parallel ranks (both attention modes), for a
 learned-position family (GPT) and a rotary one (Llama); in one process also a block of queries at a time (the path of
-sequences longer than ``QUERY_BLOCK``, here made 16 tokens: never an [s, s] mask), with SDPA and the fused softmax.
+sequences longer than ``QUERY_BLOCK``, here made 16 tokens: never an [s, s] mask), with SDPA and the fused softmax,
+as a2a attends the gathered sequence.
 One spawn of 4 ranks; each check a named case."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from cases import CaseLog, assert_case
 from families import CAUSAL_LM, GQA_LM
 
 from tpzoo.data.documents import DocumentMarks
-from tpzoo.models import attention
+from tpzoo import placement
 from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.parallel import ParallelPlan, init_mesh
 from tpzoo.testing import spawn
@@ -80,8 +81,8 @@ def checks() -> CaseLog:
     assert (batch["labels"] == -100).any() and batch["document_ids"].max() >= 3
     for name in FAMILIES:
         for cp, comm in MESHES:
-            with log.case(f"{name}-cp{cp}-{comm}"):
-                check(log, name, cp, comm, batch)
+            with log.case(f"{name}-cp{cp}-{comm}"), blocks_of(16 if comm == "a2a" else placement.QUERY_BLOCK):
+                check(log, name, cp, comm, batch)  # a2a: the gathered sequence's mask, 16 queries at a time
         for backend in BACKENDS:
             with log.case(f"{name}-query-blocks-{backend}"), blocks_of(16):
                 check(log, name, 1, "p2p", batch, backend)
@@ -91,11 +92,11 @@ def checks() -> CaseLog:
 @contextlib.contextmanager
 def blocks_of(size: int):
     """Attention of packed documents a block of ``size`` queries at a time (``QUERY_BLOCK``), within the block."""
-    before, attention.QUERY_BLOCK = attention.QUERY_BLOCK, size
+    before, placement.QUERY_BLOCK = placement.QUERY_BLOCK, size
     try:
         yield
     finally:
-        attention.QUERY_BLOCK = before
+        placement.QUERY_BLOCK = before
 
 
 @pytest.fixture(scope="module")

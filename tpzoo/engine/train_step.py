@@ -275,10 +275,12 @@ class Engine:
         return ids, extras
 
     def check_cp_batch(self, batch: dict[str, Tensor]) -> None:
-        """ValueError for a label key of whole sequences (a class, a sentence order: [G]) under context parallelism,
-        where no rank holds a whole sequence."""
+        """ValueError for a label key of whole sequences (a class: [G]) under context parallelism, where no rank holds
+        a whole sequence, unless the model scores it on the rank holding the token it reads (``first_token_labels``:
+        BERT's sentence order, read at [CLS])."""
+        scored = getattr(self.chunks[0].model, "first_token_labels", ())
         for key in self.loss_keys(batch):
-            if batch[key].dim() < 2:
+            if batch[key].dim() < 2 and key not in scored:
                 raise ValueError(f"context parallelism cp={self.mesh.cp_size} splits each sequence, so no rank holds "
                                  f"the whole sequences that the labels {key!r} {list(batch[key].shape)} are about; "
                                  f"train without them at cp > 1 (BERT: --bert-no-binary-head) or at cp 1")

@@ -22,17 +22,15 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from tpzoo import kernels as K
 from tpzoo.models.kv_cache import KVCache
 from tpzoo.models.norms import norm
 from tpzoo.models.rope import RotaryEmbedding
-from tpzoo.placement import Placement, hidden
+from tpzoo import placement
+from tpzoo.placement import Placement, by_query_blocks, hidden
 from tpzoo.models.weights import linear
 
-# queries a block whose mask a Placement of documents or padding makes at a time (``CoreAttention.by_query_blocks``)
-QUERY_BLOCK = 2048
 # the plan of an ``Attention`` (paths inside it): see tpzoo.sharding_plan for the styles
 ATTENTION_PLAN = {"query_key_value": "grouped_qkv", "q_norm": "partial", "k_norm": "partial",
                   "core_attention": "heads", "dense": "row"}
@@ -63,8 +61,8 @@ class CoreAttention(nn.Module):
     i sees keys <= i + sk - sq, cached ones included), with ``window`` also the keys ``window`` or more
     positions before it (a sliding window), and the ``mask`` given: bool, broadcastable to [b, n, sq, sk]
     (``padding_mask``, ``document_mask``), or a ``tpzoo.placement.Placement`` of the tokens (documents and
-    padding as ids: a sequence longer than ``QUERY_BLOCK`` is then attended a block of queries at a time, never
-    with a dense [s, s] mask). ``p``: dropout on the probabilities while training. Run options
+    padding as ids: a sequence longer than ``tpzoo.placement.QUERY_BLOCK`` is then attended a block of queries
+    at a time, ``by_query_blocks``, never with a dense [s, s] mask). ``p``: dropout on the probabilities while training. Run options
     (``tpzoo.parallel.parallelize`` sets them from the plan): ``attention_backend`` "sdpa" (torch's fused
     attention) or "fused-softmax" (the scores, then ``tpzoo.kernels``' softmax, whose backend is ``kernels``);
     ``context_parallel``: under context parallelism, the attention over the whole sequence of which this rank
@@ -98,8 +96,9 @@ class CoreAttention(nn.Module):
                                  "sequence_index (the engine's cut gives it)")
             return self.context_parallel(q, k, v, mask, causal=self.causal, window=self.window, dropout=p)
         if isinstance(mask, Placement):  # whole sequences here: causal by position below, documents and padding
-            if sq > QUERY_BLOCK and (mask.doc is not None or mask.valid is not None):
-                return self.by_query_blocks(q, k, v, mask, p)
+            if sq > placement.QUERY_BLOCK and (mask.doc is not None or mask.valid is not None):
+                return by_query_blocks(lambda *qkvm: self.with_mask(*qkvm, p), q, k, v, mask, self.causal,
+                                       self.window)
             mask = hidden(mask, mask, causal=False)
         plain_causal = self.causal and self.window is None and mask is None
         if plain_causal and self.attention_backend == "sdpa" and sq == sk:
@@ -121,18 +120,6 @@ class CoreAttention(nn.Module):
     @staticmethod
     def dropped(probs: Tensor, p: float) -> Tensor:
         return F.dropout(probs, p, training=True) if p > 0 else probs
-
-    def by_query_blocks(self, q: Tensor, k: Tensor, v: Tensor, placed: Placement, p: float) -> Tensor:
-        """The attention of long sequences of packed documents or padding, ``QUERY_BLOCK`` queries at a time: each
-        block's mask [b, 1, B, s] is made from the ``Placement`` and its attention recomputed in backward
-        (``torch.utils.checkpoint``, the same dropout masks), so no [s, s] mask is ever held."""
-        out = []
-        for start in range(0, q.shape[2], QUERY_BLOCK):
-            rows = slice(start, start + QUERY_BLOCK)
-            queries = Placement(placed.index[rows], None if placed.doc is None else placed.doc[:, rows])
-            mask = hidden(queries, placed, self.causal, self.window)
-            out.append(checkpoint(self.with_mask, q[:, :, rows], k, v, mask, p, use_reentrant=False))
-        return torch.cat(out, 2)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, p={self.p}, window={self.window}, attention_backend={self.attention_backend}, "

@@ -50,7 +50,9 @@ CLASSIFIER_PLAN = ENCODER_PLAN | ShardingPlan({"head": "gather"})
 
 
 class BertHead(nn.Module):
-    """``lm_head`` (MLM) and, with ``add_binary_head``, ``pooler`` + ``binary_head`` [2, h] (NSP / SOP)."""
+    """``lm_head`` (MLM) and, with ``add_binary_head``, ``pooler`` + ``binary_head`` [2, h] (NSP / SOP). The pooler
+    reads the first token; ``first``: whether this rank holds it (a bool tensor; None: it does), where context
+    parallelism splits the sequence: the others' binary losses are 0, so summed over the cp ranks they count once."""
 
     def __init__(self, config: TransformerConfig, add_binary_head: bool) -> None:
         super().__init__()
@@ -62,8 +64,8 @@ class BertHead(nn.Module):
             self.binary_head = weights.linear(c.hidden_size, 2, True, c.init_method_std)
 
     def forward(self, hidden: Tensor, labels: Tensor | None, embedding_weight: Tensor | None,
-                return_binary_logits: bool = False, next_sentence_label: Tensor | None = None
-                ) -> Tensor | tuple[Tensor, Tensor]:
+                return_binary_logits: bool = False, next_sentence_label: Tensor | None = None,
+                first: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         out = self.lm_head(hidden, output_weight(self, embedding_weight), labels)
         if not return_binary_logits and next_sentence_label is None:
             return out
@@ -76,7 +78,8 @@ class BertHead(nn.Module):
         if labels is None or next_sentence_label.shape != hidden.shape[:1]:
             raise ValueError(f"next_sentence_label must be [b] = [{hidden.shape[0]}] and come with the MLM labels, "
                              f"got {tuple(next_sentence_label.shape)} with labels={labels is not None}")
-        return out, F.cross_entropy(logits.float(), next_sentence_label, reduction="none")
+        binary = F.cross_entropy(logits.float(), next_sentence_label, reduction="none")
+        return out, binary if first is None else binary * first
 
 
 class _BertBase(StagedModel):
@@ -128,6 +131,7 @@ class BertModel(_BertBase):
 
     ties_output_to_embedding = True
     sharding = BERT_PLAN
+    first_token_labels = ("next_sentence_label",)  # scored by the cp rank holding the first token (BertHead)
 
     def __init__(self, config: TransformerConfig, *, add_binary_head: bool = True, **stage: Any) -> None:
         self.add_binary_head = add_binary_head
@@ -151,7 +155,8 @@ class BertModel(_BertBase):
         hidden = self.encode(input_ids, token_type_ids, attention_mask, position_ids, sequence_index)
         if not self.post_process:
             return hidden
-        return self.head(hidden, labels, self.tied_weight(), return_binary_logits, next_sentence_label)
+        first = None if sequence_index is None else sequence_index[0] == 0  # this cp rank holds [CLS]
+        return self.head(hidden, labels, self.tied_weight(), return_binary_logits, next_sentence_label, first)
 
 
 class BertForSequenceClassification(_BertBase):

@@ -21,7 +21,8 @@ the transfers overlap the compute (``_pass_on``: gloo's sends run in threads of 
 The mask is built from what travels with each block, one [s/c, s/c] block at a time, never as a dense [s, s] tensor:
 causal (a key at a global position after the query's is hidden), a sliding window, documents (``doc`` ids: a key of
 another document is hidden) and padding (``valid``: False keys are hidden). A2A gathers the placement and, where
-nothing but causality hides a key, runs SDPA's causal kernel with no mask at all."""
+nothing but causality hides a key, runs SDPA's causal kernel with no mask at all, else a block of queries at a time
+(``tpzoo.placement.by_query_blocks``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpzoo.placement import Placement, hidden
+from tpzoo.placement import Placement, by_query_blocks, hidden
 
 
 def _pass_on(tensors: list[Tensor], group: dist.ProcessGroup) -> Callable[[], list[Tensor]]:
@@ -219,11 +220,12 @@ def all_to_all_attention(q: Tensor, k: Tensor, v: Tensor, placed: Placement, *, 
                       None if whole.valid is None else whole.valid[:, order])
     if whole.doc is None and whole.valid is None and window is None:  # the pieces cover the sequence: 0 .. s-1
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
-    else:  # a query that sees no key gets zeros, as in ring_attention (SDPA would give NaN)
-        mask = hidden(whole, whole, causal, window)
-        seen = (~mask).any(-1, keepdim=True)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask | ~seen, dropout_p=dropout)
-        out = out * seen
+    else:
+        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+            seen = (~mask).any(-1, keepdim=True)  # a query that sees no key: zeros, as in ring_attention (not NaN)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask | ~seen,
+                                                                    dropout_p=dropout) * seen
+        out = by_query_blocks(attend, q, k, v, whole, causal, window)
     return sequence_to_heads(out.index_select(2, torch.argsort(order)), group)
 
 

@@ -83,9 +83,6 @@ class RunConfig:
                                           p.tp if p.sequence_parallel else 1)
             if problem:
                 raise ValueError(f"--context-parallel-size {p.cp}: {problem} (--seq-length)")
-            if family(self.model.model).no_binary_head is not None and not self.model.no_binary_head:
-                raise ValueError(f"--context-parallel-size {p.cp}: --model {self.model.model}'s binary head reads "
-                                 f"whole sequences, which no cp rank holds; add --bert-no-binary-head")
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> RunConfig:
