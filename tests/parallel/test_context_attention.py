@@ -141,3 +141,22 @@ def test_every_check_has_a_case(logs):
 @pytest.mark.parametrize("name", NAMES)
 def test_ring_attention_equals_whole_sequence_attention(logs, name):
     assert_case(logs, name)
+
+
+@pytest.mark.tier("unit")
+def test_each_cp_rank_draws_its_own_dropout_streams():
+    """The cp ranks hold different tokens: each its own default and tp streams; at cp rank 0 (and cp 1) the streams
+    are the ones tpzoo always drew (seed + 100 pp_rank)."""
+    from types import SimpleNamespace
+
+    from tpzoo.parallel import manual_seed
+    from tpzoo.parallel.random import RNGStatesTracker
+
+    draws = {}
+    for cp_rank in (0, 1):
+        mesh = SimpleNamespace(pp_rank=1, tp_rank=0, cp_rank=cp_rank, device=torch.device("cpu"),
+                               rng=RNGStatesTracker())
+        manual_seed(7, mesh)
+        draws[cp_rank] = torch.rand(4)
+    torch.manual_seed(7 + 100)
+    assert torch.equal(draws[0], torch.rand(4)) and not torch.equal(draws[0], draws[1])

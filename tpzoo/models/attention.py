@@ -62,9 +62,10 @@ class CoreAttention(nn.Module):
     positions before it (a sliding window), and the ``mask`` given: bool, broadcastable to [b, n, sq, sk]
     (``padding_mask``, ``document_mask``), or a ``tpzoo.placement.Placement`` of the tokens (documents and
     padding as ids: a sequence longer than ``tpzoo.placement.QUERY_BLOCK`` is then attended a block of queries
-    at a time, ``by_query_blocks``, never with a dense [s, s] mask). ``p``: dropout on the probabilities while training. Run options
-    (``tpzoo.parallel.parallelize`` sets them from the plan): ``attention_backend`` "sdpa" (torch's fused
-    attention) or "fused-softmax" (the scores, then ``tpzoo.kernels``' softmax, whose backend is ``kernels``);
+    at a time, ``by_query_blocks``, never with a dense [s, s] mask). ``p``: dropout on the probabilities while
+    training. Run options (``tpzoo.parallel.parallelize`` sets them from the plan): ``attention_backend`` "sdpa"
+    (torch's fused attention) or "fused-softmax" (the scores, then ``tpzoo.kernels``' softmax, whose backend is
+    ``kernels``);
     ``context_parallel``: under context parallelism, the attention over the whole sequence of which this rank
     holds q, k and v of its pieces (``tpzoo.parallel.context_attention``; it needs a ``Placement``).
     """

@@ -5,8 +5,11 @@ the *same* dropout mask on every tp rank, or the replicas drift apart; activatio
 across tp ranks (attention heads, the MLP's hidden features) must see *different* masks, or each
 shard repeats the others' pattern. So there are two streams:
 
-    default stream   seed + 100 * pp_rank                      same on every tp (and dp) rank
-    "tp" stream      seed + 2718 + 100 * pp_rank + tp_rank      different on every tp rank
+    default stream   seed + 100 * pp_rank + C cp_rank          same on every tp (and dp) rank
+    "tp" stream      the default's seed + 2718 + tp_rank        different on every tp rank
+
+(C = 1,000,003: the cp ranks of context parallelism hold different tokens of a sequence, so each draws its own
+masks; at cp 1 the streams are what they always were.)
 
 Dropout inside a tensor-parallel region runs under ``mesh.rng.fork("tp")`` (``TPRandom``, which
 ``tpzoo.parallel.parallelize`` puts around such modules). Weights are not drawn
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 TP_STREAM = "tp"
 TP_SEED_OFFSET = 2718
+CP_SEED_STRIDE = 1_000_003  # each cp rank its own streams (module docstring)
 
 
 def _get_state(device: torch.device) -> torch.Tensor:
@@ -81,7 +85,7 @@ def manual_seed(seed: int, mesh: ParallelMesh | None = None) -> None:
     from tpzoo.parallel.mesh import get_mesh
 
     mesh = mesh or get_mesh()
-    base = seed + 100 * mesh.pp_rank
+    base = seed + 100 * mesh.pp_rank + CP_SEED_STRIDE * getattr(mesh, "cp_rank", 0)
     torch.manual_seed(base)
     mesh.rng.add(TP_STREAM, base + TP_SEED_OFFSET + mesh.tp_rank, mesh.device)
 
