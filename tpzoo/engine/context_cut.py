@@ -28,14 +28,6 @@ from tpzoo.models.embedding import document_positions
 from tpzoo.run_options import context_cut_problem
 
 
-def check_cut(seq_length: int, cp: int, balanced: bool, tp_split: int = 1) -> None:
-    """ValueError unless ``seq_length`` cuts into the chunks of ``cp`` ranks (2 cp of them when ``balanced``), and
-    each rank's piece into ``tp_split`` (sequence parallelism's tp) slices."""
-    problem = context_cut_problem(seq_length, cp, balanced, tp_split)
-    if problem:
-        raise ValueError(problem)
-
-
 def held_index(seq_length: int, cp: int, rank: int, balanced: bool) -> Tensor:
     """[s / cp] (long): the indices into the sequence of the tokens cp rank ``rank`` holds (module docstring)."""
     if not balanced:
@@ -51,7 +43,9 @@ def cut_sequences(batch: dict[str, Tensor], cp: int, rank: int, balanced: bool, 
     """This cp rank's piece of every sequence of ``batch`` (a micro-batch: ``input_ids`` [b, s] and what goes with
     it), with ``sequence_index`` and ``position_ids`` (module docstring)."""
     s = batch["input_ids"].shape[1]
-    check_cut(s, cp, balanced, tp_split)
+    problem = context_cut_problem(s, cp, balanced, tp_split)
+    if problem:
+        raise ValueError(problem)
     index = held_index(s, cp, rank, balanced).to(batch["input_ids"].device)
     out = {k: t.index_select(1, index) if t.dim() >= 2 and t.shape[1] == s else t for k, t in batch.items()}
     if "position_ids" not in batch:  # [b, s/cp] like the ids: sequence parallelism cuts the positions' dim 1

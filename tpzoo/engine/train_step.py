@@ -283,7 +283,7 @@ class Engine:
             if batch[key].dim() < 2 and key not in scored:
                 raise ValueError(f"context parallelism cp={self.mesh.cp_size} splits each sequence, so no rank holds "
                                  f"the whole sequences that the labels {key!r} {list(batch[key].shape)} are about; "
-                                 f"train without them at cp > 1 (BERT: --bert-no-binary-head) or at cp 1")
+                                 f"train without them at cp > 1, or at cp 1")
 
     def _skip(self, loss: float, norm: float, overflow: bool) -> None:
         """Book a step skipped on every rank: the counts, the fp16 schedule, rank 0's warning line."""
