@@ -43,6 +43,9 @@ def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, Lo
     if job.parallel.cp > 1:
         raise ValueError(f"--context-parallel-size {job.parallel.cp}: finetune.py trains at cp 1 (its classifiers read "
                          f"whole sequences); split long sequences with pretrain.py --finetune instead")
+    if job.parallel.elastic:
+        raise ValueError("--elastic: finetune.py does not resume a run (it keeps its best and last checkpoints), so a "
+                         "relaunch after a lost machine would start over; drop --elastic")
     check_output_folder("--save", tune.save)
     check_output_folder("--log-dir", tune.log_dir)
     return job, tune, lora

@@ -100,9 +100,13 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
     configuration, resolved by ``check_flags``), built (``build_run``)."""
     from tpzoo.checkpoint import read_meta
     from tpzoo.training.checkpoint_args import checkpoint_to_load
+    from tpzoo.training.elastic import place
     from tpzoo.training.setup import build_run
 
     parallel = job.parallel if job else section_of(ParallelConfig, vars(args))  # the launch's: never restored
+    if parallel.elastic:  # dp from this launch's world size; a spare rank exits here
+        batch = job.training if job else args
+        place(parallel, batch.global_batch_size, batch.micro_batch_size)
     mesh = parallel.mesh()
     if job is not None and job.io.load is not None:  # a model folder (check_flags): its weights start a new run
         return build_run(job, mesh, weights=Path(job.io.load))

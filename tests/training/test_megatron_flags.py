@@ -29,7 +29,8 @@ REFUSED_ROWS = [flag for flag, (_, status, _) in ROWS.items() if status == "refu
 TPZOO_ONLY = {"--model", "--preset", "--tp", "--pp", "--dp", "--cp", "--ep", "--data-parallel-size", "--vpp",
               "--virtual-pipeline-model-parallel-size", "--pipeline-schedule", "--kernels", "--compile", "--dataset",
               "--log-dir", "--max-skipped-steps", "--no-exit-signal-handler", "--dataset-config", "--dataset-split",
-              "--add-bias-linear", "--json-key", "--config", "--print-config", "-h", "--help"}
+              "--add-bias-linear", "--json-key", "--config", "--print-config", "--elastic", "--save-interval-minutes",
+              "-h", "--help"}
 # every flag issue #17 names
 ISSUE = """--lr-decay-iters --lr-decay-samples --lr-warmup-fraction --lr-warmup-samples --train-samples
 --rampup-batch-size --optimizer --adam-beta1 --adam-beta2 --adam-eps --init-method-std --tokenizer-type --vocab-file

@@ -1,7 +1,9 @@
 """``save_checkpoint``: every rank writes its shards in parallel (torch.distributed.checkpoint) and
 hashes them; rank 0 writes meta.json and the manifest and publishes the folder atomically (``paths``).
 With ``background=True`` the hashing and the publication run on a thread while training goes on
-(``wait_for_save`` joins it; the next save does first)."""
+(``wait_for_save`` joins it; the next save does first); with ``async_write=True`` too the writing of the
+tensors, once copied out (torch.distributed.checkpoint's ``async_save``, its collectives on a gloo group of
+their own: ``_writer_group``)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 from tpzoo.checkpoint.manifest import MANIFEST_FILE, RANK0_FILES, PartError, merge_parts, write_manifest, write_part
 from tpzoo.checkpoint.model import model_record
@@ -138,10 +143,13 @@ class _Publication:
     failure: tuple[bool, str] | None = None
     exception: Exception | None = None
 
-    def run(self, texts: dict[str, str], rank: int, world: int, timeout_s: float) -> None:
-        """``texts``: meta.json's and the caller's files (name -> text), written by rank 0."""
+    def run(self, texts: dict[str, str], rank: int, world: int, timeout_s: float, written: Any = None) -> None:
+        """``texts``: meta.json's and the caller's files (name -> text), written by rank 0; ``written``: the future
+        of the tensors' background write (``async_write``), awaited first."""
         partial = partial_dir(self.final)
         try:
+            if written is not None:
+                _await_write(written, self.final)
             if rank == 0:
                 for name, text in texts.items():
                     (partial / name).write_text(text)
@@ -162,6 +170,56 @@ class _Publication:
 
 
 _pending: _Publication | None = None  # the save of this process still publishing
+_writers: tuple[Any, dist.ProcessGroup] | None = None  # (the default group, the background writes' group of it)
+
+
+def _writer_group(timeout_s: float) -> dist.ProcessGroup:
+    """Collective at its first call: a gloo group of every rank for the collectives of the background writes
+    (DCP's plan exchange), which run on a thread while training's collectives go on on the other groups."""
+    global _writers
+    default = dist.distributed_c10d._get_default_group()
+    if _writers is None or _writers[0] is not default:  # one per process group (a test may start several)
+        _writers = (default, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+    return _writers[1]
+
+
+class _Copied:
+    """DCP's ``AsyncStager`` for a state dict whose tensors ``_copied`` already copied: handed over as it is.
+    (DCP's own stager deep-copies each DTensor whole, and that fails for some of ours with "Attempted to call
+    copy_() on an invalid python storage", measured with torch 2.13 at tp 2.)"""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _copied(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with every tensor copied (a DTensor: its local shard, the same placements), so that the steps
+    after the save cannot change what the background write reads."""
+    def copy(t: Any) -> Any:
+        if isinstance(t, DTensor):
+            return DTensor.from_local(t.to_local().clone(), t.device_mesh, t.placements, run_check=False,
+                                      shape=t.shape, stride=t.stride())
+        return t.clone() if isinstance(t, torch.Tensor) else t
+    return {key: copy(value) for key, value in state.items()}
+
+
+def _await_write(written: Any, final: Path) -> None:
+    """Wait for the background write ``written`` (DCP's future); a failed write as the OSError it was."""
+    try:
+        written.result()
+    except (RuntimeError, CheckpointException) as e:
+        cause = _os_error(e, final)
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def wait_for_save() -> Path | None:
@@ -186,8 +244,9 @@ def wait_for_save() -> Path | None:
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, meta: dict[str, Any],
-                    background: bool = False, save_optimizer: bool = True, save_rng: bool = True,
-                    files: Mapping[str, str] | None = None, adapters_of: str | None = None) -> Path:
+                    background: bool = False, async_write: bool = False, save_optimizer: bool = True,
+                    save_rng: bool = True, files: Mapping[str, str] | None = None,
+                    adapters_of: str | None = None) -> Path:
     """Write ``save_dir/iter_{iteration:07d}/`` and point ``save_dir/latest`` at it; returns the folder.
 
     Collective: every rank of the engine's mesh calls it with the same arguments. Holds the model
@@ -204,6 +263,9 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     ``background``: return once the tensors are written (the engine may step on); the hashing, the
     manifest and the publication go on on a thread until ``wait_for_save`` (or the next save, which
     waits first). The tensors are copied out before this returns, so later steps cannot change them.
+    ``async_write`` (--async-save): with ``background``, the tensors are written on a thread too, from a copy
+    taken before this returns; the same files, and the same promises (a failed or killed write leaves ``latest``
+    on the checkpoint before it).
 
     ``save_optimizer`` / ``save_rng`` False (Megatron-LM's --no-save-optim / --no-save-rng): the optimizer
     state (and loss scaler) / the RNG states are left out, and meta.json says so; loading such a
@@ -238,8 +300,13 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
                    for e in model_entries(chunk.model, mesh, weights=engine.main.weights(chunk.model))
                    if not adapters_of or f".{ADAPTER}.lora_" in e.key]
         entries += optimizer_entries(engine) if save_optimizer else []
+        state, written = {**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, None
         try:
-            dcp.save({**save_items(entries, mesh), **(rng_items(mesh) if save_rng else {})}, checkpoint_id=partial)
+            if async_write:  # copied out now, written on a thread
+                written = dcp.async_save(_copied(state), checkpoint_id=partial, async_stager=_Copied(),
+                                         process_group=_writer_group(engine.config.timeout_s))
+            else:
+                dcp.save(state, checkpoint_id=partial)
         except (OSError, RuntimeError, CheckpointException) as e:
             cause = _os_error(e, final)
             if cause is None:
@@ -248,7 +315,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
     _pending = job = _Publication(final, start)
     texts = {**(files or {}), META_FILE: text}
     job.thread = threading.Thread(target=job.run, args=(texts, dist.get_rank(), dist.get_world_size(),
-                                                        engine.config.timeout_s), name=f"publish {final}", daemon=True)
+                                                        engine.config.timeout_s, written), name=f"publish {final}",
+                                  daemon=True)
     job.thread.start()
     if not background:
         wait_for_save()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpzoo.fields import at_least, check_fields, option, optional, string, toggle
+from tpzoo.fields import at_least, check_fields, option, optional, positive_number, string, toggle
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class RunIO:
     save_interval: int | None = option(None, optional(at_least(1)),
                                        "save every N iterations (default: only at the end)",
                                        ("--save-interval", "--persistent-save-interval"))
+    save_interval_minutes: float | None = option(None, optional(positive_number), "also save once M minutes have "
+                                                 "passed since the last save (rank 0's clock)",
+                                                 "--save-interval-minutes", "M")
     load: str | None = option(None, optional(string), "resume the run saved in DIR (its newest checkpoint, or "
                               "DIR/iter_N) as it was configured; flags given change only what they name", "--load",
                               "DIR", launch=True)
@@ -60,6 +63,10 @@ class CheckpointConfig:
     no_load_rng: bool = toggle("resume without the RNG states", "--no-load-rng", launch=True)
     no_save_optim: bool = toggle("save without the optimizer state", "--no-save-optim", launch=True)
     no_save_rng: bool = toggle("save without the RNG states", "--no-save-rng", launch=True)
+    async_save: bool = toggle("write each checkpoint's tensors in the background (torch.distributed.checkpoint's "
+                              "async_save): the steps go on once they are copied out; a save waits for the one in "
+                              "flight, and a killed write leaves latest on the one before", "--async-save",
+                              launch=True)
     use_checkpoint_args: bool = toggle("accepted: --load always takes the checkpoint's flags (those not "
                                        "given)", "--use-checkpoint-args", launch=True)
     exit_on_missing_checkpoint: bool = toggle("--load DIR that holds no checkpoint is an error even when it is "
@@ -82,7 +89,7 @@ class CheckpointConfig:
 
     def save_options(self) -> dict[str, bool]:
         """``save_checkpoint``'s options."""
-        return dict(save_optimizer=not self.no_save_optim, save_rng=not self.no_save_rng)
+        return dict(save_optimizer=not self.no_save_optim, save_rng=not self.no_save_rng, async_write=self.async_save)
 
 
 def model_folder_record(path: str | Path) -> dict[str, Any] | None:

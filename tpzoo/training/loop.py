@@ -4,7 +4,8 @@ Iteration i (1-based) takes the global batch size B = ``run.batches.batch_at(c)`
 ``schedule.lr_at`` of the samples before it (c consumed samples; Megatron-LM's schedules, ``tpzoo.training.
 lr_schedule``, ``tpzoo.training.batch_schedule``), trains on the next B samples (logged as ``global_batch_size``),
 evaluates when i is a multiple of ``--eval-interval`` (and at the end), logs, and saves when i is a
-multiple of ``--save-interval`` (and at the end). Evaluation e = i // eval_interval reads global
+multiple of ``--save-interval``, once ``--save-interval-minutes`` have passed since the last save (rank 0's clock,
+agreed by the stop check's all-reduce), and at the end. Evaluation e = i // eval_interval reads global
 batches [e n, (e + 1) n) of the valid split (n = ``--eval-iters``), so a run resumed at i sees the
 same validation data as the run that saved there. A resumed run evaluates once right after loading,
 on the batches of the iteration it resumes at, and prints that val loss. ``--train-iters 0`` runs no
@@ -15,7 +16,8 @@ Early stops (``tpzoo.training.stopping``): after a step, SIGTERM/SIGINT, ``--exi
 status 0); ``--max-skipped-steps`` skipped steps in a row end it with ``Diverged`` (exit status 1).
 No checkpoint is saved while the last step was skipped (``engine.bad_steps`` > 0): ``latest`` stays
 on the last one of a finite step. Saves run with ``background=True``: the steps go on while each rank
-hashes its files and rank 0 publishes the checkpoint; the loop waits for the last one before it ends.
+hashes its files and rank 0 publishes the checkpoint (``--async-save``: while the tensors are written, too); the
+loop waits for the last one before it ends.
 
 Besides ``loss`` each line logs its parts under the names the model family gives them
 (``StagedModel.loss_names``: BERT's ``mlm_loss`` and ``sop_loss``, GPT none), and the summary compares
@@ -139,7 +141,7 @@ def train(run: Run) -> Summary:
         if run.reader is not None:
             opened.callback(run.reader.close)
         stopping = run.job.stopping
-        rules = opened.enter_context(StopRules.of(stopping, run.mesh.device))
+        rules = opened.enter_context(StopRules.of(stopping, run.mesh.device, io.save_interval_minutes))
         metrics = opened.enter_context(closing(Metrics(
             run.log_dir, run.train_iters, io.log_interval, start=run.iteration,
             flops_per_token=flops_per_token(run.config, run.job.model.seq_length),
@@ -153,6 +155,8 @@ def train(run: Run) -> Summary:
             how = "finetuning" if run.job.checkpoint.finetune else "resumed"
             metrics.print(f"{how} from {run.loaded_from} at iteration {run.iteration} (consumed samples "
                           f"{run.consumed_samples})" + (f": val loss {val:.6f}" if evaluating else ""))
+            if run.mesh_change:
+                metrics.print(run.mesh_change)
             if run.lr_schedule_changes:
                 metrics.print(f"the flags change the checkpoint's lr schedule ({', '.join(run.lr_schedule_changes)}"
                               f"); the flags' schedule applies from iteration {run.iteration + 1} on")
@@ -198,10 +202,12 @@ def train(run: Run) -> Summary:
                 wait_for_save()  # the checkpoint the line names is published before the run ends
                 raise
             summary.stopped = None if last else rules.reason(run.iteration)
-            if last or summary.stopped or (io.save_interval and run.iteration % io.save_interval == 0):
+            if last or summary.stopped or rules.save_due or (io.save_interval and
+                                                              run.iteration % io.save_interval == 0):
                 timers.start("save")
                 save(run, summary, metrics)
                 timers.stop("save")
+                rules.saved()
         if run.iteration == run.train_iters == 0:  # no step (a control run): the initial model, evaluated and saved
             if evaluating and run.loaded_from is None:
                 evaluate(run, summary, names)

@@ -65,6 +65,9 @@ class ParallelConfig:
     use_torch_fsdp2: bool = _launch(False, boolean, "weights, gradients and optimizer state sharded over dp by torch's "
                                     "FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1",
                                     "--use-torch-fsdp2")
+    elastic: bool = _launch(False, boolean, "torchrun's elastic launches (--nnodes MIN:MAX): dp from each launch's "
+                            "world size, the largest the global batch allows (tp, pp, cp kept; spare ranks idle); with "
+                            "--save DIR --load DIR a restart resumes at the new mesh (docs/elastic.md)", "--elastic")
     distributed_timeout_minutes: float = _launch(10.0, positive_number, "a collective waiting this long on a peer "
                                                  "fails; every rank then exits naming the stuck or dead ones",
                                                  "--distributed-timeout-minutes")
@@ -77,6 +80,9 @@ class ParallelConfig:
         --use-distributed-optimizer (FSDP shards the optimizer state already; Megatron refuses the pair too), with
         the interleaved-zero-bubble schedule at pp > 1."""
         check_fields(self)
+        if self.elastic and self.dp is not None:
+            raise ValueError(f"--elastic takes dp from each launch's world size, but --data-parallel-size is "
+                             f"{self.dp}; drop --data-parallel-size")
         if self.cp > 1 and self.ep > 1:
             raise ValueError(f"--context-parallel-size {self.cp} with --expert-model-parallel-size {self.ep}: tpzoo "
                              f"does not combine the two yet; drop one")
@@ -105,7 +111,7 @@ class ParallelConfig:
         set as LOCAL_RANK when the launcher did not, a ValueError naming both when they differ."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         dp = self.dp or world // (self.tp * self.pp * self.cp)
-        if dp % self.ep:
+        if dp % self.ep and not self.elastic:  # an elastic dp is chosen for ep (tpzoo.training.elastic)
             raise ValueError(f"--expert-model-parallel-size {self.ep} must divide the data-parallel size {dp} (world "
                              f"size {world}, tp {self.tp}, pp {self.pp}): the expert ranks are carved out of dp; "
                              f"choose an ep dividing {dp}")

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from tpzoo.checkpoint import load_checkpoint, load_model
 from tpzoo.checkpoint.load import check_saved_parts
 from tpzoo.checkpoint.model import recorded_config
+from tpzoo.checkpoint.save import mesh_shape
 from tpzoo.data.batches import global_batches
 from tpzoo.data.build import build_datasets, samples_needed
 from tpzoo.data.data_args import run_data
@@ -44,6 +45,7 @@ from tpzoo.models.build import build_model
 from tpzoo.models.pretrained import pretrained_config
 from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.training.batch_schedule import BatchSchedule
+from tpzoo.training.elastic import mesh_change
 from tpzoo.training.fits import check_state_fits
 from tpzoo.training.health import Health
 from tpzoo.training.lr_schedule import LRSchedule, earlier_format
@@ -77,6 +79,7 @@ class Run:
     reader: BatchReader | None = None  # --num-workers: the train batches read ahead by DataLoader workers
     config_file: str = ""           # the resolved flags as a --config file, kept in the run folder and each checkpoint
     health: Health = field(default_factory=Health)  # which checkpoint trains on (tpzoo.training.health)
+    mesh_change: str | None = None  # a resume's line naming the checkpoint's mesh and this one, where they differ
 
     def batch(self, dataset: Any, start: int, size: int | None = None) -> dict[str, torch.Tensor]:
         """The ``size`` (default: the global batch size G) samples of ``dataset`` from sample ``start`` on
@@ -228,4 +231,5 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
             run.lr_steps = run.consumed_samples + g if earlier_format(state) else state["num_steps"]
             run.lr_schedule_changes = schedule.changes_from(state, g)
             run.run_changes = run_changes or []
+            run.mesh_change = mesh_change(saved["checkpoint"]["mesh"], mesh_shape(engine), run.iteration)
     return run

@@ -75,18 +75,27 @@ class SignalFlag:
 
 class StopRules:
     """The early stops of a training loop: a signal (``flag``, None = no handler), ``exit_interval``
-    iterations, ``exit_minutes`` of wall time since ``started`` (time.monotonic() of rank 0)."""
+    iterations, ``exit_minutes`` of wall time since ``started`` (time.monotonic() of rank 0); and the saves
+    ``save_minutes`` of wall time apart (--save-interval-minutes, rank 0's clock: ``save_due`` after each
+    ``reason``, ``saved`` restarts the clock)."""
 
     def __init__(self, device: torch.device, flag: SignalFlag | None, exit_interval: int | None = None,
-                 exit_minutes: float | None = None, started: float | None = None) -> None:
+                 exit_minutes: float | None = None, started: float | None = None,
+                 save_minutes: float | None = None) -> None:
         self.device, self.flag, self.exit_interval, self.exit_minutes = device, flag, exit_interval, exit_minutes
         self.started = time.monotonic() if started is None else started
+        self.save_minutes, self.last_save, self.save_due = save_minutes, self.started, False
 
     @classmethod
-    def of(cls, config: StoppingConfig, device: torch.device) -> StopRules:
-        """From ``--exit-signal-handler``, ``--exit-interval`` and ``--exit-duration-in-mins``."""
+    def of(cls, config: StoppingConfig, device: torch.device, save_minutes: float | None = None) -> StopRules:
+        """From ``--exit-signal-handler``, ``--exit-interval`` and ``--exit-duration-in-mins``, and
+        ``--save-interval-minutes`` (``save_minutes``)."""
         return cls(device, SignalFlag() if config.exit_signal_handler else None, config.exit_interval,
-                   config.exit_duration_in_mins)
+                   config.exit_duration_in_mins, save_minutes=save_minutes)
+
+    def saved(self) -> None:
+        """A checkpoint was saved: the next one is due ``save_minutes`` from now."""
+        self.last_save, self.save_due = time.monotonic(), False
 
     def __enter__(self) -> StopRules:
         if self.flag is not None:
@@ -102,16 +111,20 @@ class StopRules:
 
     def reason(self, iteration: int) -> str | None:
         """Why the run stops after ``iteration``, or None; collective over the world group (one MAX
-        all-reduce of two numbers when a signal handler or a duration is set), the same on every rank."""
+        all-reduce of three numbers when a signal handler, a duration or a save interval in minutes is set), the
+        same on every rank, as is ``save_due``."""
         signum = self.flag.received if self.flag is not None else 0
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
         late = float(self.exit_minutes is not None and rank0 and self.minutes() >= self.exit_minutes)
-        if (self.flag is not None or self.exit_minutes is not None) and dist.is_initialized() \
-                and dist.get_world_size() > 1:
-            agreed = torch.tensor([float(signum), late], device=self.device)
+        due = float(self.save_minutes is not None and rank0 and
+                    time.monotonic() - self.last_save >= 60 * self.save_minutes)
+        if (self.flag is not None or self.exit_minutes is not None or self.save_minutes is not None) and \
+                dist.is_initialized() and dist.get_world_size() > 1:
+            agreed = torch.tensor([float(signum), late, due], device=self.device)
             with peers_named("the stop check"):  # a stuck or dead peer is named, as in train_step
                 dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-            signum, late = (int(v) for v in agreed.tolist())
+            signum, late, due = (int(v) for v in agreed.tolist())
+        self.save_due = bool(due)
         if signum:
             return f"{signal.Signals(signum).name} received"
         if late:
