@@ -47,6 +47,9 @@ class LoggingConfig:
                                    "--log-params-norm")
     log_num_zeros_in_grad: bool = toggle("log the number of zero entries of the reduced gradients (each counted "
                                          "once)", "--log-num-zeros-in-grad")
+    log_straggler: bool = toggle("name the slowest rank and its lag each log line (own work per step: CPU time and "
+                                 "batch reads; tpzoo.training.stragglers), the ranks that lagged at the end",
+                                 "--log-straggler", launch=True)
     timing_log_level: int | None = option(None, optional(one_of(*TIMING_LEVELS)), "time the iteration (0), its "
                                           "forward-backward, gradient sync, optimizer, evaluation and save (1), and "
                                           "the batch read (2); logged as time/<name> seconds per iteration (default: "

@@ -44,6 +44,7 @@ from tpzoo.training.run_summary import summary_lines
 from tpzoo.training.config_file import CONFIG_FILE
 from tpzoo.training.setup import Run
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
+from tpzoo.training.stragglers import Stragglers
 
 MAX_ENTROPY_TOKENS = 1 << 31  # the summary's unigram entropy reads every token; skip it beyond this
 
@@ -134,6 +135,7 @@ def train(run: Run) -> Summary:
     # the logging section's measurements (docs/training.md): timers by --timing-log-level, the weights' norm, zeros
     timers = engine.timers = Timers(logging.timing_log_level, run.mesh.device)
     engine.measure_params_norm, engine.measure_num_zeros = logging.log_params_norm, logging.log_num_zeros_in_grad
+    own = Stragglers(logging.log_straggler, run.mesh.device)  # --log-straggler: each rank's own work per step
     logged_at = run.iteration
     summary = Summary(run.iteration, None, None, str(run.loaded_from) if run.loaded_from else None)
     names, evaluating = loss_names(run), io.eval_interval > 0
@@ -169,11 +171,14 @@ def train(run: Run) -> Summary:
             run.iteration += 1
             g = run.batches.batch_at(run.consumed_samples)  # this iteration's global batch size
             lr = run.schedule.apply(engine.optimizer, run.lr_steps)
+            own.start()
             timers.start("batch")
-            batch = run.batch(run.train, run.consumed_samples, g)
+            with own.reading():
+                batch = run.batch(run.train, run.consumed_samples, g)
             timers.stop("batch")
             start = time.perf_counter()
             result = engine.train_step(batch)
+            own.stop()
             run.consumed_samples += g
             run.lr_steps += 0 if result.skipped else g  # Megatron's scheduler steps on an update only
             metrics.step(g * run.job.model.seq_length, time.perf_counter() - start)
@@ -189,7 +194,7 @@ def train(run: Run) -> Summary:
             timers.stop("iteration")
             stats = step_stats(logging, result, run.mesh.device, dist.get_world_size())
             if metrics.line_due(run.iteration, evaluated=val is not None, last=last):  # every rank: a collective
-                stats.update(timers.collect(run.iteration - logged_at, logging.timing_log_option))
+                stats.update(timers.collect(run.iteration - logged_at, logging.timing_log_option), **own.collect())
                 logged_at = run.iteration
             metrics.log(run.iteration, loss=result.loss, losses=summary.losses, lr=lr, grad_norm=result.grad_norm,
                         val_loss=val, val_losses=val_losses, last=last, skipped=result.skipped,
@@ -213,6 +218,8 @@ def train(run: Run) -> Summary:
                 evaluate(run, summary, names)
             save(run, summary, metrics)
         wait_for_save()
+        for line in own.summary():
+            metrics.print(line)
         if summary.stopped is not None:
             metrics.print(f"stopped at iteration {run.iteration} of {run.train_iters}: {summary.stopped}; "
                           f"checkpoint: {summary.checkpoint} (resume with --load {run.save_dir})")
