@@ -77,14 +77,22 @@ def _row(name: str, values: list[float]) -> str:
             f"{' '.join(f'{v:.3f}' for v in values)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="checkpoint_hash.py", description=__doc__.split("\n")[0])
+def save_bench_args(prog: str, doc: str, repeats: int) -> argparse.Namespace:
+    """The flags of a bench of saves (this one, bench/save_blocking.py): --preset, --repeats (default ``repeats``),
+    --dir."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     parser.add_argument("--preset", default="gpt2-medium", choices=sorted(PRESETS))
-    parser.add_argument("--repeats", type=int, default=5, help="saves of each kind, alternating (default 5)")
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help=f"saves of each kind, alternating (default {repeats})")
     parser.add_argument("--dir", type=Path, default=None, help="where to save (default: a temporary folder)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    return args
+
+
+def main() -> None:
+    args = save_bench_args("checkpoint_hash.py", __doc__, 5)
     engine = engine_for(args.preset)
     params = sum(p.numel() for p in engine.chunks[0].model.parameters())
     root = Path(tempfile.mkdtemp(prefix="ckpt-hash-", dir=args.dir))

@@ -19,7 +19,6 @@ Prints each row's median and every save's seconds, then the ratio of the blockin
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -28,11 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-from checkpoint_hash import engine_for  # bench/, the script's folder
+from checkpoint_hash import engine_for, save_bench_args  # bench/, the script's folder
 
 from tpzoo.checkpoint import save_checkpoint, wait_for_save
 from tpzoo.engine import Engine
-from tpzoo.models.families import PRESETS
 
 ROWS = ("blocking", "step", "published")
 
@@ -63,13 +61,7 @@ def _row(name: str, values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="save_blocking.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="gpt2-medium", choices=sorted(PRESETS))
-    parser.add_argument("--repeats", type=int, default=3, help="saves of each kind, alternating (default 3)")
-    parser.add_argument("--dir", type=Path, default=None, help="where to save (default: a temporary folder)")
-    args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    args = save_bench_args("save_blocking.py", __doc__, 3)
     engine = engine_for(args.preset)
     params = sum(p.numel() for p in engine.chunks[0].model.parameters())
     root = Path(tempfile.mkdtemp(prefix="save-blocking-", dir=args.dir))

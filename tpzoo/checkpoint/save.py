@@ -290,6 +290,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, engine: Engine, *, met
         raise ValueError(f"files {taken}: names of the checkpoint's own files or paths; name each a plain file name "
                          f"of its own")
     wait_for_save()
+    engine.sync_replicas()  # local SGD between outer steps: the replicas' common weights, not one replica's
     start = time.perf_counter()
     final = iteration_dir(save_dir, iteration)
     partial = partial_dir(final)

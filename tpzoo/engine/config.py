@@ -79,6 +79,11 @@ class EngineConfig:
     loss_scale_window: int = option(1000, at_least(1), "fp16: clean steps in a row before the scale doubles")
     hysteresis: int = option(1, at_least(1), "fp16: overflows since the last growth before the scale halves "
                              "(Megatron's --hysteresis, whose default is 2; 1: at every overflow)")
+    local_sgd_steps: int | None = option(None, optional(at_least(1)), "local SGD (tpzoo.engine.local_sgd): each dp "
+                                         "replica takes this many steps on its own gradients, then the replicas "
+                                         "average their moves in an outer step; None: gradients summed every step")
+    outer_lr: float = option(1.0, positive_number, "with local_sgd_steps: the outer step's learning rate (1: the "
+                             "replicas' mean)")
     bucket_mb: float = option(25.0, positive_number, "gradient all-reduce bucket size over dp, MiB")
     timeout_s: float = option(600.0, positive_number, "timeout of the process groups the engine makes and bound "
                               "of its roll call (--distributed-timeout-minutes x 60)")
@@ -94,6 +99,9 @@ class EngineConfig:
         if self.zero_stage is not None and not self.use_distributed_optimizer:
             raise ValueError(f"EngineConfig.zero_stage={self.zero_stage} needs use_distributed_optimizer=True (the "
                              f"stage of its sharding); turn it on or drop zero_stage")
+        if self.local_sgd_steps is not None and self.use_distributed_optimizer:
+            raise ValueError(f"EngineConfig.local_sgd_steps={self.local_sgd_steps}: each dp replica keeps all its "
+                             f"weights and optimizer state, which the distributed optimizer shards over dp; drop one")
         if self.use_distributed_optimizer and self.zero_stage is None:
             self.zero_stage = 2
         if self.virtual_stages is None:

@@ -68,6 +68,7 @@ class GradReducer:
         self.expected, self.seen, self.ready, self.launched = 0, {}, [0] * len(self.buckets), 0
         self.pending: list[tuple[list[Tensor], Tensor, dist.Work, list[Tensor]]] = []
         self.overlapped = 0
+        self.reduced_bytes = 0  # bytes all-reduced or reduce-scattered so far (their inputs)
 
     @property
     def sharded(self) -> bool:
@@ -99,6 +100,7 @@ class GradReducer:
         if self.owner is None:
             grads = [p.grad for p in held]
             flat = _flat(grads, device)
+            self.reduced_bytes += flat.numel() * flat.element_size()
             self.pending.append((grads, flat, dist.all_reduce(flat, group=group, async_op=True), []))
             return
         rank = dist.get_rank(group)
@@ -108,6 +110,7 @@ class GradReducer:
         for p in held:
             if self.owner[id(p)] != rank:
                 p.grad = None  # its copy in ``pieces`` goes to its owner
+        self.reduced_bytes += sum(piece.numel() * piece.element_size() for piece in pieces)
         out = torch.empty_like(pieces[rank])
         self.pending.append((mine, out, dist.reduce_scatter(out, pieces, group=group, async_op=True), pieces))
 

@@ -27,7 +27,8 @@ The step, on every rank:
     3. main grads summed over dp (``GradReducer``: all-reduced, or under ZeRO-2 reduce-scattered to their
        owners; FSDP: reduce-scattered, each rank keeps its shard), tied embedding over first+last stage (parameters
        marked ``pp_tied``), partial gradients of replicated parameters over tp (marked ``tp_partial``;
-       ``param_facts``); on the first step the replicated gradients are checked against their facts first
+       ``param_facts``; local SGD, ``local_sgd_steps``: no sum over dp, each replica's times dp: ``local_sgd``); on
+       the first step the replicated gradients are checked against their facts first
        (``replicas.check_replicas``: a sharding plan that misdescribes a parameter stops the run, no update)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
     5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
@@ -36,7 +37,8 @@ The step, on every rank:
     6. the step's one host-device sync: loss, its parts, norm and overflow flag in one ``tolist``
     7. a non-finite norm or an fp16 overflow: skip on every rank (no update; fp16: the scaler's
        schedule, ``loss_scale``); else AdamW on the main weights this rank owns, then
-       ``MainParams.publish`` (model weights = main weights, ZeRO's broadcast over dp; nothing under FSDP)
+       ``MainParams.publish`` (model weights = main weights, ZeRO's broadcast over dp; nothing under FSDP); local
+       SGD's outer step before it, every ``local_sgd_steps`` updates
 
 ``bad_steps`` counts the skipped steps in a row that are the model's fault, for the caller's stop
 (``--max-skipped-steps``): at fp32 and bf16 every skipped step; at fp16 only the overflows taken at the
@@ -65,6 +67,7 @@ from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
 from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
+from tpzoo.engine.local_sgd import LocalSGD
 from tpzoo.engine.loss_scale import loss_scaler
 from tpzoo.engine.mixed_precision import DTYPES, MainParams
 from tpzoo.engine.pipeline import PipelineRunner, StageModule, TiedEmbeddingSync
@@ -76,6 +79,7 @@ from tpzoo.models.moe import EXPERT_LOAD, ROUTER_LOSSES
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
+from tpzoo.run_options import local_sgd_problem
 
 logger = logging.getLogger(__name__)
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a transformer layer's module path, its global number
@@ -197,7 +201,11 @@ class Engine:
             raise ValueError(f"expert parallelism ep={mesh.ep_size}, but a {type(model_config).__name__} has no "
                              f"experts to split (no mixture of experts); build the mesh with ep=1 (drop "
                              f"--expert-model-parallel-size)")
-        self.reducer: GradReducer | None = None  # FSDP reduce-scatters the gradients itself
+        self.reducer: GradReducer | None = None  # FSDP reduce-scatters the gradients itself; local SGD sums none
+        self.local_sgd: LocalSGD | None = None
+        problem = local_sgd_problem(config.local_sgd_steps, self.plan.fsdp, mesh.ep_size, mesh.cp_size)
+        if problem:
+            raise ValueError(problem)
         if self.plan.fsdp:
             self.main = FSDPParams(self.chunks, config.precision, mesh)
         else:
@@ -206,7 +214,10 @@ class Engine:
             zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
             self.reducer = GradReducer(self.main.trainable, self.main.trainable_group, config.bucket_mb,
                                        owner=self.main.trainable_owner if zero2 else None)
-            if self.reducer.active:
+            if config.local_sgd_steps is not None:  # each replica steps on its own gradients
+                self.reducer = None
+                self.local_sgd = LocalSGD(self.main.owned, mesh.dp_group, config.local_sgd_steps, config.outer_lr)
+            elif self.reducer.active:
                 self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]
         self.sequence_loss_modules = sequence_loss_modules(self.chunks)
@@ -298,6 +309,12 @@ class Engine:
             logger.warning("step skipped on every rank: %s (loss %s, grad norm %s)%s; %d bad steps in a row",
                            what, loss, norm, scale, self.bad_steps)
 
+    def sync_replicas(self) -> None:
+        """Local SGD (``config.local_sgd_steps``): the outer step now, if one is due, so that every dp replica holds
+        the same weights (``save_checkpoint`` calls it first). Collective over dp; nothing otherwise."""
+        if self.local_sgd is not None and self.local_sgd.finish():
+            self.main.publish()
+
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
         """One optimizer step over ``batch`` (input_ids and the model's extras and label keys: GPT labels;
         BERT token_type_ids, attention_mask, labels, next_sentence_label). One host-device sync."""
@@ -307,6 +324,8 @@ class Engine:
         weigh_sequences(self.sequence_loss_modules, self.loss_scale / batch["input_ids"].shape[0])
         if self.reducer is not None:
             self.reducer.start(len(ids))
+        if self.local_sgd is not None:
+            self.local_sgd.begin()
         with peers_named("train_step", mesh, self.config.timeout_s):
             self.timers.start("forward-backward")
             try:
@@ -319,6 +338,8 @@ class Engine:
             self.timers.start("grads-sync")
             if self.reducer is not None:
                 self.reducer.sync()
+            elif self.local_sgd is not None:  # dp x this replica's share: the replicas' mean is the sum over dp
+                torch._foreach_mul_([p.grad for p in main.params if p.grad is not None], float(mesh.dp_size))
             self.tied.sync()
             if not self.replicas_checked:  # the first step (with finite gradients): before the tp sum and any update
                 self.replicas_checked = check_replicas(
@@ -333,7 +354,7 @@ class Engine:
                                  [mesh.pp_group, mesh.dp_cp_group])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
-            sharded = self.plan.fsdp or self.reducer.sharded
+            sharded = self.plan.fsdp or self.reducer is not None and self.reducer.sharded
             norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums, dp_sharded=sharded)
             zeros = [count_zero_grads(main.params, mesh, sharded)] if self.measure_num_zeros else []
             numbers = torch.cat([t.reshape(-1).double() for t in (sums, norm, overflow, *zeros)]).tolist()
@@ -353,6 +374,8 @@ class Engine:
                 self.bad_steps = 0
                 self.timers.start("optimizer")
                 self.optimizer.step()
+                if self.local_sgd is not None:
+                    self.local_sgd.step()  # every H updates: the outer step
                 main.publish()
                 self.timers.stop("optimizer")
         params_norm = None

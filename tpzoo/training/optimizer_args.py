@@ -62,7 +62,8 @@ _INIT_STD = ModelConfig.__dataclass_fields__["init_method_std"].metadata
 class TrainingConfig:
     """Batch sizes, the run's length, the optimizer and the learning-rate and weight-decay schedules (Megatron-LM's
     names and meanings; the formulas: ``tpzoo.training.lr_schedule`` and ``tpzoo.training.batch_schedule``).
-    ``ITERATION_FIELDS`` are pretrain.py's only (finetune.py counts epochs)."""
+    ``ITERATION_FIELDS`` are pretrain.py's only (finetune.py counts epochs; its loop saves its best checkpoint at any
+    evaluation, which local SGD's replicas would not agree on)."""
 
     micro_batch_size: int = option(4, at_least(1), "", "--micro-batch-size")
     global_batch_size: int = option(16, at_least(1), "sequences per optimizer step (after any ramp-up)",
@@ -118,6 +119,12 @@ class TrainingConfig:
     init_method_std: float | None = option(None, optional(_INIT_STD["check"]), f"{_INIT_STD['doc']} (default: the "
                                            f"model's)", "--init-method-std")
     seed: int = option(1234, seed, "", "--seed", meaning=True)
+    local_sgd_steps: int | None = option(None, optional(at_least(1)), "local SGD over dp: each replica takes H steps "
+                                         "on its own gradients, then the replicas average their moves (one "
+                                         "all-reduce of the weights every H steps; docs/elastic.md)",
+                                         "--local-sgd-steps", "H")
+    outer_lr: float = option(1.0, positive_number, "with --local-sgd-steps: the outer step's learning rate (1: the "
+                             "replicas' mean)", "--outer-lr")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -159,7 +166,7 @@ class TrainingConfig:
 ITERATION_FIELDS = ("train_iters", "train_samples", "rampup_batch_size", "step_batch_size_schedule",
                     "lr_warmup_samples", "lr_warmup_fraction", "lr_decay_iters", "lr_decay_samples",
                     "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "weight_decay_incr_style",
-                    "start_weight_decay", "end_weight_decay")
+                    "start_weight_decay", "end_weight_decay", "local_sgd_steps", "outer_lr")
 
 
 def add_optimizer_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tpzoo.data.data_args import DataConfig
 from tpzoo.engine.config import EngineConfig
 from tpzoo.models.families import family
-from tpzoo.run_options import context_cut_problem
+from tpzoo.run_options import context_cut_problem, local_sgd_problem
 from tpzoo.fields import (add_section, at_least, boolean, check_fields, option, optional, positive_number, role,
                           section_of)
 from tpzoo.training.checkpoint_args import CheckpointConfig, RunIO
@@ -78,6 +78,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_experts(self.model, self.parallel.ep, self.speed.moe_grouped_gemm)  # against the model's experts
         p = self.parallel
+        problem = local_sgd_problem(self.training.local_sgd_steps, p.use_torch_fsdp2, p.ep, p.cp)
+        if problem:
+            raise ValueError(problem)
         if p.cp > 1 and self.model.model is not None:  # the sequence cut over cp (tpzoo.engine.context_cut)
             problem = context_cut_problem(self.model.seq_length, p.cp, family(self.model.model).data == "causal-lm",
                                           p.tp if p.sequence_parallel else 1)
@@ -106,6 +109,7 @@ class RunConfig:
                    use_distributed_optimizer=parallel.use_distributed_optimizer, lr=t.lr, weight_decay=t.weight_decay,
                    clip_grad=t.clip_grad, precision=precision.precision, optimizer=t.optimizer,
                    adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, sgd_momentum=t.sgd_momentum,
+                   local_sgd_steps=t.local_sgd_steps, outer_lr=t.outer_lr,
                    timeout_s=60.0 * parallel.distributed_timeout_minutes),
             **precision.loss_scaling(), **changes})
 
