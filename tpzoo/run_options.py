@@ -74,7 +74,8 @@ def local_sgd_problem(steps: int | None, fsdp: bool, ep: int, cp: int) -> str | 
     for on, why in ((fsdp, "FSDP shards each replica's weights over dp; drop --use-torch-fsdp2"),
                     (ep > 1, f"experts split over ep {ep} ranks of dp are parts of one replica; drop "
                              f"--expert-model-parallel-size"),
-                    (cp > 1, f"the cp {cp} ranks of a sequence are parts of one replica; drop --context-parallel-size")):
+                    (cp > 1, f"the cp {cp} ranks of a sequence are parts of one replica; drop "
+                             f"--context-parallel-size")):
         if steps is not None and on:
             return f"--local-sgd-steps {steps}: {why} or --local-sgd-steps"
     return None
