@@ -113,6 +113,7 @@ def demo(tmp_path_factory):
 @pytest.mark.tier("journey")
 def test_pretrain_with_local_sgd_learns_the_demo_corpus(demo):
     root, out = demo
+    assert "mesh      tp 1 x pp 1 x dp 2 = 2 ranks, local SGD (H 8), 1f1b schedule" in out, out[:2000]
     logged = metrics(root / "run")
     assert sorted(logged) == list(range(1, 41)), out[-2000:]
     first, last = logged[1]["loss"], logged[40]["loss"]

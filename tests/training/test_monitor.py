@@ -193,7 +193,7 @@ def test_params_norm_and_zeros_count_each_element_once(monkeypatch, sharded):
         for pp in range(2):
             for dp in range(2) if sharded else range(1):  # dp replicas are not summed over dp
                 mesh = SimpleNamespace(tp_rank=tp, pp_rank=pp, dp_rank=dp, device=torch.device("cpu"), tp_group=None,
-                                       pp_group=None, dp_group=None, dp_cp_group=None, ep_size=1)
+                                       pp_group=None, dp_group=None, dp_cp_group=None, fsdp_group=None, ep_size=1)
                 params = rank_params(tp, pp, dp, sharded)
                 squares += grads.global_params_norm(params, mesh, sharded).item() ** 2
                 zeros += grads.count_zero_grads(params, mesh, sharded).item()

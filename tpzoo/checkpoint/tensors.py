@@ -103,17 +103,23 @@ class Entry:
             return DTensor.from_local(local, mesh.device_mesh["tp"], [Shard(self.partition[0])], run_check=False)
         shape = torch.Size(self.full_shape())
         tp = Shard(self.partition[0]) if self.partition else Replicate()
-        return DTensor.from_local(local, mesh.tp_dp_mesh, [tp, Shard(0)], run_check=False, shape=shape,
-                                  stride=_contiguous_stride(shape))
+        return DTensor.from_local(local, mesh.tp_fsdp_mesh, [tp, *fsdp_placements(mesh)], run_check=False,
+                                  shape=shape, stride=_contiguous_stride(shape))
 
     def tp_tensor(self, mesh: ParallelMesh) -> Tensor:
         """This rank's whole tp tensor: ``local``, or its dp pieces gathered (collective over dp, or edp)."""
         if self.dp_shape is None:
             return self.local
         shape = torch.Size(self.dp_shape)
-        over = mesh.edp_mesh if self.ep > 1 else mesh.dp_cp_mesh
-        return DTensor.from_local(self.local.detach(), over, [Shard(0)], run_check=False, shape=shape,
+        over, placements = (mesh.edp_mesh, [Shard(0)]) if self.ep > 1 else (mesh.fsdp_mesh, fsdp_placements(mesh))
+        return DTensor.from_local(self.local.detach(), over, placements, run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape)).full_tensor()
+
+
+def fsdp_placements(mesh: ParallelMesh) -> list[Shard | Replicate]:
+    """How FSDP lays a weight's dp piece out on ``mesh.fsdp_mesh``: Shard(0), or under HSDP replicated, then
+    Shard(0) over the shard dimension."""
+    return [Shard(0)] if mesh.replicas is None else [Replicate(), Shard(0)]
 
 
 def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep: int = 1) -> Entry:
@@ -121,10 +127,13 @@ def entry(key: str, tensor: Tensor, partition: tuple[int, int] | None = None, ep
     whose local view becomes ``local`` (loading writes into the DTensor's own storage); ``ep``: an expert weight's ep
     size."""
     if isinstance(tensor, DTensor):
-        over = (tensor.device_mesh.mesh_dim_names or ("",))[0]
-        if tuple(tensor.placements) != (Shard(0),) or over not in ("dp", "dp_cp", "edp"):
-            raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp (or edp) only, got "
-                             f"{tensor.placements} on {tensor.device_mesh}")
+        over = tensor.device_mesh.mesh_dim_names or ("",)
+        fsdp = (tuple(tensor.placements), over) in (((Shard(0),), ("dp",)), ((Shard(0),), ("dp_cp",)),
+                                                    ((Shard(0),), ("edp",)),
+                                                    ((Replicate(), Shard(0)), ("replicate", "shard")))
+        if not fsdp:
+            raise ValueError(f"{key}: a checkpoint holds DTensors sharded Shard(0) over dp (or edp, or HSDP's shard "
+                             f"dimension) only, got {tensor.placements} on {tensor.device_mesh}")
         return Entry(key, tensor.to_local(), partition, tuple(tensor.shape), ep)
     return Entry(key, tensor, partition, ep=ep)
 

@@ -56,7 +56,7 @@ def _sum_over_mesh(value: Tensor, experts: Tensor, mesh: ParallelMesh, dp_sharde
     if mesh.ep_size > 1 and not dp_sharded:
         dist.all_reduce(experts, group=mesh.ep_group)
     value = value + experts
-    for group in (mesh.tp_group, mesh.pp_group, *((mesh.dp_cp_group,) if dp_sharded else ())):
+    for group in (mesh.tp_group, mesh.pp_group, *((mesh.fsdp_group,) if dp_sharded else ())):  # HSDP: shards
         if dist.get_world_size(group) > 1:
             dist.all_reduce(value, group=group)
     return value

@@ -111,9 +111,10 @@ def shard(full: Tensor, dim: int, local_size: int, mesh: ParallelMesh) -> Tensor
 
 def dp_rows(n: int, mesh: ParallelMesh, over: DeviceMesh | None = None) -> tuple[int, int]:
     """[start, stop) of this dp rank's rows of ``n`` split as FSDP splits dim 0 (chunks of ceil(n / dp),
-    the last ones short or empty); ``over``: the 1-D mesh FSDP sharded over (default dp x cp; an expert
-    weight's: edp)."""
-    size, rank = (mesh.dp_cp_size, mesh.dp_cp_rank) if over is None else (over.size(), over.get_local_rank())
+    the last ones short or empty); ``over``: the mesh FSDP sharded over, its last dimension (default
+    ``mesh.fsdp_mesh``: dp x cp, HSDP's shard dimension; an expert weight's: edp)."""
+    over = mesh.fsdp_mesh if over is None else over
+    size, rank = over.size(over.ndim - 1), over.get_local_rank(over.ndim - 1)
     chunk = -(-n // size)
     return min(rank * chunk, n), min((rank + 1) * chunk, n)
 

@@ -50,7 +50,8 @@ def local(t: Tensor) -> Tensor:
 
 def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: ParallelMesh, *,
                param_dtype: torch.dtype = torch.float32, reduce_dtype: torch.dtype = torch.float32) -> None:
-    """Shard ``root``'s parameters over ``mesh``'s dp axis (dp x cp): each of ``blocks`` one FSDP unit, the rest of
+    """Shard ``root``'s parameters over ``mesh``'s dp axis (dp x cp; HSDP: ``mesh.fsdp_mesh``, sharded over dp /
+    dp_replicate ranks, replicated over dp_replicate of them): each of ``blocks`` one FSDP unit, the rest of
     ``root`` the root unit (see module docstring). The parameters' ``param_facts`` (tp layout, tied and
     sequence-parallel sums) carry over to their sharded replacements. In place; ``root`` becomes an
     ``FSDPModule``."""
@@ -59,7 +60,7 @@ def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: ParallelMesh,
     kept = {name: facts(p) for name, p in root.named_parameters()}
     policy = MixedPrecisionPolicy(param_dtype=None if param_dtype == torch.float32 else param_dtype,
                                   reduce_dtype=reduce_dtype)
-    dp_mesh = mesh.dp_cp_mesh  # dp x cp: the cp ranks of a replica hold the same weights
+    dp_mesh = mesh.fsdp_mesh  # dp x cp (its cp ranks hold the same weights); under HSDP (replicate, shard) of dp
     for block in blocks:
         for experts in _expert_modules(block) if mesh.ep_size > 1 else ():
             fully_shard(experts, mesh=mesh.edp_mesh, mp_policy=policy)

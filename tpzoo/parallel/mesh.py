@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from tpzoo.parallel.mesh_groups import DIMS, build_device_mesh, ep_edp_groups, flat_dp_cp_group, hsdp_groups
 from tpzoo.parallel.random import RNGStatesTracker
 from tpzoo.parallel.rollcall import PeerFailure, launch_store, roll_call
 from tpzoo.testing import free_port
 
-DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
@@ -66,6 +66,7 @@ class ParallelMesh:
     rng: RNGStatesTracker = field(default_factory=RNGStatesTracker)
     expert_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # (ep, edp) when ep > 1
     dp_cp: dist.ProcessGroup | None = None  # dp x cp flattened, when cp > 1
+    replicas: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # HSDP: dp's (replicate, shard) groups
 
     def size(self, dim: str) -> int:
         return self.device_mesh.size(DIMS.index(dim))
@@ -164,6 +165,35 @@ class ParallelMesh:
         """The dp ranks holding the same experts (``dp_cp_group`` when ep is 1): expert gradients are summed over it."""
         return self.dp_cp_group if self.expert_groups is None else self.expert_groups[1]
 
+    @property
+    def fsdp_group(self) -> dist.ProcessGroup:
+        """The ranks FSDP shards over: ``dp_cp_group``, or under HSDP (``init_mesh(dp_replicate=R)``) dp / R of them
+        (the replicas hold the same shards)."""
+        return self.dp_cp_group if self.replicas is None else self.replicas[1]
+
+    @functools.cached_property
+    def fsdp_mesh(self) -> DeviceMesh:
+        """``dp_cp_mesh``, or under HSDP dp as a 2-D (replicate, shard) DeviceMesh: FSDP2 replicates over the first."""
+        if self.replicas is None:
+            return self.dp_cp_mesh
+        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, self.tp_rank].reshape(len(self.replicas_ranks), -1)
+        return DeviceMesh.from_group(list(self.replicas), self.device_mesh.device_type, mesh=ranks,
+                                     mesh_dim_names=("replicate", "shard"))
+
+    @property
+    def replicas_ranks(self) -> list[int]:
+        """The dp ranks of this rank's replicate group (HSDP), or of itself."""
+        return dist.get_process_group_ranks(self.replicas[0]) if self.replicas else [dist.get_rank()]
+
+    @functools.cached_property
+    def tp_fsdp_mesh(self) -> DeviceMesh:
+        """``tp_dp_mesh``, or under HSDP this pp stage's ranks as a 3-D (tp, replicate, shard) DeviceMesh."""
+        if self.replicas is None:
+            return self.tp_dp_mesh
+        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, :].reshape(len(self.replicas_ranks), -1, self.tp_size)
+        return DeviceMesh.from_group([self.tp_group, *self.replicas], self.device_mesh.device_type,
+                                     mesh=ranks.permute(2, 0, 1), mesh_dim_names=("tp", "replicate", "shard"))
+
     @functools.cached_property
     def tp_dp_mesh(self) -> DeviceMesh:
         """This pp stage's ranks as a 2-D (tp, dp) DeviceMesh, tp first, its dp the dp_cp group: a tensor sharded on
@@ -206,6 +236,7 @@ class ParallelMesh:
 
     def __repr__(self) -> str:
         ep = f", ep={self.ep_size}" if self.ep_size > 1 else ""
+        ep += f", dp_replicate={len(self.replicas_ranks)}" if self.replicas else ""
         cp, cp_rank = (f", cp={self.cp_size}", f", cp_rank={self.cp_rank}") if self.cp_size > 1 else ("", "")
         return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}{cp}, tp={self.tp_size}{ep}, "
                 f"rank={dist.get_rank()}: pp_rank={self.pp_rank}, dp_rank={self.dp_rank}{cp_rank}, "
@@ -272,49 +303,6 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _axis_groups(ranks: torch.Tensor, timeout: timedelta, dims: tuple[int, ...] | None = None
-                 ) -> list[dist.ProcessGroup]:
-    """This rank's group along each axis (of ``dims``, default all) of ``ranks`` (the world's ranks laid out on a
-    grid), each with ``timeout``: every rank makes every group (``new_group`` is collective)."""
-    mine = []
-    for dim in range(ranks.dim()) if dims is None else dims:
-        for slice_ranks in ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist():
-            group = dist.new_group(slice_ranks, timeout=timeout)
-            if dist.get_rank() in slice_ranks:
-                mine.append(group)
-    return mine
-
-
-def _build_device_mesh(shape: tuple[int, int, int, int], device_type: str, timeout: timedelta) -> DeviceMesh:
-    """A DeviceMesh over explicitly made groups, one per axis slice, each with ``timeout``.
-
-    Not ``init_device_mesh``: on gloo with torch 2.13 a process that made one aborts at exit
-    ("terminate called without an active exception") in 3 to 6 runs of 8 even after
-    ``destroy_process_group``; groups from ``new_group`` wrapped by ``from_group`` never did (0 of 24).
-    """
-    ranks = torch.arange(dist.get_world_size()).reshape(shape)
-    return DeviceMesh.from_group(_axis_groups(ranks, timeout), device_type, mesh=ranks, mesh_dim_names=DIMS)
-
-
-def _dp_cp_group(shape: tuple[int, int, int, int], timeout: timedelta) -> dist.ProcessGroup | None:
-    """This rank's group of dp x cp flattened (the ranks of its pp stage and tp rank); None at cp 1."""
-    pp, dp, cp, tp = shape
-    if cp == 1:
-        return None
-    return _axis_groups(torch.arange(dist.get_world_size()).reshape(pp, dp * cp, tp), timeout, dims=(1,))[0]
-
-
-def _expert_groups(shape: tuple[int, int, int, int], ep: int, timeout: timedelta
-                   ) -> tuple[dist.ProcessGroup, dist.ProcessGroup] | None:
-    """(ep group, edp group) of this rank: the dp axis of (pp, dp, tp) split into (edp, ep), ep inner; None at ep 1."""
-    if ep == 1:
-        return None
-    pp, dp, _, tp = shape
-    ranks = torch.arange(dist.get_world_size()).reshape(pp, dp // ep, ep, tp)
-    edp_group, ep_group = _axis_groups(ranks, timeout, dims=(1, 2))
-    return ep_group, edp_group
-
-
 def check_ep(ep: int, dp: int, cp: int = 1) -> None:
     """ValueError unless the expert-parallel size ``ep`` divides ``dp`` (the experts' ranks are carved out of dp), and
     ep and context parallelism are not both asked for."""
@@ -327,18 +315,19 @@ def check_ep(ep: int, dp: int, cp: int = 1) -> None:
                          f"are carved out of dp); choose an ep dividing {dp}")
 
 
-def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, cp: int = 1, ep: int = 1,
+def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, cp: int = 1, ep: int = 1, dp_replicate: int = 1,
               device_type: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT) -> ParallelMesh:
     """Build the ``pp x dp x cp x tp`` mesh over all ranks and make it the current one.
 
     Starts the process group if none is running: under torchrun from its environment, else as a lone process (world
     size 1). Backend nccl for CUDA, gloo otherwise; ``device_type`` defaults to "cuda" when a GPU is visible.
     ``dp`` defaults to world_size / (tp x pp x cp). ``cp``: each sequence split over cp ranks (module docstring).
-    ``ep``: experts split over groups of ep dp ranks (it must divide dp). ``timeout`` bounds every collective so
-    that a dead peer ends the run with an error instead of a hang.
+    ``ep``: experts split over groups of ep dp ranks (it must divide dp). ``dp_replicate``: HSDP, FSDP's shards over
+    dp / dp_replicate ranks, replicated over dp_replicate groups of them (``fsdp_mesh``). ``timeout`` bounds every
+    collective so that a dead peer ends the run with an error instead of a hang.
     """
     global _mesh
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep)):
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("dp_replicate", dp_replicate)):
         _check_size(name, value)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     if not dist.is_initialized():
@@ -353,8 +342,9 @@ def init_mesh(tp: int = 1, pp: int = 1, dp: int | None = None, *, cp: int = 1, e
         shape = (pp_, dp_, cp, tp_)
         device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else \
             torch.device("cpu")
-        _mesh = ParallelMesh(_build_device_mesh(shape, device_type, timeout), device,
-                             expert_groups=_expert_groups(shape, ep, timeout), dp_cp=_dp_cp_group(shape, timeout))
+        _mesh = ParallelMesh(build_device_mesh(shape, device_type, timeout), device,
+                             expert_groups=ep_edp_groups(shape, ep, timeout), dp_cp=flat_dp_cp_group(shape, timeout),
+                             replicas=hsdp_groups(shape, dp_replicate, (cp, ep), timeout))
     except RuntimeError as e:  # a peer that never joined (stopped, dead): named by a roll call, as in a step
         store = launch_store()
         if store is None or isinstance(e, PeerFailure):

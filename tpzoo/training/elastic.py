@@ -1,9 +1,9 @@
 """Elastic launches (``--elastic``, under torchrun's ``--nnodes MIN:MAX --max-restarts N``; docs/elastic.md): each
 launch takes the mesh its world size W allows. tp, pp and cp are kept; dp is the largest d <= W / (tp x pp x cp)
-that ep divides and whose micro-batches divide the global batch G (G % (micro batch x d) == 0), so the run's math
-is the same at every size: G stays G, taken in more micro-batches per rank when d is smaller. The first
-tp x pp x cp x d ranks form the mesh; the others idle: each says so in one line and exits 0 at once (torchrun's
-agent waits for the working ones). A launch that follows a lost or added machine resumes from the newest intact
+that ep and HSDP's replica count divide and whose micro-batches divide the global batch G (G % (micro batch x d)
+== 0), so the run's math is the same at every size: G stays G, taken in more micro-batches per rank when d is
+smaller. The first tp x pp x cp x d ranks form the mesh; the others idle: each says so in one line and exits 0 at
+once (torchrun's agent waits for the working ones). A launch that follows a lost or added machine resumes from the newest intact
 checkpoint of ``--load`` at the new mesh (checkpoints load at any mesh), and says which mesh it left and which it
 took (``mesh_change``). Imports without torch.
 
@@ -24,7 +24,8 @@ def elastic_dp(world: int, parallel: ParallelConfig, global_batch: int, micro_ba
     when not even d = 1 fits."""
     per = parallel.tp * parallel.pp * parallel.cp
     for dp in range(world // per, 0, -1):
-        if dp % parallel.ep == 0 and global_batch % (micro_batch * dp) == 0:
+        if dp % (parallel.ep * parallel.num_distributed_optimizer_instances) == 0 and \
+                global_batch % (micro_batch * dp) == 0:
             return dp
     raise ValueError(f"--elastic: {world} ranks cannot hold one model replica of tp x pp x cp = {per} ranks "
                      f"(--expert-model-parallel-size {parallel.ep}, global batch {global_batch}, micro batch "

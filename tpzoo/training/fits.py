@@ -15,6 +15,7 @@ CPU).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from tpzoo.engine.config import EngineConfig
 from tpzoo.machine import gib, host_memory
@@ -40,8 +41,9 @@ def estimated_state_bytes(config: ModelConfig, engine: EngineConfig, mesh: Paral
     weight = WEIGHT_BYTES[engine.precision]
     moments = 8 if engine.optimizer == "adam" else 4 * (engine.sgd_momentum > 0)
     optimizer = (4 if weight != 4 else 0) + moments  # main weights apart from the weights, and the moments
-    spread = mesh.dp_cp_size if engine.use_distributed_optimizer or fsdp else 1  # ZeRO and FSDP shard over dp x cp
-    per_param = 2 * weight / (mesh.dp_cp_size if fsdp else 1) + optimizer / spread
+    shards = dist.get_world_size(mesh.fsdp_group) if fsdp else 1  # FSDP: over dp x cp (HSDP: its shard ranks)
+    spread = mesh.dp_cp_size if engine.use_distributed_optimizer else shards  # ZeRO shards over dp x cp
+    per_param = 2 * weight / shards + optimizer / spread
     return params, int(params * per_param / (mesh.tp_size * mesh.pp_size))
 
 

@@ -65,6 +65,10 @@ class ParallelConfig:
     use_torch_fsdp2: bool = _launch(False, boolean, "weights, gradients and optimizer state sharded over dp by torch's "
                                     "FSDP2 (ZeRO-3), each layer gathered for its forward and backward; needs dp > 1",
                                     "--use-torch-fsdp2")
+    num_distributed_optimizer_instances: int = _launch(1, at_least(1), "with --use-torch-fsdp2: HSDP, each weight "
+                                                       "sharded over dp / N ranks and replicated over N groups of "
+                                                       "them (the replicas all-reduce their gradient shards)",
+                                                       "--num-distributed-optimizer-instances", "N")
     elastic: bool = _launch(False, boolean, "torchrun's elastic launches (--nnodes MIN:MAX): dp from each launch's "
                             "world size, the largest the global batch allows (tp, pp, cp kept; spare ranks idle); with "
                             "--save DIR --load DIR a restart resumes at the new mesh (docs/elastic.md)", "--elastic")
@@ -83,6 +87,11 @@ class ParallelConfig:
         if self.elastic and self.dp is not None:
             raise ValueError(f"--elastic takes dp from each launch's world size, but --data-parallel-size is "
                              f"{self.dp}; drop --data-parallel-size")
+        replicas = self.num_distributed_optimizer_instances
+        if replicas > 1 and (not self.use_torch_fsdp2 or self.cp > 1 or self.ep > 1):
+            raise ValueError(f"--num-distributed-optimizer-instances {replicas}: tpzoo replicates FSDP's shards (HSDP) "
+                             f"with --use-torch-fsdp2, at cp 1 and ep 1 only (cp {self.cp}, ep {self.ep}); add "
+                             f"--use-torch-fsdp2 or drop it")
         if self.cp > 1 and self.ep > 1:
             raise ValueError(f"--context-parallel-size {self.cp} with --expert-model-parallel-size {self.ep}: tpzoo "
                              f"does not combine the two yet; drop one")
@@ -98,7 +107,8 @@ class ParallelConfig:
         """``init_mesh`` of these sizes (ep included) and timeout: collective, starts the process group if none is."""
         from tpzoo.parallel import init_mesh
 
-        return init_mesh(self.tp, self.pp, self.dp, cp=self.cp, ep=self.ep, timeout=self.timeout)
+        return init_mesh(self.tp, self.pp, self.dp, cp=self.cp, ep=self.ep,
+                         dp_replicate=self.num_distributed_optimizer_instances, timeout=self.timeout)
 
     @property
     def timeout(self) -> timedelta:
@@ -115,6 +125,10 @@ class ParallelConfig:
             raise ValueError(f"--expert-model-parallel-size {self.ep} must divide the data-parallel size {dp} (world "
                              f"size {world}, tp {self.tp}, pp {self.pp}): the expert ranks are carved out of dp; "
                              f"choose an ep dividing {dp}")
+        if dp % self.num_distributed_optimizer_instances and not self.elastic:
+            raise ValueError(f"--num-distributed-optimizer-instances {self.num_distributed_optimizer_instances} must "
+                             f"divide the data-parallel size {dp} (world size {world}, tp {self.tp}, pp {self.pp}); "
+                             f"choose a divisor of {dp}")
         if self.use_torch_fsdp2 and dp * self.cp == 1:
             raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {self.tp}, "
                              f"pp {self.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
