@@ -114,7 +114,7 @@ def wait_until(condition, what: str, agents: list[Agent], timeout: float = 240) 
     return time.monotonic() - start
 
 
-CHANGED = re.compile(r"the mesh changed: iteration (\d+) was saved on pp 1 x dp (\d) x tp 2 \(\d ranks\), the run "
+CHANGED = re.compile(r"re-meshed: iteration (\d+) was saved on pp 1 x dp (\d) x tp 2 \(\d ranks\), the run "
                      r"goes on on pp 1 x dp (\d) x tp 2")
 
 
@@ -245,8 +245,8 @@ def test_place_sets_the_world_and_sends_spare_ranks_away(monkeypatch, capsys):
 def test_mesh_change_line():
     assert mesh_change({"pp": 1, "dp": 2, "tp": 2}, {"pp": 1, "dp": 2, "tp": 2}, 8) is None
     assert mesh_change({"pp": 1, "dp": 2, "tp": 2}, {"pp": 1, "dp": 1, "tp": 2}, 8) == (
-        "the mesh changed: iteration 8 was saved on pp 1 x dp 2 x tp 2 (4 ranks), the run goes on on pp 1 x dp 1 x "
+        "re-meshed: iteration 8 was saved on pp 1 x dp 2 x tp 2 (4 ranks), the run goes on on pp 1 x dp 1 x "
         "tp 2 (2 ranks)")
     assert mesh_change({"pp": 1, "dp": 4, "tp": 1, "ep": 2}, {"pp": 2, "dp": 2, "tp": 1, "cp": 2}, 3) == (
-        "the mesh changed: iteration 3 was saved on pp 1 x dp 4 x tp 1 (4 ranks), the run goes on on pp 2 x dp 2 x "
+        "re-meshed: iteration 3 was saved on pp 1 x dp 4 x tp 1 (4 ranks), the run goes on on pp 2 x dp 2 x "
         "cp 2 x tp 1 (8 ranks)")

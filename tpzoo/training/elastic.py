@@ -66,4 +66,4 @@ def mesh_change(saved: Mapping[str, int], now: Mapping[str, int], iteration: int
     run's, ``tpzoo.checkpoint.save.mesh_shape``), or None when it did not."""
     if dict(saved) == dict(now):
         return None
-    return f"the mesh changed: iteration {iteration} was saved on {_shown(saved)}, the run goes on on {_shown(now)}"
+    return f"re-meshed: iteration {iteration} was saved on {_shown(saved)}, the run goes on on {_shown(now)}"
