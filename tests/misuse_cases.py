@@ -288,6 +288,15 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-document-flags-on-a-masked-lm": ("pretrain", T + f" --model {MASKED_LM.family} --reset-attention-mask",
                                                f"--reset-attention-mask: --model {MASKED_LM.family} reads masked-lm "
                                                f"data, whose samples are single documents"),
+    # machines that come and go, HSDP, local SGD
+    "pretrain-elastic-with-dp": ("pretrain", T + " --elastic --dp 2",
+                                 "--elastic takes dp from each launch's world size, but --data-parallel-size is 2"),
+    "pretrain-hsdp-without-fsdp": ("pretrain", T + " --num-distributed-optimizer-instances 2",
+                                   "--num-distributed-optimizer-instances 2: tpzoo replicates FSDP's shards (HSDP) "
+                                   "with --use-torch-fsdp2"),
+    "pretrain-local-sgd-with-zero": ("pretrain", T + " --local-sgd-steps 4 --use-distributed-optimizer",
+                                     "--local-sgd-steps 4: the distributed optimizer shards each replica's optimizer "
+                                     "state over dp"),
     "pretrain-exit-on-missing-checkpoint": ("pretrain", T + " --save {empty_dir} --load {empty_dir} "
                                             "--exit-on-missing-checkpoint", "holds no checkpoint and "
                                             "--exit-on-missing-checkpoint is given"),
@@ -310,6 +319,8 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
                                                 "--cp-comm-type a2a",
                                                 "--cp-comm-type a2a splits the heads over tp x cp = 1 x 2 = 2 ranks, "
                                                 "but num_attention_heads=3 is not divisible by 2"),
+    "finetune-2-ranks-elastic": ("finetune", FT + " --task demo --elastic",
+                                 "--elastic: finetune.py does not resume a run"),
     "finetune-2-ranks-cp-2": ("finetune", FT + " --task demo --cp 2", "--context-parallel-size 2: finetune.py trains "
                               "at cp 1"),
     "generate-2-ranks-cp-2": ("generate", GEN + " --cp 2", "--context-parallel-size 2: generation decodes one "

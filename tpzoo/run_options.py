@@ -68,10 +68,12 @@ def context_cut_problem(seq_length: int, cp: int, balanced: bool, tp_split: int 
     return None
 
 
-def local_sgd_problem(steps: int | None, fsdp: bool, ep: int, cp: int) -> str | None:
+def local_sgd_problem(steps: int | None, fsdp: bool, ep: int, cp: int, zero: bool = False) -> str | None:
     """What keeps local SGD (--local-sgd-steps ``steps``; ``tpzoo.engine.local_sgd``) from running on a mesh with
     these settings, or None: each dp replica must hold all its weights and take its own steps."""
     for on, why in ((fsdp, "FSDP shards each replica's weights over dp; drop --use-torch-fsdp2"),
+                    (zero, "the distributed optimizer shards each replica's optimizer state over dp; drop "
+                           "--use-distributed-optimizer"),
                     (ep > 1, f"experts split over ep {ep} ranks of dp are parts of one replica; drop "
                              f"--expert-model-parallel-size"),
                     (cp > 1, f"the cp {cp} ranks of a sequence are parts of one replica; drop "

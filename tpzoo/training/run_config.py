@@ -78,7 +78,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_experts(self.model, self.parallel.ep, self.speed.moe_grouped_gemm)  # against the model's experts
         p = self.parallel
-        problem = local_sgd_problem(self.training.local_sgd_steps, p.use_torch_fsdp2, p.ep, p.cp)
+        problem = local_sgd_problem(self.training.local_sgd_steps, p.use_torch_fsdp2, p.ep, p.cp,
+                                    p.use_distributed_optimizer)
         if problem:
             raise ValueError(problem)
         if p.cp > 1 and self.model.model is not None:  # the sequence cut over cp (tpzoo.engine.context_cut)
