@@ -2,10 +2,10 @@
 --use-torch-fsdp2): FSDP's shards over dp / R ranks, replicated over R groups of them.
 
 One 4-rank spawn, each check a named case (``-k hsdp``): 5 steps equal the single-rank run within 1e-5 (losses,
-parts, norms, final weights: ``test_engine``'s references and ``compare``) at (tp, pp, dp) = (1, 1, 4) and (2, 1, 2),
-R = 2; the replicas hold the same shards, each 1 / (dp / R) of the weights; a checkpoint saved under HSDP loads into
-plain FSDP and into the plain engine at another mesh with the same weights. pretrain.py with the flags logs the
-single-process losses.
+parts, norms, final weights: ``test_engine``'s references and ``compare``) at (tp, pp, dp) = (1, 1, 4) (GPT), (2, 1, 2)
+(Llama) and (1, 2, 2) (BERT, gpipe), R = 2; the replicas hold the same shards, each 1 / (dp / R) of the weights; a
+checkpoint saved under HSDP loads into plain FSDP and into the plain engine at another mesh with the same weights.
+pretrain.py with the flags logs the single-process losses.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from tpzoo.parallel.fsdp import local
 pytestmark = pytest.mark.tier("distributed")
 
 NAME = PRETRAINING[0]
-RUNS = [(1, 1, 4), (2, 1, 2)]
-CASE_NAMES = [*(f"hsdp-{NAME}-tp{tp}-pp{pp}-dp{dp}-r2" for tp, pp, dp in RUNS),
-              "hsdp-replicas-hold-the-same-shards", "hsdp-checkpoint-loads-into-fsdp-and-plain"]
+# (tp, pp, dp), family, schedule: dp alone, tp inside each replica, a pipeline over them
+RUNS = [((1, 1, 4), NAME, "1f1b"), ((2, 1, 2), PRETRAINING[2], "1f1b"), ((1, 2, 2), PRETRAINING[1], "gpipe")]
+RUN_NAMES = [f"hsdp-{name}-tp{tp}-pp{pp}-dp{dp}-{schedule}-r2" for (tp, pp, dp), name, schedule in RUNS]
+CASE_NAMES = [*RUN_NAMES, "hsdp-replicas-hold-the-same-shards", "hsdp-checkpoint-loads-into-fsdp-and-plain"]
 
 
 def same_over(group, tensors: list[torch.Tensor]) -> bool:
@@ -43,21 +44,21 @@ def same_over(group, tensors: list[torch.Tensor]) -> bool:
 
 def check_hsdp(refs: dict) -> CaseLog:
     log = CaseLog()
-    for case, shape in zip(CASE_NAMES, RUNS):
+    for case, (shape, name, schedule) in zip(RUN_NAMES, RUNS):
         mesh = init_mesh(*shape, dp_replicate=2)
         with log.case(case):
-            engine, results = train(NAME, mesh, "1f1b", fsdp=True)
-            compare(engine, results, refs[ref_key(NAME, shape[0])], log, MESH_WEIGHT_TOL)
+            engine, results = train(name, mesh, schedule, fsdp=True)
+            compare(engine, results, refs[ref_key(name, shape[0])], log, MESH_WEIGHT_TOL)
     mesh = init_mesh(1, 1, 4, dp_replicate=2)
     engine, _ = train(NAME, mesh, "1f1b", fsdp=True)
-    with log.case(CASE_NAMES[2]):
+    with log.case(CASE_NAMES[3]):
         shards = [local(p.detach()) for p in engine.params]
         assert same_over(mesh.replicas[0], shards), "the replicas hold different shards"
         held = torch.tensor([sum(s.numel() for s in shards)])
         total = held.clone()
         dist.all_reduce(total, group=mesh.fsdp_group)
         assert total.item() == sum(p.numel() for p in engine.params) and held.item() <= 0.6 * total.item()
-    with log.case(CASE_NAMES[3]):
+    with log.case(CASE_NAMES[4]):
         folder = [tempfile.mkdtemp(prefix="hsdp-")] if dist.get_rank() == 0 else [None]
         dist.broadcast_object_list(folder, src=0)
         saved = save_checkpoint(folder[0], 5, engine, meta={})

@@ -177,7 +177,7 @@ def _writer_group(timeout_s: float) -> dist.ProcessGroup:
     """Collective at its first call: a gloo group of every rank for the collectives of the background writes
     (DCP's plan exchange), which run on a thread while training's collectives go on on the other groups."""
     global _writers
-    default = dist.distributed_c10d._get_default_group()
+    default = dist.group.WORLD
     if _writers is None or _writers[0] is not default:  # one per process group (a test may start several)
         _writers = (default, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
     return _writers[1]

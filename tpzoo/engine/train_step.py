@@ -212,13 +212,13 @@ class Engine:
             self.main = MainParams([p for c in self.chunks for p in c.parameters()], self.chunks, config.precision,
                                    mesh.dp_cp_group, config.use_distributed_optimizer, mesh.edp_group)
             zero2 = config.use_distributed_optimizer and config.zero_stage == 2  # reduce-scatter to the owners
-            self.reducer = GradReducer(self.main.trainable, self.main.trainable_group, config.bucket_mb,
-                                       owner=self.main.trainable_owner if zero2 else None)
-            if config.local_sgd_steps is not None:  # each replica steps on its own gradients
-                self.reducer = None
+            if config.local_sgd_steps is not None:  # each replica steps on its own gradients: none summed over dp
                 self.local_sgd = LocalSGD(self.main.owned, mesh.dp_group, config.local_sgd_steps, config.outer_lr)
-            elif self.reducer.active:
-                self.main.listeners.append(self.reducer.accumulated)
+            else:
+                self.reducer = GradReducer(self.main.trainable, self.main.trainable_group, config.bucket_mb,
+                                           owner=self.main.trainable_owner if zero2 else None)
+                if self.reducer.active:
+                    self.main.listeners.append(self.reducer.accumulated)
         self.params = [p for c in self.chunks for p in c.parameters()]
         self.sequence_loss_modules = sequence_loss_modules(self.chunks)
         if mesh.cp_size > 1 and self.sequence_loss_modules:

@@ -176,21 +176,21 @@ class ParallelMesh:
         """``dp_cp_mesh``, or under HSDP dp as a 2-D (replicate, shard) DeviceMesh: FSDP2 replicates over the first."""
         if self.replicas is None:
             return self.dp_cp_mesh
-        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, self.tp_rank].reshape(len(self.replicas_ranks), -1)
+        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, self.tp_rank].reshape(self.dp_replicate_size, -1)
         return DeviceMesh.from_group(list(self.replicas), self.device_mesh.device_type, mesh=ranks,
                                      mesh_dim_names=("replicate", "shard"))
 
     @property
-    def replicas_ranks(self) -> list[int]:
-        """The dp ranks of this rank's replicate group (HSDP), or of itself."""
-        return dist.get_process_group_ranks(self.replicas[0]) if self.replicas else [dist.get_rank()]
+    def dp_replicate_size(self) -> int:
+        """HSDP's replica count (``init_mesh(dp_replicate=)``; 1 without HSDP)."""
+        return dist.get_world_size(self.replicas[0]) if self.replicas else 1
 
     @functools.cached_property
     def tp_fsdp_mesh(self) -> DeviceMesh:
         """``tp_dp_mesh``, or under HSDP this pp stage's ranks as a 3-D (tp, replicate, shard) DeviceMesh."""
         if self.replicas is None:
             return self.tp_dp_mesh
-        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, :].reshape(len(self.replicas_ranks), -1, self.tp_size)
+        ranks = self.device_mesh.mesh[self.pp_rank, :, 0, :].reshape(self.dp_replicate_size, -1, self.tp_size)
         return DeviceMesh.from_group([self.tp_group, *self.replicas], self.device_mesh.device_type,
                                      mesh=ranks.permute(2, 0, 1), mesh_dim_names=("tp", "replicate", "shard"))
 
@@ -236,7 +236,7 @@ class ParallelMesh:
 
     def __repr__(self) -> str:
         ep = f", ep={self.ep_size}" if self.ep_size > 1 else ""
-        ep += f", dp_replicate={len(self.replicas_ranks)}" if self.replicas else ""
+        ep += f", dp_replicate={self.dp_replicate_size}" if self.replicas else ""
         cp, cp_rank = (f", cp={self.cp_size}", f", cp_rank={self.cp_rank}") if self.cp_size > 1 else ("", "")
         return (f"ParallelMesh(pp={self.pp_size}, dp={self.dp_size}{cp}, tp={self.tp_size}{ep}, "
                 f"rank={dist.get_rank()}: pp_rank={self.pp_rank}, dp_rank={self.dp_rank}{cp_rank}, "

@@ -3,15 +3,16 @@ launch takes the mesh its world size W allows. tp, pp and cp are kept; dp is the
 that ep and HSDP's replica count divide and whose micro-batches divide the global batch G (G % (micro batch x d)
 == 0), so the run's math is the same at every size: G stays G, taken in more micro-batches per rank when d is
 smaller. The first tp x pp x cp x d ranks form the mesh; the others idle: each says so in one line and exits 0 at
-once (torchrun's agent waits for the working ones). A launch that follows a lost or added machine resumes from the newest intact
-checkpoint of ``--load`` at the new mesh (checkpoints load at any mesh), and says which mesh it left and which it
-took (``mesh_change``). Imports without torch.
+once (torchrun's agent waits for the working ones). A launch that follows a lost or added machine resumes from the
+newest intact checkpoint of ``--load`` at the new mesh (checkpoints load at any mesh), and says which mesh it left
+and which it took (``mesh_change``). Imports without torch.
 
     world = place(job.parallel, job.training.global_batch_size, job.training.micro_batch_size)  # on a spare rank: exits
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Mapping
@@ -52,13 +53,10 @@ def place(parallel: ParallelConfig, global_batch: int, micro_batch: int) -> int:
 
 
 def _shown(mesh: Mapping[str, int]) -> str:
-    sizes = " x ".join(f"{name} {mesh.get(name, 1)}" for name in ("pp", "dp", "cp", "tp") if name != "cp" or
-                       mesh.get("cp", 1) > 1)
-    ranks = 1
-    for size in mesh.values():
-        ranks *= size if size else 1
-    ranks //= mesh.get("ep", 1)  # ep is carved out of dp: no ranks of its own
-    return f"{sizes} ({ranks} ranks)"
+    """``pp 1 x dp 2 x tp 2 (4 ranks)`` (cp when above 1; ep is carved out of dp: no ranks of its own)."""
+    axes = [name for name in ("pp", "dp", "cp", "tp") if name != "cp" or mesh.get("cp", 1) > 1]
+    ranks = math.prod(mesh.get(name, 1) for name in axes)
+    return f"{' x '.join(f'{name} {mesh.get(name, 1)}' for name in axes)} ({ranks} ranks)"
 
 
 def mesh_change(saved: Mapping[str, int], now: Mapping[str, int], iteration: int) -> str | None:

@@ -76,7 +76,7 @@ def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
     cp = f" x cp {mesh.cp_size} ({plan.cp_comm_type})" if mesh.cp_size > 1 else ""
     options = [o for o, on in (("sequence parallel", plan.sequence_parallel),
                                ("distributed optimizer", cfg.use_distributed_optimizer),
-                               (f"HSDP ({len(mesh.replicas_ranks)} replicas)" if mesh.replicas else "FSDP", plan.fsdp),
+                               (f"HSDP ({mesh.dp_replicate_size} replicas)" if mesh.replicas else "FSDP", plan.fsdp),
                                (f"local SGD (H {cfg.local_sgd_steps})", cfg.local_sgd_steps)) if on]
     memory = state_bytes(engine)
     parts = ", ".join(f"{name.replace('_', ' ')} {_size(size)}" for name, size in memory.items())
