@@ -39,13 +39,14 @@ def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, Lo
     misuse ...), the launch (--local-rank), the folders written to; the run's configuration and own sections."""
     job, tune = RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args))
     lora = section_of(LoRAConfig, vars(args))
+    if job.parallel.elastic or job.parallel.fault_tolerance:
+        flag = "--elastic" if job.parallel.elastic else "--fault-tolerance"
+        raise ValueError(f"{flag}: finetune.py does not resume a run or take a peer's state (it keeps its best and last "
+                         f"checkpoints), so a lost machine means starting over; drop {flag}")
     job.parallel.check_launch()
     if job.parallel.cp > 1:
         raise ValueError(f"--context-parallel-size {job.parallel.cp}: finetune.py trains at cp 1 (its classifiers read "
                          f"whole sequences); split long sequences with pretrain.py --finetune instead")
-    if job.parallel.elastic:
-        raise ValueError("--elastic: finetune.py does not resume a run (it keeps its best and last checkpoints), so a "
-                         "relaunch after a lost machine would start over; drop --elastic")
     check_output_folder("--save", tune.save)
     check_output_folder("--log-dir", tune.log_dir)
     return job, tune, lora

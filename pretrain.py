@@ -101,6 +101,7 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
     from tpzoo.checkpoint import read_meta
     from tpzoo.training.checkpoint_args import checkpoint_to_load
     from tpzoo.training.elastic import place
+    from tpzoo.training.fault_tolerance import join_replica_groups, share_run_state
     from tpzoo.training.setup import build_run
 
     parallel = job.parallel if job else section_of(ParallelConfig, vars(args))  # the launch's: never restored
@@ -108,8 +109,9 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
         batch = job.training if job else args
         place(parallel, batch.global_batch_size, batch.micro_batch_size)
     mesh = parallel.mesh()
+    replicas = join_replica_groups(parallel, mesh) if parallel.fault_tolerance else None  # from now on heartbeating
     if job is not None and job.io.load is not None:  # a model folder (check_flags): its weights start a new run
-        return build_run(job, mesh, weights=Path(job.io.load))
+        return share_run_state(replicas, build_run(job, mesh, weights=Path(job.io.load), replicas=replicas))
     checkpoint = checkpoint_to_load(section_of(RunIO, vars(args)), section_of(CheckpointConfig, vars(args)))
     saved = read_meta(checkpoint) if checkpoint else None  # None also for --save DIR --load DIR before DIR holds one
     changes = []
@@ -118,7 +120,7 @@ def start_run(args: argparse.Namespace, given: set[str], job: RunConfig | None) 
         if saved is not None and args.save is None and not args.finetune:
             args.save = str(checkpoint.parent)  # the run goes on saving where it saved
         job = RunConfig.of(vars(args))
-    return build_run(job, mesh, checkpoint, saved, changes)
+    return share_run_state(replicas, build_run(job, mesh, checkpoint, saved, changes, replicas=replicas))
 
 
 def main(argv: list[str] | None = None, prog: str = PROG, model: str = "gpt"):

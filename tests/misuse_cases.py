@@ -297,6 +297,14 @@ CASES: dict[str, tuple[str, str, str]] = {
     "pretrain-local-sgd-with-zero": ("pretrain", T + " --local-sgd-steps 4 --use-distributed-optimizer",
                                      "--local-sgd-steps 4: the distributed optimizer shards each replica's optimizer "
                                      "state over dp"),
+    "pretrain-ft-flags-without-fault-tolerance": ("pretrain", T + " --ft-replica-groups 2",
+                                                  "--ft-replica-groups 2 without --fault-tolerance"),
+    "pretrain-ft-replica-id-beyond-groups": ("pretrain", T + " --fault-tolerance --ft-replica-id 2 "
+                                             "--ft-replica-groups 2", "--ft-replica-id 2 and --ft-min-replicas 1 must "
+                                             "be below and at most --ft-replica-groups 2"),
+    "pretrain-ft-with-elastic": ("pretrain", T + " --fault-tolerance --elastic", "--fault-tolerance with --elastic"),
+    "pretrain-ft-without-lighthouse": ("pretrain", T + " --fault-tolerance --ft-replica-groups 2",
+                                       "--fault-tolerance needs the lighthouse's address in $TORCHFT_LIGHTHOUSE"),
     "pretrain-exit-on-missing-checkpoint": ("pretrain", T + " --save {empty_dir} --load {empty_dir} "
                                             "--exit-on-missing-checkpoint", "holds no checkpoint and "
                                             "--exit-on-missing-checkpoint is given"),
@@ -321,6 +329,9 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
                                                 "but num_attention_heads=3 is not divisible by 2"),
     "finetune-2-ranks-elastic": ("finetune", FT + " --task demo --elastic",
                                  "--elastic: finetune.py does not resume a run"),
+    "finetune-2-ranks-fault-tolerance": ("finetune", FT + " --task demo --fault-tolerance",
+                                         "--fault-tolerance: finetune.py does not resume a run or take a peer's "
+                                         "state"),
     "finetune-2-ranks-cp-2": ("finetune", FT + " --task demo --cp 2", "--context-parallel-size 2: finetune.py trains "
                               "at cp 1"),
     "generate-2-ranks-cp-2": ("generate", GEN + " --cp 2", "--context-parallel-size 2: generation decodes one "

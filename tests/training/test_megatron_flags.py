@@ -30,7 +30,8 @@ TPZOO_ONLY = {"--model", "--preset", "--tp", "--pp", "--dp", "--cp", "--ep", "--
               "--virtual-pipeline-model-parallel-size", "--pipeline-schedule", "--kernels", "--compile", "--dataset",
               "--log-dir", "--max-skipped-steps", "--no-exit-signal-handler", "--dataset-config", "--dataset-split",
               "--add-bias-linear", "--json-key", "--config", "--print-config", "--elastic", "--save-interval-minutes",
-              "--local-sgd-steps", "--outer-lr",
+              "--local-sgd-steps", "--outer-lr", "--fault-tolerance", "--ft-replica-id", "--ft-replica-groups",
+              "--ft-min-replicas",
               "-h", "--help"}
 # every flag issue #17 names
 ISSUE = """--lr-decay-iters --lr-decay-samples --lr-warmup-fraction --lr-warmup-samples --train-samples

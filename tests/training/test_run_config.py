@@ -69,7 +69,8 @@ def test_the_resume_rules_derive_from_the_sections_roles():
         "attention_softmax_in_fp32", *(f"no_{name}_fusion" for name in fusions), "finetune", "no_load_optim",
         "no_load_rng", "no_save_optim", "no_save_rng", "use_checkpoint_args", "exit_on_missing_checkpoint",
         "moe_grouped_gemm", "moe_token_dispatcher_type", "elastic", "async_save", "log_straggler",
-        "num_distributed_optimizer_instances"}
+        "num_distributed_optimizer_instances", "fault_tolerance", "ft_replica_id", "ft_replica_groups",
+        "ft_min_replicas"}
     sources, parts = {"data_path", "dataset", "mock_data", *splits}, {"dataset_config", "dataset_split", "json_key"}
     tokenizer = {"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size", "null_tokenizer_eod_id",
                  "null_tokenizer_pad_id"}

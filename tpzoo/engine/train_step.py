@@ -16,7 +16,8 @@ the label keys of its losses (``label_keys``) and the shape it hands the next st
 
 The step, on every rank:
 
-    1. dp rank d takes sequences [d G/dp, (d+1) G/dp) of the global batch, in m micro-batches;
+    1. dp rank d takes sequences [d G/dp, (d+1) G/dp) of the global batch, in m micro-batches (under per-step
+       fault tolerance, ``replicas``, those of slot i dp + d of N dp, in replica group i of N);
        N_k = non-ignored entries (!= -100) of label key k (of the model's ``label_keys``) of the whole
        global batch: GPT ``labels`` (tokens), a classifier's ``labels`` (sequences), BERT's ``labels``
        (tokens) and ``next_sentence_label`` (sequences; its binary head)
@@ -29,7 +30,9 @@ The step, on every rank:
        marked ``pp_tied``), partial gradients of replicated parameters over tp (marked ``tp_partial``;
        ``param_facts``; local SGD, ``local_sgd_steps``: no sum over dp, each replica's times dp: ``local_sgd``); on
        the first step the replicated gradients are checked against their facts first
-       (``replicas.check_replicas``: a sharding plan that misdescribes a parameter stops the run, no update)
+       (``replicas.check_replicas``: a sharding plan that misdescribes a parameter stops the run, no update); then,
+       under per-step fault tolerance, the gradients and the loss over the live replica groups
+       (``fault_tolerance.ReplicaGroups.all_reduce``)
     4. fp16: unscale, and a flag set on every rank if any rank overflowed
     5. the global norm, clipped to ``clip_grad`` (``grads.clip_grad_norm``); NaN on every rank when the
        loss is not finite on any rank (its finiteness rides the norm's all-reduce over tp and pp; the
@@ -38,7 +41,8 @@ The step, on every rank:
     7. a non-finite norm or an fp16 overflow: skip on every rank (no update; fp16: the scaler's
        schedule, ``loss_scale``); else AdamW on the main weights this rank owns, then
        ``MainParams.publish`` (model weights = main weights, ZeRO's broadcast over dp; nothing under FSDP); local
-       SGD's outer step before it, every ``local_sgd_steps`` updates
+       SGD's outer step before it, every ``local_sgd_steps`` updates. Before both, under fault tolerance: if a
+       replica group failed during the step, no group updates (``committed`` False: the caller takes it again)
 
 ``bad_steps`` counts the skipped steps in a row that are the model's fault, for the caller's stop
 (``--max-skipped-steps``): at fp32 and bf16 every skipped step; at fp16 only the overflows taken at the
@@ -54,17 +58,19 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from tpzoo.engine.config import EngineConfig, check_fits, micro_batches
 from tpzoo.engine.context_cut import cut_sequences
 from tpzoo.engine.data_parallel import GradReducer, build_optimizer
+from tpzoo.engine.expert_records import (expert_layers, recorded_loads, recorded_losses, router_means,
+                                          sequence_loss_modules, weigh_sequences)
+from tpzoo.engine.fault_tolerance import ReplicaGroups
 from tpzoo.engine.fsdp_params import FSDPParams, check_fsdp
 from tpzoo.engine.grads import clip_grad_norm, count_zero_grads, global_params_norm
 from tpzoo.engine.local_sgd import LocalSGD
@@ -75,62 +81,13 @@ from tpzoo.engine.replicas import RTOL, check_replicas
 from tpzoo.engine.timers import Timers
 from tpzoo.models.base import PipelineStage
 from tpzoo.models.config import IGNORE_INDEX, ModelConfig
-from tpzoo.models.moe import EXPERT_LOAD, ROUTER_LOSSES
+from tpzoo.models.moe import ROUTER_LOSSES
 from tpzoo.parallel import ParallelMesh, ParallelPlan, as_plan, sync_sequence_parallel_grads
 from tpzoo.parallel.health import peers_named
 from tpzoo.parallel.token_ids import check_token_ids
 from tpzoo.run_options import local_sgd_problem
 
 logger = logging.getLogger(__name__)
-LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a transformer layer's module path, its global number
-
-
-def sequence_loss_modules(chunks: list[nn.Module]) -> list[nn.Module]:
-    """The modules that add losses of their own per sequence (``sequence_weight`` and ``losses``: a mixture of
-    experts' router losses, ``tpzoo.models.moe``), found once when the engine is built."""
-    return [m for chunk in chunks for m in chunk.modules() if hasattr(m, "sequence_weight")]
-
-
-def weigh_sequences(modules: list[nn.Module], weight: float) -> None:
-    """Give each of ``modules`` (``sequence_loss_modules``) the weight the step's training loss gives one sequence:
-    the loss scale over the global batch's sequences, on every rank and stage, so that their losses count once
-    whatever the mesh; and empty what they recorded (``losses``)."""
-    for module in modules:
-        module.sequence_weight, module.losses = weight, {}
-
-
-def recorded_losses(modules: list[nn.Module], device: torch.device) -> Tensor:
-    """[K + 1]: the sums over ``modules`` of the ``ROUTER_LOSSES`` they recorded this step (each a sum over
-    sequences), and how many recorded them; zeros on a rank without any (every rank sends this shape)."""
-    recorded = [m.losses for m in modules if m.losses]
-    sums = [sum((r[name] for r in recorded), torch.zeros((), device=device)) for name in ROUTER_LOSSES]
-    return torch.stack([*sums, torch.tensor(float(len(recorded)), device=device)]).float()
-
-
-def expert_layers(chunks: list[nn.Module]) -> list[tuple[int, nn.Module]]:
-    """(global layer number, module) of the modules in ``chunks`` that record an expert load (``EXPERT_LOAD``: a
-    mixture of experts), the number read from the ``layers.<i>.`` of the module's name."""
-    found = [(LAYER.search(f"{name}."), m) for chunk in chunks for name, m in chunk.named_modules()
-             if hasattr(m, "sequence_weight")]
-    return [(int(match[1]), m) for match, m in found if match]
-
-
-def recorded_loads(layers: list[tuple[int, nn.Module]], shape: tuple[int, int], device: torch.device) -> Tensor:
-    """[L N] flattened: the token slots routed to each expert of each layer this step (``EXPERT_LOAD``), this rank's
-    layers (``expert_layers``) in their rows, zeros elsewhere; [0] when ``shape`` (layers, experts) is empty."""
-    out = torch.zeros(shape, device=device)
-    for i, module in layers:
-        if EXPERT_LOAD in module.losses:
-            out[i] += module.losses[EXPERT_LOAD]
-    return out.flatten()
-
-
-def router_means(values: list[float], sequences: int, dp: int) -> dict[str, float]:
-    """``ROUTER_LOSSES`` per sequence and layer from ``recorded_losses`` summed over pp and dp (which counts each
-    layer dp times); {} when no layer recorded any."""
-    *sums, layers = values
-    layers /= dp
-    return {name: v / sequences / layers for name, v in zip(ROUTER_LOSSES, sums)} if layers else {}
 
 
 def label_counts(batch: dict[str, Tensor], keys: list[str]) -> list[Tensor]:
@@ -166,6 +123,8 @@ class StepResult:
     router_losses: dict[str, float] = field(default_factory=dict)
     # the token slots routed to each expert of each layer over the global batch ([layer][expert]); []: no experts
     expert_tokens: list[list[int]] = field(default_factory=list)
+    live_replicas: int | None = None  # replica groups in the step (``Engine.replicas``); None: no fault tolerance
+    committed: bool = True            # False: a replica group failed during the step; nothing updated, take it again
 
 
 class Engine:
@@ -181,12 +140,17 @@ class Engine:
     """
 
     def __init__(self, build: Callable[..., PipelineStage], model_config: ModelConfig, config: EngineConfig,
-                 plan: ParallelPlan | ParallelMesh) -> None:
+                 plan: ParallelPlan | ParallelMesh, replicas: ReplicaGroups | None = None) -> None:
         if plan is None:
             raise TypeError("Engine needs a ParallelPlan or a ParallelMesh, got None")
-        self.plan, self.config = as_plan(plan), config
+        self.plan, self.config, self.replicas = as_plan(plan), config, replicas
         mesh = self.mesh = self.plan.mesh
-        layers = check_fits(config, model_config.num_layers, mesh.pp_size, mesh.dp_size)[1]  # G fits the mesh
+        # the rows of the global batch a step gives this rank: dp slot ``slot`` of ``slots`` (of every replica group)
+        self.slot, self.slots = replicas.slot(mesh.dp_size, mesh.dp_rank) if replicas else (mesh.dp_rank, mesh.dp_size)
+        if replicas is not None and config.local_sgd_steps is not None:
+            raise ValueError(f"local SGD (local_sgd_steps={config.local_sgd_steps}) with per-step fault tolerance: "
+                             f"the replica groups sum their gradients every step; drop one of them")
+        layers = check_fits(config, model_config.num_layers, mesh.pp_size, self.slots)[1]  # G fits the mesh
         if self.plan.fsdp:
             check_fsdp(config, mesh)
         self.vocab_size = model_config.vocab_size
@@ -257,22 +221,24 @@ class Engine:
             if key in batch and batch[key].shape == shape:
                 check_token_ids(batch[key], self.vocab_size, key, ignore_index=IGNORE_INDEX)
 
-    def micro_batches(self, batch: dict[str, Tensor], *, labels: bool = True
+    def micro_batches(self, batch: dict[str, Tensor], *, labels: bool = True, step: bool = False
                       ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
         """This dp rank's m micro-batches of the global ``batch`` (G sequences, any multiple of micro batch
         x dp: m = G / (mbs x dp), ``config.micro_batches``): token ids [mbs, s] each, and the
         extras every stage reads (mask, token types; the label keys and ``counts``, their non-ignored
         entries in the global batch). ``labels=False``: the label keys are withheld (the model returns
-        its logits) and there are no counts."""
+        its logits) and there are no counts. ``step``: a training step's rows, those of this rank's dp slot over
+        every replica group (``replicas``; evaluation takes the whole batch in each group)."""
         g, mbs = batch["input_ids"].shape[0], self.config.micro_batch_size
-        m = micro_batches(self.config, self.mesh.dp_size, self.mesh.pp_size, g)
+        slot, slots = (self.slot, self.slots) if step else (self.mesh.dp_rank, self.mesh.dp_size)
+        m = micro_batches(self.config, slots, self.mesh.pp_size, g)
         if batch["input_ids"].device.type == "cpu":  # once per batch, on the host: the model itself never syncs
             self.check_batch(batch)
         counts = label_counts(batch, self.loss_keys(batch)) if labels else None
         cp = self.mesh.cp_size
         if cp > 1:
             self.check_cp_batch(batch)
-        start = self.mesh.dp_rank * (g // self.mesh.dp_size)
+        start = slot * (g // slots)
         ids, extras = [], []
         for k in range(m):
             rows = slice(start + k * mbs, start + (k + 1) * mbs)
@@ -318,7 +284,7 @@ class Engine:
     def train_step(self, batch: dict[str, Tensor]) -> StepResult:
         """One optimizer step over ``batch`` (input_ids and the model's extras and label keys: GPT labels;
         BERT token_type_ids, attention_mask, labels, next_sentence_label). One host-device sync."""
-        ids, extras = self.micro_batches(batch)
+        ids, extras = self.micro_batches(batch, step=True)
         main, mesh = self.main, self.mesh
         main.zero_grad()
         weigh_sequences(self.sequence_loss_modules, self.loss_scale / batch["input_ids"].shape[0])
@@ -352,9 +318,12 @@ class Engine:
             loads = recorded_loads(self.expert_layers, self.load_shape, mesh.device)
             sums = reduce_losses(total / self.loss_scale, torch.cat([parts, recorded, loads]),
                                  [mesh.pp_group, mesh.dp_cp_group])
+            sharded = self.plan.fsdp or self.reducer is not None and self.reducer.sharded
+            if self.replicas is not None:  # the gradients this rank steps on, and the loss, over the replica groups
+                stepped = main.owned if sharded else main.params
+                self.replicas.all_reduce([*(p.grad for p in stepped if p.grad is not None), sums])
             overflow = (self.scaler.unscale(main.params) if self.scaler is not None
                         else torch.zeros((), device=mesh.device))
-            sharded = self.plan.fsdp or self.reducer is not None and self.reducer.sharded
             norm = clip_grad_norm(main.params, self.config.clip_grad, mesh, loss=sums, dp_sharded=sharded)
             zeros = [count_zero_grads(main.params, mesh, sharded)] if self.measure_num_zeros else []
             numbers = torch.cat([t.reshape(-1).double() for t in (sums, norm, overflow, *zeros)]).tolist()
@@ -364,8 +333,11 @@ class Engine:
             experts = self.load_shape[1]
             tokens = [[round(v) for v in load[i:i + experts]] for i in range(0, len(load), experts or 1)]
             loss, losses = named_losses(read, self.loss_keys(batch))
-            router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], mesh.dp_size)
+            router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], self.slots)
             skipped = bool(overflow) or not math.isfinite(norm)
+            live = self.replicas.live if self.replicas is not None else None
+            if self.replicas is not None and not self.replicas.commit():  # a group failed: no update anywhere
+                return StepResult(loss, norm, True, losses, live_replicas=live, committed=False)
             if skipped:
                 self._skip(loss, norm, overflow=bool(overflow))
             else:
@@ -381,4 +353,5 @@ class Engine:
         params_norm = None
         if self.measure_params_norm:  # main weights after the step; ZeRO's and FSDP's are dp shards
             params_norm = global_params_norm(main.owned, mesh, self.plan.fsdp or main.zero).item()
-        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None, router, tokens)
+        return StepResult(loss, norm, skipped, losses, params_norm, int(zeros[0]) if zeros else None, router, tokens,
+                          live)

@@ -42,6 +42,7 @@ from tpzoo.training.metrics import Metrics, flops_per_token, peak_flops
 from tpzoo.training.monitor import monitor_options, step_stats
 from tpzoo.training.run_summary import summary_lines
 from tpzoo.training.config_file import CONFIG_FILE
+from tpzoo.training.fault_tolerance import rejoin
 from tpzoo.training.setup import Run
 from tpzoo.training.stopping import Diverged, StopRules, check_divergence, skipped_save
 from tpzoo.training.stragglers import Stragglers
@@ -142,6 +143,8 @@ def train(run: Run) -> Summary:
     with ExitStack() as opened:  # closed however the loop ends: the --num-workers workers, the writers
         if run.reader is not None:
             opened.callback(run.reader.close)
+        if engine.replicas is not None:
+            opened.callback(engine.replicas.close)
         stopping = run.job.stopping
         rules = opened.enter_context(StopRules.of(stopping, run.mesh.device, io.save_interval_minutes))
         metrics = opened.enter_context(closing(Metrics(
@@ -167,6 +170,8 @@ def train(run: Run) -> Summary:
         if (note := run.schedule.warmup_outlasts_decay()) and run.iteration < run.train_iters:
             metrics.print(note)
         while run.iteration < run.train_iters and summary.stopped is None:
+            if engine.replicas is not None and (note := rejoin(run)):  # the quorum; a group behind takes a peer's
+                metrics.print(note)
             timers.start("iteration")
             run.iteration += 1
             g = run.batches.batch_at(run.consumed_samples)  # this iteration's global batch size
@@ -179,6 +184,12 @@ def train(run: Run) -> Summary:
             start = time.perf_counter()
             result = engine.train_step(batch)
             own.stop()
+            if not result.committed:  # a replica group failed during the step: nothing changed, take it again
+                timers.stop("iteration")
+                metrics.print(f"iteration {run.iteration}: a replica group failed during the step "
+                              f"({result.live_replicas} were live); no update, the step is taken again")
+                run.iteration -= 1
+                continue
             run.consumed_samples += g
             run.lr_steps += 0 if result.skipped else g  # Megatron's scheduler steps on an update only
             metrics.step(g * run.job.model.seq_length, time.perf_counter() - start)

@@ -149,6 +149,8 @@ def step_stats(logging: LoggingConfig, result: Any, device: torch.device, world_
     stats: dict[str, Any] = dict(getattr(result, "router_losses", {}))
     if getattr(result, "expert_tokens", None):
         stats["tokens_per_expert"] = result.expert_tokens
+    if getattr(result, "live_replicas", None) is not None:
+        stats["live_replicas"] = result.live_replicas
     if result.params_norm is not None:
         stats["params_norm"] = result.params_norm
     if result.num_zeros is not None:

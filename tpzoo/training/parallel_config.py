@@ -10,6 +10,7 @@ the ``tpzoo.parallel.ParallelPlan`` (``plan_of``). Imports without torch.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,6 +73,16 @@ class ParallelConfig:
     elastic: bool = _launch(False, boolean, "torchrun's elastic launches (--nnodes MIN:MAX): dp from each launch's "
                             "world size, the largest the global batch allows (tp, pp, cp kept; spare ranks idle); with "
                             "--save DIR --load DIR a restart resumes at the new mesh (docs/elastic.md)", "--elastic")
+    fault_tolerance: bool = _launch(False, boolean, "per-step fault tolerance (torchft): this launch is replica group "
+                                    "--ft-replica-id of --ft-replica-groups, each a whole mesh; a group that fails "
+                                    "drops out of the steps, one that returns copies a live group's state "
+                                    "($TORCHFT_LIGHTHOUSE: the lighthouse; docs/elastic.md)", "--fault-tolerance")
+    ft_replica_id: int = _launch(0, at_least(0), "with --fault-tolerance: this launch's replica group I, taking "
+                                 "rows I/N of each global batch", "--ft-replica-id", "I")
+    ft_replica_groups: int = _launch(1, at_least(1), "with --fault-tolerance: the replica groups N",
+                                     "--ft-replica-groups", "N")
+    ft_min_replicas: int = _launch(1, at_least(1), "with --fault-tolerance: the fewest live groups a step updates with",
+                                   "--ft-min-replicas", "M")
     distributed_timeout_minutes: float = _launch(10.0, positive_number, "a collective waiting this long on a peer "
                                                  "fails; every rank then exits naming the stuck or dead ones",
                                                  "--distributed-timeout-minutes")
@@ -87,6 +98,7 @@ class ParallelConfig:
         if self.elastic and self.dp is not None:
             raise ValueError(f"--elastic takes dp from each launch's world size, but --data-parallel-size is "
                              f"{self.dp}; drop --data-parallel-size")
+        self.check_fault_tolerance()
         replicas = self.num_distributed_optimizer_instances
         if replicas > 1 and (not self.use_torch_fsdp2 or self.cp > 1 or self.ep > 1):
             raise ValueError(f"--num-distributed-optimizer-instances {replicas}: tpzoo replicates FSDP's shards (HSDP) "
@@ -103,6 +115,22 @@ class ParallelConfig:
                              f"{self.pp} (its split weight gradients miss FSDP's gathered weights); use "
                              f"interleaved-1f1b or drop --use-torch-fsdp2")
 
+    def check_fault_tolerance(self) -> None:
+        """--ft-* without --fault-tolerance, a group index or minimum beyond the groups, with --elastic."""
+        ft = {"--ft-replica-id": (self.ft_replica_id, 0), "--ft-replica-groups": (self.ft_replica_groups, 1),
+              "--ft-min-replicas": (self.ft_min_replicas, 1)}
+        given = [f"{flag} {value}" for flag, (value, default) in ft.items() if value != default]
+        if not self.fault_tolerance:
+            if given:
+                raise ValueError(f"{', '.join(given)} without --fault-tolerance; add --fault-tolerance or drop them")
+            return
+        if self.ft_replica_id >= self.ft_replica_groups or self.ft_min_replicas > self.ft_replica_groups:
+            raise ValueError(f"--ft-replica-id {self.ft_replica_id} and --ft-min-replicas {self.ft_min_replicas} must "
+                             f"be below and at most --ft-replica-groups {self.ft_replica_groups}")
+        if self.elastic:
+            raise ValueError("--fault-tolerance with --elastic: a replica group goes on without restarting, so there "
+                             "is no new mesh to take; drop one of them")
+
     def mesh(self) -> ParallelMesh:
         """``init_mesh`` of these sizes (ep included) and timeout: collective, starts the process group if none is."""
         from tpzoo.parallel import init_mesh
@@ -117,8 +145,9 @@ class ParallelConfig:
 
     def check_launch(self) -> None:
         """What needs the launcher's environment: FSDP with dp 1 (nothing to shard over; sizes that do not divide
-        the world size are left to ``init_mesh``, which names them), and --local-rank (torch.distributed.launch's),
-        set as LOCAL_RANK when the launcher did not, a ValueError naming both when they differ."""
+        the world size are left to ``init_mesh``, which names them), --fault-tolerance without torchft or its
+        lighthouse's address, and --local-rank (torch.distributed.launch's), set as LOCAL_RANK when the launcher did
+        not, a ValueError naming both when they differ."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         dp = self.dp or world // (self.tp * self.pp * self.cp)
         if dp % self.ep and not self.elastic:  # an elastic dp is chosen for ep (tpzoo.training.elastic)
@@ -132,6 +161,11 @@ class ParallelConfig:
         if self.use_torch_fsdp2 and dp * self.cp == 1:
             raise ValueError(f"--use-torch-fsdp2 shards over dp, but dp is 1 (world size {world}, tp {self.tp}, "
                              f"pp {self.pp}): nothing to shard over; drop --use-torch-fsdp2 or launch more ranks")
+        if self.fault_tolerance and importlib.util.find_spec("torchft") is None:
+            raise ValueError("--fault-tolerance runs on torchft, which is not installed; pip install 'tpzoo[fault]'")
+        if self.fault_tolerance and not os.environ.get("TORCHFT_LIGHTHOUSE"):
+            raise ValueError("--fault-tolerance needs the lighthouse's address in $TORCHFT_LIGHTHOUSE (start one with "
+                             "torchft_lighthouse --min_replicas 1; docs/elastic.md)")
         if self.local_rank is not None:
             launcher = os.environ.setdefault("LOCAL_RANK", str(self.local_rank))
             if int(launcher) != self.local_rank:

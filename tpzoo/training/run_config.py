@@ -82,6 +82,9 @@ class RunConfig:
                                     p.use_distributed_optimizer)
         if problem:
             raise ValueError(problem)
+        if p.fault_tolerance and self.training.local_sgd_steps is not None:
+            raise ValueError(f"--local-sgd-steps {self.training.local_sgd_steps} with --fault-tolerance: the replica "
+                             f"groups sum their gradients every step; drop one of them")
         if p.cp > 1 and self.model.model is not None:  # the sequence cut over cp (tpzoo.engine.context_cut)
             problem = context_cut_problem(self.model.seq_length, p.cp, family(self.model.model).data == "causal-lm",
                                           p.tp if p.sequence_parallel else 1)

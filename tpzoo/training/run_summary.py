@@ -71,13 +71,15 @@ def parameter_count(engine: Engine) -> int:
 def setup_lines(config: ModelConfig, engine: Engine) -> list[str]:
     """The model, mesh and memory lines (module docstring) of a model ``config`` built into ``engine`` (collective
     over pp: ``parameter_count``)."""
-    mesh, cfg, plan = engine.mesh, engine.config, engine.plan
+    mesh, cfg, plan, ft = engine.mesh, engine.config, engine.plan, engine.replicas
     world = mesh.tp_size * mesh.pp_size * mesh.dp_size * mesh.cp_size
     cp = f" x cp {mesh.cp_size} ({plan.cp_comm_type})" if mesh.cp_size > 1 else ""
     options = [o for o, on in (("sequence parallel", plan.sequence_parallel),
                                ("distributed optimizer", cfg.use_distributed_optimizer),
                                (f"HSDP ({mesh.dp_replicate_size} replicas)" if mesh.replicas else "FSDP", plan.fsdp),
-                               (f"local SGD (H {cfg.local_sgd_steps})", cfg.local_sgd_steps)) if on]
+                               (f"local SGD (H {cfg.local_sgd_steps})", cfg.local_sgd_steps),
+                               (f"replica group {ft.index} of {ft.count} (per-step fault tolerance)" if ft else "",
+                                ft)) if on]
     memory = state_bytes(engine)
     parts = ", ".join(f"{name.replace('_', ' ')} {_size(size)}" for name, size in memory.items())
     return [

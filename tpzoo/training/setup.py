@@ -39,6 +39,7 @@ from tpzoo.data.tokenizer_types import tokenizer_of
 from tpzoo.engine import Engine
 from tpzoo.engine.config import micro_batches
 from tpzoo.engine.data_parallel import set_hyperparameters
+from tpzoo.engine.fault_tolerance import ReplicaGroups
 from tpzoo.models.config import RUN_OPTIONS, ModelConfig
 from tpzoo.models.families import family
 from tpzoo.models.build import build_model
@@ -152,11 +153,12 @@ def default_run_dir(model: str) -> Path:
 
 
 def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None, saved: dict[str, Any] | None = None,
-              run_changes: list[str] | None = None, weights: Path | None = None) -> Run:
+              run_changes: list[str] | None = None, weights: Path | None = None,
+              replicas: ReplicaGroups | None = None) -> Run:
     """Everything the run of ``job`` needs on ``mesh``, checked before any training; resumes from ``checkpoint``
     (``saved``: its meta) if given. ``run_changes``: the resume's changes of what the run trains on. ``weights``: a
     model folder whose weights a new run starts from (--load FOLDER --finetune), read with its tokenizer unless the
-    flags name one."""
+    flags name one. ``replicas``: this launch's replica group under per-step fault tolerance (its dp slots)."""
     io, model, data = job.io, job.model, job.data
     model_class = family(model.model).spec.pretrain_model
     saved_as = pretrained_config(weights) if weights is not None else None  # the folder's class, options, config
@@ -174,10 +176,11 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
     schedule = job.training.lr_schedule(batches)
     train_iters = job.training.iterations(batches)
     engine_cfg = job.engine()
-    micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size)  # G, then every size of a ramp-up
-    batches.check(engine_cfg.micro_batch_size, mesh.dp_size)
+    slots = mesh.dp_size * (replicas.count if replicas else 1)  # the dp slots of a step's rows
+    micro_batches(engine_cfg, slots, mesh.pp_size)  # G, then every size of a ramp-up
+    batches.check(engine_cfg.micro_batch_size, slots)
     for size in batches.sizes():  # enough micro-batches for the pipeline schedule
-        micro_batches(engine_cfg, mesh.dp_size, mesh.pp_size, size)
+        micro_batches(engine_cfg, slots, mesh.pp_size, size)
     given_tokenizer = tokenizer_of(data.tokenizer)  # the tokenizer flags', or None
     folder = saved_as[2] if saved_as is not None else None
     if folder is not None:  # the folder's model against the flags, before any data is read
@@ -212,7 +215,7 @@ def build_run(job: RunConfig, mesh: ParallelMesh, checkpoint: Path | None = None
         build = functools.partial(load_model, weights, model_class=model_class, config_overrides=overrides)
     else:
         build = functools.partial(build_model, model_class, config, **options)
-    engine = Engine(build, config, engine_cfg, plan)
+    engine = Engine(build, config, engine_cfg, plan, replicas)
     save_dir = Path(io.save) if io.save else default_run_dir(family(model.model).name)
     run = Run(job, mesh, tokenizer, prefix, config, engine, schedule, batches, train_iters, train, valid, save_dir,
               Path(io.log_dir) if io.log_dir else save_dir)
