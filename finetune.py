@@ -39,10 +39,11 @@ def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, Lo
     misuse ...), the launch (--local-rank), the folders written to; the run's configuration and own sections."""
     job, tune = RunConfig.of(vars(args)), section_of(FinetuneConfig, vars(args))
     lora = section_of(LoRAConfig, vars(args))
-    if job.parallel.elastic or job.parallel.fault_tolerance:
-        flag = "--elastic" if job.parallel.elastic else "--fault-tolerance"
-        raise ValueError(f"{flag}: finetune.py does not resume a run or take a peer's state (it keeps its best and last "
-                         f"checkpoints), so a lost machine means starting over; drop {flag}")
+    if job.parallel.fault_tolerance:
+        raise ValueError("--fault-tolerance: finetune.py does not take a peer replica group's state; restart lost "
+                         "machines with --elastic --save DIR instead (docs/elastic.md)")
+    if job.parallel.elastic and tune.save is None:
+        raise ValueError("--elastic: finetune.py resumes a restarted run from its checkpoints; pass --save DIR")
     job.parallel.check_launch()
     if job.parallel.cp > 1:
         raise ValueError(f"--context-parallel-size {job.parallel.cp}: finetune.py trains at cp 1 (its classifiers read "

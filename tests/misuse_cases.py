@@ -327,11 +327,11 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
                                                 "--cp-comm-type a2a",
                                                 "--cp-comm-type a2a splits the heads over tp x cp = 1 x 2 = 2 ranks, "
                                                 "but num_attention_heads=3 is not divisible by 2"),
-    "finetune-2-ranks-elastic": ("finetune", FT + " --task demo --elastic",
-                                 "--elastic: finetune.py does not resume a run"),
+    "finetune-2-ranks-elastic-without-save": ("finetune", FT + " --task demo --elastic",
+                                              "--elastic: finetune.py resumes a restarted run from its checkpoints; "
+                                              "pass --save DIR"),
     "finetune-2-ranks-fault-tolerance": ("finetune", FT + " --task demo --fault-tolerance",
-                                         "--fault-tolerance: finetune.py does not resume a run or take a peer's "
-                                         "state"),
+                                         "--fault-tolerance: finetune.py does not take a peer replica group's state"),
     "finetune-2-ranks-cp-2": ("finetune", FT + " --task demo --cp 2", "--context-parallel-size 2: finetune.py trains "
                               "at cp 1"),
     "generate-2-ranks-cp-2": ("generate", GEN + " --cp 2", "--context-parallel-size 2: generation decodes one "

@@ -47,9 +47,11 @@ class BestCheckpoint:
     def improves(self, value: float) -> bool:
         return self.best is None or (value > self.best if self.higher else value < self.best)
 
-    def update(self, iteration: int, engine: Engine, meta: dict[str, Any], value: float, last: bool) -> Path | None:
-        """Save if ``value`` (this evaluation's ``metric``) is the best yet or ``last``; returns the folder."""
-        improved = self.improves(value)
+    def update(self, iteration: int, engine: Engine, meta: dict[str, Any], value: float, last: bool,
+               candidate: bool = True) -> Path | None:
+        """Save if ``value`` (this evaluation's ``metric``) is the best yet or ``last``; returns the folder.
+        ``candidate=False``: an evaluation that cannot become the best (saved only as the last)."""
+        improved = candidate and self.improves(value)
         if not (improved or last):
             return None
         folder = save_checkpoint(self.save_dir, iteration, engine, meta=meta, adapters_of=self.adapters_of)

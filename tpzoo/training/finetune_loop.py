@@ -7,11 +7,13 @@ in global batches of ``--global-batch-size`` (the last one padded with ignored s
 mesh computes the same losses). Iteration i sets the lr to ``run.schedule.lr_at(i)``. After each
 epoch the whole validation set is scored (``validate``) and logged with the epoch's last
 iteration; with ``--save`` the best evaluation's checkpoint is kept (``BestCheckpoint``: accuracy for a
-classifier, validation loss for a causal LM).
+classifier, validation loss for a causal LM). With ``--elastic`` a run started again goes on from the newest
+checkpoint of its ``--save`` folder (``tpzoo.training.finetune_resume``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import closing
@@ -25,6 +27,7 @@ from tpzoo.engine.evaluate import eval_logits, eval_loss
 from tpzoo.models.config import IGNORE_INDEX
 from tpzoo.training.best_checkpoint import BEST, BestCheckpoint
 from tpzoo.training.classification import classification_metrics
+from tpzoo.training.finetune_resume import resume
 from tpzoo.training.finetune_setup import FinetuneRun
 from tpzoo.training.metrics import Metrics
 from tpzoo.training.monitor import tensorboard_writers
@@ -68,9 +71,12 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     schedule, steps = run.schedule, num_batches(n, g)
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher, run.adapters_of) if run.save_dir is not None else None
-    summary, iteration, latest, health = FinetuneSummary(), 0, None, Health()
+    resumed = resume(run, keeper)  # --elastic: the newest checkpoint of --save, if any
+    summary, latest, health = FinetuneSummary(), None, Health()
+    iteration, first, skip = (resumed.iteration, resumed.epoch, resumed.skip) if resumed else (0, 1, 0)
+    summary.epochs = list(resumed.history) if resumed else []
     with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
-            run.log_dir, schedule.decay_steps, tune.log_interval, enabled=rank0,
+            run.log_dir, schedule.decay_steps, tune.log_interval, enabled=rank0, start=iteration,
             writers=tensorboard_writers(run.log_dir) if rank0 else [])) as metrics:
         for line in setup_lines(run.config, engine):  # the model, the mesh, the memory per rank
             metrics.print(line)
@@ -78,8 +84,12 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                       f"{len(run.valid)} validation samples, {steps} steps per epoch")
         for line in run.report:
             metrics.print(line)
-        for epoch in range(1, tune.epochs + 1):
-            for batch in global_batches(run.train, g, epoch_order(n, run.job.training.seed, epoch)):
+        for line in [resumed.line(), resumed.mesh_change] if resumed else []:
+            if line:
+                metrics.print(line)
+        for epoch in range(first, tune.epochs + 1):
+            batches = global_batches(run.train, g, epoch_order(n, run.job.training.seed, epoch))
+            for batch in itertools.islice(batches, skip if epoch == first else 0, None):
                 iteration += 1
                 lr = schedule.apply(engine.optimizer, iteration)
                 start = time.perf_counter()
@@ -104,7 +114,10 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
             if keeper is not None and engine.bad_steps:
                 metrics.print(skipped_save(iteration, engine.bad_steps, latest))
             elif keeper is not None:
-                saved = keeper.update(iteration, engine, run.meta(epoch=epoch, scores=scores), scores[metric], last=last)
+                meta = run.meta(epoch=epoch, scores=scores, history=summary.epochs)
+                # --elastic: a stop within an epoch is resumed, its validation redone at the epoch's end
+                cut = run.job.parallel.elastic and summary.stopped is not None and iteration % steps != 0
+                saved = keeper.update(iteration, engine, meta, scores[metric], last=last, candidate=not cut)
                 if saved is not None:
                     latest = str(saved)
                     health.saved(latest)
@@ -112,10 +125,10 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
                 break
         best = (max if higher else min)(s[metric] for s in summary.epochs)
         summary.best = best
-        summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None else None
+        summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None and keeper.best_folder else None
         stop = f"stopped at iteration {iteration} (epoch {epoch}): {summary.stopped}; " if summary.stopped else ""
         metrics.print(f"{stop}best {metric} {best:.4f} (epoch {[s[metric] for s in summary.epochs].index(best) + 1})"
-                      + (f"; checkpoint {summary.best_checkpoint}" if keeper is not None else "")
+                      + (f"; checkpoint {summary.best_checkpoint}" if summary.best_checkpoint else "")
                       + (f"; last checkpoint {latest}" if stop and latest else "")
                       + f"; metrics {run.log_dir / 'metrics.jsonl'}")
     return summary

@@ -45,6 +45,7 @@ from tpzoo.models.pretrained import CONFIG_FILE, read_pretrained
 from tpzoo.parallel import ParallelMesh, manual_seed
 from tpzoo.parallel.lora import add_adapters
 from tpzoo.data.batches import num_batches
+from tpzoo.training.elastic import place
 from tpzoo.training.finetune_args import FinetuneConfig
 from tpzoo.training.finetune_lengths import AUTO, AUTO_PERCENTILE, auto_seq_length, length_report, percentile
 from tpzoo.training.lr_schedule import LRSchedule
@@ -205,6 +206,8 @@ def build_finetune(job: RunConfig, tune: FinetuneConfig, lora: LoRAConfig = LoRA
     checked before any training."""
     if not tune.load:
         raise ValueError("--load is required: the pretrained checkpoint or model folder to fine-tune")
+    if job.parallel.elastic:  # dp from this launch's world size; a spare rank exits here
+        place(job.parallel, job.training.global_batch_size, job.training.micro_batch_size)
     class_name, saved, meta = saved_model(tune.load)
     fam = family(saved.model_type)
     check_data_args(tune)
