@@ -172,6 +172,8 @@ def train(run: Run) -> Summary:
         while run.iteration < run.train_iters and summary.stopped is None:
             if engine.replicas is not None and (note := rejoin(run)):  # the quorum; a group behind takes a peer's
                 metrics.print(note)
+                if run.iteration >= run.train_iters:  # healed from a group at its last step: nothing left
+                    break
             timers.start("iteration")
             run.iteration += 1
             g = run.batches.batch_at(run.consumed_samples)  # this iteration's global batch size
