@@ -44,6 +44,9 @@ def check_flags(args: argparse.Namespace) -> tuple[RunConfig, FinetuneConfig, Lo
                          "machines with --elastic --save DIR instead (docs/elastic.md)")
     if job.parallel.elastic and tune.save is None:
         raise ValueError("--elastic: finetune.py resumes a restarted run from its checkpoints; pass --save DIR")
+    if job.parallel.elastic and lora.save_adapters_only:
+        raise ValueError("--elastic resumes from whole checkpoints, but --save-adapters-only saves the adapters "
+                         "alone; drop one of them")
     job.parallel.check_launch()
     if job.parallel.cp > 1:
         raise ValueError(f"--context-parallel-size {job.parallel.cp}: finetune.py trains at cp 1 (its classifiers read "

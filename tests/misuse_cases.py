@@ -330,6 +330,9 @@ RANK_CASES: dict[str, tuple[str, str, str]] = {
     "finetune-2-ranks-elastic-without-save": ("finetune", FT + " --task demo --elastic",
                                               "--elastic: finetune.py resumes a restarted run from its checkpoints; "
                                               "pass --save DIR"),
+    "finetune-2-ranks-elastic-adapters-only": ("finetune", FT + " --task demo --elastic --save {empty_dir} "
+                                               "--lora-rank 4 --save-adapters-only", "--elastic resumes from whole "
+                                               "checkpoints, but --save-adapters-only saves the adapters alone"),
     "finetune-2-ranks-fault-tolerance": ("finetune", FT + " --task demo --fault-tolerance",
                                          "--fault-tolerance: finetune.py does not take a peer replica group's state"),
     "finetune-2-ranks-cp-2": ("finetune", FT + " --task demo --cp 2", "--context-parallel-size 2: finetune.py trains "

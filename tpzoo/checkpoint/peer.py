@@ -6,8 +6,9 @@ group that comes back takes a live group's weights and optimizer state from the 
     load_peer_state(engine, state)    # on the returning group's rank r, after torchft moved it over
 
 The state is this rank's parts only: the main weights it steps (``MainParams.owned``, float32; ZeRO's and FSDP's are
-its dp shards), their optimizer state in the optimizer's order, its param groups' hyperparameters and the fp16 loss
-scaler. A DTensor travels as its local shard and is rebuilt on the parameter's placement.
+its dp shards), their optimizer state in the optimizer's order, its param groups' hyperparameters, the fp16 loss
+scaler, the skipped-step counts and the RNG states (``tpzoo.checkpoint.rng``: the same mesh place, so dropout goes on
+as in the live group). A DTensor travels as its local shard and is rebuilt on the parameter's placement.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from tpzoo.checkpoint.optimizer import install_states, param_groups, restore_param_groups
+from tpzoo.checkpoint.rng import restore_rng, rng_items
 from tpzoo.engine.fault_tolerance import local
 from tpzoo.engine.train_step import Engine
 
@@ -35,7 +37,8 @@ def peer_state(engine: Engine) -> dict[str, Any]:
                 optimizer=[{k: local(v) if torch.is_tensor(v) else v for k, v in state[p].items()} if p in state
                            else None for p in _stepped(engine)],
                 param_groups=param_groups(engine.optimizer),
-                loss_scaler=engine.scaler.state_dict() if engine.scaler is not None else None)
+                loss_scaler=engine.scaler.state_dict() if engine.scaler is not None else None,
+                steps=dict(bad_steps=engine.bad_steps, skipped_steps=engine.skipped_steps), rng=rng_items(engine.mesh))
 
 
 def _placed(value: Any, p: Tensor) -> Any:
@@ -50,9 +53,10 @@ def _placed(value: Any, p: Tensor) -> Any:
 
 
 @torch.no_grad()
-def load_peer_state(engine: Engine, state: dict[str, Any]) -> None:
+def load_peer_state(engine: Engine, state: dict[str, Any], publish: bool = True) -> None:
     """Take a peer's ``peer_state``: ValueError naming the counts when it holds other weights than this rank
-    steps (another model or mesh); then the main weights, published to the model, and the optimizer state."""
+    steps (another model or mesh); then the main weights, published to the model (``publish=False``: the caller
+    publishes, ``MainParams.publish``: a collective over dp under ZeRO), the optimizer state and the rest."""
     stepped = _stepped(engine)
     if len(state["weights"]) != len(stepped):
         raise ValueError(f"a peer replica group sent {len(state['weights'])} weights, this rank steps "
@@ -62,9 +66,12 @@ def load_peer_state(engine: Engine, state: dict[str, Any]) -> None:
             raise ValueError(f"a peer replica group sent a weight of shape {list(received.shape)} where this rank "
                              f"holds {list(local(p).shape)}: the groups run other meshes; launch every group alike")
         local(p).copy_(received)
-    engine.main.publish()
+    if publish:
+        engine.main.publish()
     install_states(engine, {p: {k: _placed(v, p) for k, v in s.items()}
                             for p, s in zip(stepped, state["optimizer"]) if s is not None})
     restore_param_groups(engine.optimizer, state["param_groups"])
     if engine.scaler is not None and state["loss_scaler"] is not None:
         engine.scaler.load_state_dict(state["loss_scaler"])
+    engine.bad_steps, engine.skipped_steps = state["steps"]["bad_steps"], state["steps"]["skipped_steps"]
+    restore_rng(engine.mesh, {key: t.clone() for key, t in state["rng"].items()})

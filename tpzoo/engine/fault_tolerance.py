@@ -11,10 +11,12 @@ model; rank r of every group holds the same shards. Every step:
     slot()         group i's dp rank d takes the rows of slot i dp + d of the N dp slots of the global batch G: with
                    every group live the step is plain data parallelism over N x dp
     all_reduce()   after the sums inside the group, the gradients (and the loss) summed over the live groups, times
-                   N / live: exactly plain dp's sums when every group is live, the mean over the live groups' rows
-                   when some are not
-    commit()       whether every live group finished the step (torchft's ``should_commit``); if one did not (it
-                   failed during the step), no group updates and the step is taken again
+                   N / live: exactly plain dp's sums when every group is live; when some are not, the live groups'
+                   rows weighed as if each group's held the same number of labels (GPT's do; BERT's masks, about)
+    commit()       whether this group's ranks all finished the step's all-reduces (torchft's ``should_commit``,
+                   agreed inside the group) with at least the minimum of groups live; if not, this group does not
+                   update and takes the step again (a group that committed goes on; one left behind heals at the
+                   next quorum)
 
 Rank r of group i all-reduces with rank r of the other groups only (torchft's reconfigurable process group), so any
 tp, pp, cp and FSDP layout inside a group works unchanged.
@@ -46,8 +48,11 @@ class ReplicaGroups:
 
     def begin(self) -> None:
         """Before a step's batch is read: the quorum, and healing if this group is behind (collective over the
-        group's ranks through torchft's manager)."""
+        group's ranks through torchft's manager). RuntimeError when more groups are live than ``count``."""
         self.manager.start_quorum()
+        if self.live > self.count:
+            raise RuntimeError(f"{self.live} replica groups are live but --ft-replica-groups is {self.count}: launch "
+                               f"every group with the same --ft-replica-groups and its own --ft-replica-id")
 
     @property
     def live(self) -> int:
@@ -74,5 +79,5 @@ class ReplicaGroups:
         self.manager.shutdown(wait=False)
 
     def commit(self) -> bool:
-        """Whether the step may update: every live group finished its all-reduces (collective over the group)."""
+        """Whether this group may update after the step (module docstring; collective over the group)."""
         return bool(self.manager.should_commit())

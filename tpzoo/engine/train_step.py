@@ -41,8 +41,9 @@ The step, on every rank:
     7. a non-finite norm or an fp16 overflow: skip on every rank (no update; fp16: the scaler's
        schedule, ``loss_scale``); else AdamW on the main weights this rank owns, then
        ``MainParams.publish`` (model weights = main weights, ZeRO's broadcast over dp; nothing under FSDP); local
-       SGD's outer step before it, every ``local_sgd_steps`` updates. Before both, under fault tolerance: if a
-       replica group failed during the step, no group updates (``committed`` False: the caller takes it again)
+       SGD's outer step before it, every ``local_sgd_steps`` updates. Before both, under fault tolerance: if the
+       replica group's commit says no (a peer failed during the step, too few groups live), this group does not
+       update (``committed`` False: the caller takes the step again)
 
 ``bad_steps`` counts the skipped steps in a row that are the model's fault, for the caller's stop
 (``--max-skipped-steps``): at fp32 and bf16 every skipped step; at fp16 only the overflows taken at the
@@ -124,7 +125,7 @@ class StepResult:
     # the token slots routed to each expert of each layer over the global batch ([layer][expert]); []: no experts
     expert_tokens: list[list[int]] = field(default_factory=list)
     live_replicas: int | None = None  # replica groups in the step (``Engine.replicas``); None: no fault tolerance
-    committed: bool = True            # False: a replica group failed during the step; nothing updated, take it again
+    committed: bool = True            # False: torchft's commit said no (fault tolerance); no update, take it again
 
 
 class Engine:
@@ -336,7 +337,7 @@ class Engine:
             router = router_means(read[-len(ROUTER_LOSSES) - 1:], batch["input_ids"].shape[0], self.slots)
             skipped = bool(overflow) or not math.isfinite(norm)
             live = self.replicas.live if self.replicas is not None else None
-            if self.replicas is not None and not self.replicas.commit():  # a group failed: no update anywhere
+            if self.replicas is not None and not self.replicas.commit():  # a peer failed, or too few live
                 return StepResult(loss, norm, True, losses, live_replicas=live, committed=False)
             if skipped:
                 self._skip(loss, norm, overflow=bool(overflow))

@@ -19,6 +19,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from tpzoo.checkpoint.peer import load_peer_state, peer_state
@@ -61,8 +62,8 @@ def share_run_state(replicas: ReplicaGroups | None, run: Run) -> Run:
     def state() -> dict[str, Any]:
         return dict(engine=peer_state(run.engine), run={name: getattr(run, name) for name in COUNTERS})
 
-    def load(received: dict[str, Any]) -> None:
-        load_peer_state(run.engine, received["engine"])
+    def load(received: dict[str, Any]) -> None:  # published by ``rejoin`` once every rank of the group has it
+        load_peer_state(run.engine, received["engine"], publish=False)
         for name in COUNTERS:
             setattr(run, name, received["run"][name])
 
@@ -73,11 +74,19 @@ def share_run_state(replicas: ReplicaGroups | None, run: Run) -> Run:
 
 def rejoin(run: Run) -> str | None:
     """Before a step: torchft's quorum (``ReplicaGroups.begin``); the line to log when this group was behind and
-    took a live group's state, else None."""
+    took a live group's state, else None. RuntimeError when some ranks of the group took it and others failed to
+    (their iterations differ): the group stops, for its launcher to start it again."""
     before = run.iteration
     run.engine.replicas.begin()
+    reached = torch.tensor([run.iteration, -run.iteration], dtype=torch.float64, device=run.mesh.device)
+    dist.all_reduce(reached, op=dist.ReduceOp.MAX)  # over this group's ranks
+    if reached[0] != -reached[1]:
+        raise RuntimeError(f"replica group {run.engine.replicas.index}: its ranks are at iterations "
+                           f"{-reached[1]:.0f} to {reached[0]:.0f} after taking a live group's state (a rank failed "
+                           f"to receive it); stopping so that the group starts again")
     if run.iteration == before:
         return None
+    run.engine.main.publish()
     return (f"replica group {run.engine.replicas.index} recovered from a live group: iteration {run.iteration} (it "
             f"was at {before}), with its weights, optimizer state and data position; "
             f"{run.engine.replicas.live} groups live")

@@ -72,7 +72,7 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
     metric, higher = BEST_BY[run.kind]
     keeper = BestCheckpoint(run.save_dir, metric, higher, run.adapters_of) if run.save_dir is not None else None
     resumed = resume(run, keeper)  # --elastic: the newest checkpoint of --save, if any
-    summary, latest, health = FinetuneSummary(), None, Health()
+    summary, latest, health, cut = FinetuneSummary(), None, Health(), False
     iteration, first, skip = (resumed.iteration, resumed.epoch, resumed.skip) if resumed else (0, 1, 0)
     summary.epochs = list(resumed.history) if resumed else []
     with StopRules.of(run.job.stopping, run.mesh.device) as rules, closing(Metrics(
@@ -111,23 +111,25 @@ def finetune(run: FinetuneRun) -> FinetuneSummary:
             extra = {k: v for k, v in scores.items() if k != "val_loss"}
             metrics.log(iteration, **step, val_loss=scores["val_loss"], epoch=epoch, **extra)
             last = epoch == tune.epochs or summary.stopped is not None
+            # --elastic: a stop within an epoch is resumed, its validation redone at the epoch's end: no best
+            cut = run.job.parallel.elastic and summary.stopped is not None and iteration % steps != 0
             if keeper is not None and engine.bad_steps:
                 metrics.print(skipped_save(iteration, engine.bad_steps, latest))
             elif keeper is not None:
                 meta = run.meta(epoch=epoch, scores=scores, history=summary.epochs)
-                # --elastic: a stop within an epoch is resumed, its validation redone at the epoch's end
-                cut = run.job.parallel.elastic and summary.stopped is not None and iteration % steps != 0
                 saved = keeper.update(iteration, engine, meta, scores[metric], last=last, candidate=not cut)
                 if saved is not None:
                     latest = str(saved)
                     health.saved(latest)
             if last:
                 break
-        best = (max if higher else min)(s[metric] for s in summary.epochs)
-        summary.best = best
+        scored = [s[metric] for s in summary.epochs[:len(summary.epochs) - cut]]  # whole epochs' validations
+        summary.best = (max if higher else min)(scored) if scored else None
         summary.best_checkpoint = str(run.save_dir / BEST) if keeper is not None and keeper.best_folder else None
         stop = f"stopped at iteration {iteration} (epoch {epoch}): {summary.stopped}; " if summary.stopped else ""
-        metrics.print(f"{stop}best {metric} {best:.4f} (epoch {[s[metric] for s in summary.epochs].index(best) + 1})"
+        best = (f"best {metric} {summary.best:.4f} (epoch {scored.index(summary.best) + 1})" if scored else
+                "no whole epoch validated yet")
+        metrics.print(f"{stop}{best}"
                       + (f"; checkpoint {summary.best_checkpoint}" if summary.best_checkpoint else "")
                       + (f"; last checkpoint {latest}" if stop and latest else "")
                       + f"; metrics {run.log_dir / 'metrics.jsonl'}")

@@ -172,8 +172,6 @@ def train(run: Run) -> Summary:
         while run.iteration < run.train_iters and summary.stopped is None:
             if engine.replicas is not None and (note := rejoin(run)):  # the quorum; a group behind takes a peer's
                 metrics.print(note)
-                if run.iteration >= run.train_iters:  # healed from a group at its last step: nothing left
-                    break
             timers.start("iteration")
             run.iteration += 1
             g = run.batches.batch_at(run.consumed_samples)  # this iteration's global batch size
@@ -186,10 +184,12 @@ def train(run: Run) -> Summary:
             start = time.perf_counter()
             result = engine.train_step(batch)
             own.stop()
-            if not result.committed:  # a replica group failed during the step: nothing changed, take it again
+            if not result.committed:  # torchft's commit said no: nothing changed, take the step again
                 timers.stop("iteration")
-                metrics.print(f"iteration {run.iteration}: a replica group failed during the step "
-                              f"({result.live_replicas} were live); no update, the step is taken again")
+                live, least = result.live_replicas, run.job.parallel.ft_min_replicas
+                why = (f"only {live} replica groups live, --ft-min-replicas {least}" if live < least else
+                       f"a replica group failed during the step ({live} were live)")
+                metrics.print(f"iteration {run.iteration}: {why}; no update, the step is taken again")
                 run.iteration -= 1
                 continue
             run.consumed_samples += g
