@@ -21,8 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from tpzoo.checkpoint.optimizer import install_states, param_groups, restore_param_groups
 from tpzoo.checkpoint.rng import restore_rng, rng_items
-from tpzoo.engine.fault_tolerance import local
 from tpzoo.engine.train_step import Engine
+from tpzoo.parallel.fsdp import local
 
 
 def _stepped(engine: Engine) -> list[Tensor]:
@@ -32,10 +32,10 @@ def _stepped(engine: Engine) -> list[Tensor]:
 
 def peer_state(engine: Engine) -> dict[str, Any]:
     """This rank's state for the peer that heals from it (module docstring)."""
-    state = engine.optimizer.state
-    return dict(weights=[local(p).detach() for p in _stepped(engine)],
+    state, stepped = engine.optimizer.state, _stepped(engine)
+    return dict(weights=[local(p).detach() for p in stepped],
                 optimizer=[{k: local(v) if torch.is_tensor(v) else v for k, v in state[p].items()} if p in state
-                           else None for p in _stepped(engine)],
+                           else None for p in stepped],
                 param_groups=param_groups(engine.optimizer),
                 loss_scaler=engine.scaler.state_dict() if engine.scaler is not None else None,
                 steps=dict(bad_steps=engine.bad_steps, skipped_steps=engine.skipped_steps), rng=rng_items(engine.mesh))

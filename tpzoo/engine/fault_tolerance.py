@@ -29,12 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.distributed import ReduceOp
-from torch.distributed.tensor import DTensor
 
-
-def local(t: Tensor) -> Tensor:
-    """This rank's part of ``t`` (a DTensor's local shard; a plain tensor itself)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+from tpzoo.parallel.fsdp import local
 
 
 class ReplicaGroups:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from tpzoo.models.sharding import TIED_COPY, expert_names, full_shape, tp_partitions
+from tpzoo.parallel.fsdp import local
 
 if TYPE_CHECKING:
     from tpzoo.engine import Engine
@@ -34,17 +34,13 @@ def _size(n: float) -> str:
     return f"{n / 2**10:.3g} KiB"
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if isinstance(p, DTensor) else p
-
-
 def state_bytes(engine: Engine) -> dict[str, int]:
     """This rank's bytes of weights, gradients (as many as the weights), float32 main weights kept apart from the
     weights (bf16, fp16), and optimizer state (AdamW's two float32 moments, SGD's momentum, of the main weights
     this rank steps; allocated at the first step), from its local shards."""
-    weights = sum(_local(p).numel() * _local(p).element_size() for p in engine.params)
+    weights = sum(local(p).numel() * local(p).element_size() for p in engine.params)
     model = {id(p) for p in engine.params}
-    owned = [_local(p) for p in engine.main.owned]
+    owned = [local(p) for p in engine.main.owned]
     main = sum(p.numel() * p.element_size() for p, q in zip(owned, engine.main.owned) if id(q) not in model)
     moments = 2 if engine.config.optimizer == "adam" else int(engine.config.sgd_momentum > 0)
     return dict(weights=weights, gradients=weights, main_weights=main,
